@@ -1,0 +1,48 @@
+# Two commands set up and run everything on a fresh machine: `make demo` and `make test`.
+SHELL := /bin/bash
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+DEMO_BUNDLE := examples/bundles/jobs/cw-demo/ops/rl-gsm8k-stalled
+DEMO_NOW := 2026-03-26T16:10:00Z
+
+.PHONY: demo test lint typecheck unit system-deps venv bench clean
+
+$(STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install --quiet --upgrade pip
+	$(BIN)/pip install --quiet -e '.[dev,iris]'
+	touch $(STAMP)
+
+venv: $(STAMP)
+
+## Install the system services the tests use (redis-server, docker-compose) when they are missing.
+system-deps:
+	@missing=""; \
+	command -v redis-server >/dev/null 2>&1 || missing="$$missing redis-server"; \
+	command -v docker-compose >/dev/null 2>&1 || missing="$$missing docker-compose"; \
+	if [ -n "$$missing" ]; then \
+	  echo "installing:$$missing"; \
+	  export DEBIAN_FRONTEND=noninteractive; \
+	  apt-get update -qq && apt-get install -y -qq --no-install-recommends $$missing >/dev/null; \
+	fi
+
+demo: $(STAMP)
+	$(BIN)/rl-health diagnose $(DEMO_BUNDLE) --now $(DEMO_NOW)
+
+lint: $(STAMP)
+	$(BIN)/ruff check shared worker reports tests bench
+	$(BIN)/ruff format --check shared worker reports tests bench
+
+typecheck: $(STAMP)
+	$(BIN)/mypy
+
+test: $(STAMP) system-deps lint typecheck
+	$(BIN)/pytest -q
+
+bench: $(STAMP)
+	$(BIN)/python -m bench.run_all
+
+clean:
+	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache

@@ -1,0 +1,1 @@
+"""Rendering (the seed's text format, the JSON report) and report sinks."""

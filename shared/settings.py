@@ -1,0 +1,110 @@
+"""Settings from `RLHEALTH_*` environment variables, with per-campaign overrides from a file.
+
+Two typed objects: `Settings` (connections, names, budgets) and `Thresholds` (the judgement
+thresholds of DOMAIN.md section 6, one field per row of its table). A campaign file (JSON or TOML,
+named by `RLHEALTH_CAMPAIGN_FILE` or passed explicitly) may override any threshold under a
+`thresholds` table and set `artifact_retention_days`.
+"""
+
+from __future__ import annotations
+
+import json
+import tomllib
+from pathlib import Path
+from typing import Any
+
+from pydantic import Field
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+__all__ = ["CampaignError", "Settings", "Thresholds", "load_thresholds"]
+
+
+class CampaignError(ValueError):
+    """A campaign file that cannot be read or does not fit the thresholds."""
+
+
+class Thresholds(BaseSettings):
+    """Judgement thresholds; env names are `RLHEALTH_<FIELD NAME IN CAPITALS>`."""
+
+    model_config = SettingsConfigDict(env_prefix="RLHEALTH_", frozen=True, extra="ignore")
+
+    max_evidence_age_s: float = Field(900, gt=0)
+    stall_floor_s: float = Field(600, ge=0)
+    stall_factor: float = Field(4, gt=0)
+    init_grace_s: float = Field(2700, ge=0)
+    min_window_steps: int = Field(10, ge=1)
+    kv_floor_pct: float = Field(2, ge=0)
+    kv_busy_pct: float = Field(10, ge=0)
+    buffer_wait_share: float = Field(0.05, ge=0)
+    starved_tokens_per_s: float = Field(10, ge=0)
+    starved_window_s: float = Field(600, ge=0)
+    one_turn_median: float = Field(1.5, ge=0)
+    same_cause_share: float = Field(0.9, gt=0, le=1)
+    collapse_ratio: float = Field(0.2, ge=0)
+    entropy_collapse_ratio: float = Field(0.05, ge=0)
+    phase_inflation: float = Field(3, gt=1)
+    churn_share: float = Field(0.10, ge=0, le=1)
+    env_setup_p90_s: float = Field(10, ge=0)
+    churn_grace_s: float = Field(900, ge=0)
+    duty_cycle_trials: int = Field(200, ge=1)
+    tis_ratio_mean_min: float = 0.79
+    tis_ratio_mean_max: float = 1.02
+    tis_log_ratio_abs_max: float = 0.1
+    tis_capped_fraction_max: float = 1e-3
+    tis_exact_match_min: float = 0.95
+    router_replay_log_ratio_max: float = 15.0
+    router_replay_policy_loss: float = 1e3
+    router_replay_grad_norm: float = 1e4
+    artifact_retention_days: float | None = None
+
+
+class Settings(BaseSettings):
+    """Connections, names and budgets; env names are `RLHEALTH_<FIELD NAME IN CAPITALS>`."""
+
+    model_config = SettingsConfigDict(env_prefix="RLHEALTH_", frozen=True, extra="ignore")
+
+    redis_url: str = "redis://127.0.0.1:6379/0"
+    stream_prefix: str = "rlhealth"
+    s3_endpoint_url: str | None = None
+    s3_bucket: str = "rlhealth"
+    s3_prefix: str = ""
+    bundle_root: Path = Path("/srv/iris-job-bundles")
+    coalesce_s: float = Field(300, ge=0)
+    campaign_file: Path | None = None
+    cache_dir: Path | None = None
+    iris_controller_url: str | None = None
+    iris_cluster: str | None = None
+    kube_context: str | None = None
+    refresh_command: str | None = None
+    probe_timeout_s: float = Field(60, gt=0)
+
+
+def _read_campaign(path: Path) -> dict[str, Any]:
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise CampaignError(f"campaign file {path}: {exc.strerror or exc}") from exc
+    try:
+        data = tomllib.loads(text) if path.suffix == ".toml" else json.loads(text)
+    except (tomllib.TOMLDecodeError, json.JSONDecodeError) as exc:
+        raise CampaignError(f"campaign file {path} does not parse: {exc}") from exc
+    if not isinstance(data, dict):
+        raise CampaignError(f"campaign file {path} must hold an object, not {type(data).__name__}")
+    return data
+
+
+def load_thresholds(campaign_file: Path | None = None) -> Thresholds:
+    """Environment thresholds, overridden by the campaign file's `thresholds` table."""
+    base = Thresholds()
+    path = campaign_file or Settings().campaign_file
+    if path is None:
+        return base
+    data = _read_campaign(path)
+    overrides = dict(data.get("thresholds") or {})
+    if "artifact_retention_days" in data:
+        overrides["artifact_retention_days"] = data["artifact_retention_days"]
+    unknown = sorted(set(overrides) - set(Thresholds.model_fields))
+    if unknown:
+        raise CampaignError(f"campaign file {path}: unknown thresholds {', '.join(unknown)}")
+    merged = base.model_dump() | {k.lower(): v for k, v in overrides.items()}
+    return Thresholds.model_validate(merged)

@@ -1,0 +1,40 @@
+"""Turn evidence rows into quotes, one way for every gate."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from datetime import datetime
+from typing import Any
+
+import polars as pl
+
+from shared.models import Quote
+
+__all__ = ["quote", "quote_rows"]
+
+MAX_QUOTE_CHARS = 400
+
+
+def quote(
+    source: str, text: str, line: int | None = None, timestamp: datetime | None = None
+) -> Quote:
+    """A quote, its text trimmed to a readable length."""
+    text = text.strip()
+    if len(text) > MAX_QUOTE_CHARS:
+        text = text[: MAX_QUOTE_CHARS - 1] + "…"
+    return Quote(source=source, line=line, timestamp=timestamp, text=text)
+
+
+def _row_quote(row: Mapping[str, Any], text_column: str) -> Quote:
+    return quote(
+        source=str(row.get("source") or "?"),
+        text=str(row.get(text_column) or ""),
+        line=row.get("line"),
+        timestamp=row.get("timestamp"),
+    )
+
+
+def quote_rows(frame: pl.DataFrame, text_column: str = "text", limit: int = 3) -> tuple[Quote, ...]:
+    """Quotes for the first `limit` rows of a table with provenance columns."""
+    rows: Iterable[dict[str, Any]] = frame.head(limit).iter_rows(named=True)
+    return tuple(_row_quote(row, text_column) for row in rows)
