@@ -1,1 +1,1 @@
-"""The contract shared by watcher, worker and supervisor: models, settings, stream names, helpers."""
+"""The contract shared by watcher, worker and supervisor: models, settings, streams, helpers."""

@@ -17,7 +17,10 @@ COMMANDS: Final[dict[str, tuple[str, str]]] = {
     "parse": ("worker.cli.parse_cmd", "Extract metric, phase, engine, trial and error tables."),
     "diagnose": ("worker.cli.diagnose_cmd", "Diagnose one job directory: KILL, NO-KILL or ERROR."),
     "alert": ("worker.cli.pipeline_cmd", "Publish a suspect-job event (the watcher side)."),
-    "ingest": ("worker.cli.pipeline_cmd", "Consume alerts and start one diagnosis per job in need."),
+    "ingest": (
+        "worker.cli.pipeline_cmd",
+        "Consume alerts and start one diagnosis per job in need.",
+    ),
     "worker": ("worker.cli.pipeline_cmd", "Start a Celery worker."),
     "verdicts": ("worker.cli.pipeline_cmd", "Read verdicts (the supervisor side)."),
     "replay": ("worker.cli.pipeline_cmd", "Re-diagnose an archived event."),

@@ -75,6 +75,7 @@ class ClassFreshness(_Frozen):
     age_s: float | None
     stale: bool  # older than MAX_EVIDENCE_AGE_S, or no file at all while the status claims some
     reason: str = ""
+    n_files: int = 0  # regular files found for the class (to compare with the status's count)
 
 
 class BundleInfo(_Frozen):

@@ -20,11 +20,13 @@ GateCheck: TypeAlias = Callable[[Evidence], GateResult]
 
 def error(summary: str, *, missing: tuple[str, ...] = (), **extra: object) -> GateResult:
     """An ERROR result: the gate could not judge, and says what it lacked."""
-    return GateResult(status=GateStatus.ERROR, summary=summary, missing=missing or (summary,), **extra)  # type: ignore[arg-type]
+    return GateResult(
+        status=GateStatus.ERROR, summary=summary, missing=missing or (summary,), **extra
+    )
 
 
 def passed(summary: str, **extra: object) -> GateResult:
-    return GateResult(status=GateStatus.PASS, summary=summary, **extra)  # type: ignore[arg-type]
+    return GateResult(status=GateStatus.PASS, summary=summary, **extra)
 
 
 def na(summary: str) -> GateResult:
@@ -35,5 +37,5 @@ def guarded(name: str, check: GateCheck, evidence: Evidence) -> GateResult:
     """Run a gate; an unexpected exception becomes ERROR naming the gate and the exception."""
     try:
         return check(evidence)
-    except Exception as exc:  # noqa: BLE001 - a gate must never break the join; the fault is quoted
+    except Exception as exc:
         return error(f"{name} gate failed on this evidence: {type(exc).__name__}: {exc}")

@@ -1,0 +1,117 @@
+"""The seed's text report, line for line.
+
+```
+RL-JOB-HEALTH — <job-id> — captured <timestamp> at <evidence-dir>
+
+VERDICT: ...
+CONFIDENCE: ...
+MODE: ...
+RESTARTS: <count and interpretation>
+
+LIVENESS:  <STATUS> — <summary> — <first quote>
+RESOURCES: ...
+ROLLOUTS:  ...
+DYNAMICS:  ...
+DUTY CYCLE: ...
+
+REASONING: ...
+NEXT ACTION: ...
+FLIP SIGNAL: ...
+```
+Further quotes for a gate follow its line, indented by two spaces; the DYNAMICS line is followed by
+its metric window and phase table, indented the same way. A handoff follows NEXT ACTION, indented;
+discrepancies, when there are any, close the report.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from shared.models import GateName, GateResult, GateStatus, Handoff, Quote, Report, iso_utc
+
+__all__ = ["format_quote", "render_text"]
+
+INDENT = "  "
+_LABELS: dict[GateName, str] = {
+    GateName.LIVENESS: "LIVENESS:  ",
+    GateName.RESOURCES: "RESOURCES: ",
+    GateName.ROLLOUTS: "ROLLOUTS:  ",
+    GateName.DYNAMICS: "DYNAMICS:  ",
+    GateName.DUTY_CYCLE: "DUTY CYCLE: ",
+}
+
+
+def format_quote(quote: Quote) -> str:
+    """`"text" (source:line, timestamp)`, omitting what is unknown."""
+    where = quote.source if quote.line is None else f"{quote.source}:{quote.line}"
+    stamp = iso_utc(quote.timestamp)
+    origin = f"{where}, {stamp}" if stamp else where
+    return f'"{quote.text}" ({origin})'
+
+
+def _with_quotes(head: str, quotes: tuple[Quote, ...]) -> list[str]:
+    if not quotes:
+        return [head]
+    first, *rest = quotes
+    return [f"{head} — {format_quote(first)}", *(INDENT + format_quote(q) for q in rest)]
+
+
+def _gate_lines(name: GateName, gate: GateResult) -> list[str]:
+    if name is GateName.DUTY_CYCLE and gate.status is GateStatus.NA:
+        return [f"{_LABELS[name]}N/A — {gate.summary}"]
+    lines = _with_quotes(f"{_LABELS[name]}{gate.status.value} — {gate.summary}", gate.evidence)
+    lines.extend(INDENT + detail for detail in gate.details)
+    return lines
+
+
+def _restarts_lines(report: Report) -> list[str]:
+    restarts = report.restarts
+    count = "unknown" if restarts.count is None else str(restarts.count)
+    return _with_quotes(f"RESTARTS: {count} — {restarts.interpretation}", restarts.evidence)
+
+
+def _handoff_lines(handoff: Handoff | None) -> list[str]:
+    if handoff is None:
+        return []
+    lines = [
+        f"{INDENT}handoff — likely cause: {handoff.likely_cause}",
+        f"{INDENT}handoff — component: {handoff.component}",
+        f"{INDENT}handoff — proposed behaviour: {handoff.proposed_behavior}",
+        f"{INDENT}handoff — test that proves the fix: {handoff.test}",
+    ]
+    lines.extend(f"{INDENT}handoff — evidence: {format_quote(q)}" for q in handoff.evidence)
+    return lines
+
+
+def _discrepancy_lines(items: Iterable[str]) -> list[str]:
+    items = list(items)
+    if not items:
+        return []
+    return ["", "DISCREPANCIES:", *(f"{INDENT}- {item}" for item in items)]
+
+
+def render_text(report: Report) -> str:
+    """The full text report, ending with a newline."""
+    lines = [
+        f"RL-JOB-HEALTH — {report.job_id} — captured {iso_utc(report.captured_at)} "
+        f"at {report.evidence_dir}",
+        "",
+        f"VERDICT: {report.verdict.value}",
+        f"CONFIDENCE: {report.confidence.value}",
+        f"MODE: {report.mode.value}",
+        *_restarts_lines(report),
+        "",
+    ]
+    for name in GateName:
+        lines.extend(_gate_lines(name, report.gates[name]))
+    lines.extend(
+        [
+            "",
+            f"REASONING: {report.reasoning}",
+            f"NEXT ACTION: {report.next_action}",
+            *_handoff_lines(report.handoff),
+            f"FLIP SIGNAL: {report.flip_signal}",
+            *_discrepancy_lines(report.discrepancies),
+        ]
+    )
+    return "\n".join(lines) + "\n"

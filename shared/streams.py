@@ -1,0 +1,77 @@
+"""Every Redis stream, channel, group and key name of the pipeline, derived from one prefix.
+
+The stream and channel names are the contract (CONTRACT.md, "The pipeline"); the keys below them are
+the pipeline's own coalescing state, written only by the Lua scripts of `worker.coalesce`:
+
+- `<p>:event:<event_id>`     the diagnosis (lead event id) this event was admitted to; set once,
+                             which is what makes ingest idempotent on event ids
+- `<p>:inflight:<job>`       the lead event id of the diagnosis in flight for a job (one per job)
+- `<p>:cooldown:<job>`       hash: the last verdict entry of a job, alive for RLHEALTH_COALESCE_S
+- `<p>:answers:<lead>`       list: every event id one diagnosis answers, in arrival order
+- `<p>:published:<lead>`     set once the verdict of a diagnosis is on the stream
+- `<p>:diagnoses`            stream: `started` / `published` marks, to audit concurrency per job
+
+`<job>` is the job directory relative to the bundle root, which is how events name a job.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Final
+
+__all__ = [
+    "ALERT_FIELD",
+    "INGEST_GROUP",
+    "SUPERVISOR_GROUP",
+    "StreamNames",
+]
+
+ALERT_FIELD: Final = "event"  # an alert stream entry holds one field: the event as JSON
+INGEST_GROUP: Final = "ingest"
+SUPERVISOR_GROUP: Final = "supervisor"
+
+
+@dataclass(frozen=True)
+class StreamNames:
+    """The names of one pipeline instance; `prefix` is RLHEALTH_STREAM_PREFIX."""
+
+    prefix: str = "rlhealth"
+
+    @property
+    def alerts(self) -> str:
+        return f"{self.prefix}:alerts"
+
+    @property
+    def verdicts(self) -> str:
+        return f"{self.prefix}:verdicts"
+
+    @property
+    def verdict_channel(self) -> str:
+        return f"{self.prefix}:verdicts"
+
+    @property
+    def dead_letter(self) -> str:
+        return f"{self.prefix}:dead-letter"
+
+    @property
+    def diagnoses(self) -> str:
+        return f"{self.prefix}:diagnoses"
+
+    @property
+    def task_queue(self) -> str:
+        return f"{self.prefix}.tasks"
+
+    def event(self, event_id: str) -> str:
+        return f"{self.prefix}:event:{event_id}"
+
+    def inflight(self, job: str) -> str:
+        return f"{self.prefix}:inflight:{job}"
+
+    def cooldown(self, job: str) -> str:
+        return f"{self.prefix}:cooldown:{job}"
+
+    def answers(self, lead: str) -> str:
+        return f"{self.prefix}:answers:{lead}"
+
+    def published(self, lead: str) -> str:
+        return f"{self.prefix}:published:{lead}"

@@ -1,0 +1,115 @@
+"""`rl-health diagnose`: the whole diagnosis in this process, with no Redis, S3 or cluster."""
+
+from __future__ import annotations
+
+import sys
+import tempfile
+from datetime import UTC, datetime
+from pathlib import Path
+
+import click
+
+from shared.models import Mode, Report
+from shared.settings import CampaignError, Settings, load_thresholds
+from worker.cli.options import ISO_DATETIME
+
+__all__ = ["diagnose_command"]
+
+BACKENDS = ("iris", "kubernetes", "slurm", "local")
+
+
+def _live_probes(
+    job_dir: Path, backend: str, out: Path | None, **kwargs: object
+) -> tuple[Path | None, tuple[str, ...]]:
+    from worker.capture import capture_live
+    from worker.diagnosis import collect_evidence
+
+    first = collect_evidence(job_dir, **kwargs)  # type: ignore[arg-type]
+    target = out / "probes" if out else Path(tempfile.mkdtemp(prefix="rlhealth-probes-"))
+    probe_dir, notes = capture_live(first, backend, target, Settings())
+    if probe_dir is not None and out is None:
+        click.echo(f"live probes recorded in {probe_dir}", err=True)
+    return probe_dir, notes
+
+
+def _write_outputs(report: Report, out: Path) -> None:
+    from reports.local import write_local
+
+    write_local(report, out)
+
+
+@click.command("diagnose")
+@click.argument("job_dir", type=click.Path(path_type=Path, file_okay=False))
+@click.option(
+    "--probes",
+    "probes_dir",
+    type=click.Path(path_type=Path, exists=True, file_okay=False),
+    help="A recorded probe directory (the one holding probes.json).",
+)
+@click.option(
+    "--backend",
+    type=click.Choice(BACKENDS),
+    help="Capture live evidence through this backend when the rules call for it.",
+)
+@click.option("--now", type=ISO_DATETIME, help="Judge the evidence as of this time (default: now).")
+@click.option(
+    "--mode",
+    type=click.Choice([m.value for m in Mode if m is not Mode.UNDECLARED]),
+    help="Declare the mode explicitly (else read from the launched entrypoint).",
+)
+@click.option(
+    "--format", "fmt", type=click.Choice(["text", "json"]), default="text", show_default=True
+)
+@click.option(
+    "--out",
+    type=click.Path(path_type=Path, file_okay=False),
+    help="Also write report.txt and report.json here.",
+)
+@click.option(
+    "--campaign",
+    type=click.Path(path_type=Path, exists=True, dir_okay=False),
+    help="A campaign file (JSON or TOML) overriding thresholds.",
+)
+def diagnose_command(
+    job_dir: Path,
+    probes_dir: Path | None,
+    backend: str | None,
+    now: datetime | None,
+    mode: str | None,
+    fmt: str,
+    out: Path | None,
+    campaign: Path | None,
+) -> None:
+    """Diagnose JOB_DIR (a watcher job directory) and print KILL, NO-KILL or ERROR with evidence.
+
+    Exit 0 whenever a report was made, whatever the verdict; 2 for unusable arguments.
+    """
+    from reports.json_report import render_json
+    from reports.text import render_text
+    from worker.diagnosis import collect_evidence, judge
+
+    if not job_dir.is_dir():
+        raise click.BadParameter(
+            f"{job_dir} does not exist or is not a directory", param_hint="JOB_DIR"
+        )
+    if probes_dir is not None and backend is not None:
+        raise click.UsageError("give --probes or --backend, not both")
+    try:
+        thresholds = load_thresholds(campaign)
+    except CampaignError as exc:
+        raise click.BadParameter(str(exc), param_hint="--campaign") from exc
+    moment = now or datetime.now(UTC)
+    kwargs: dict[str, object] = {
+        "now": moment,
+        "mode": Mode(mode) if mode else None,
+        "thresholds": thresholds,
+        "evidence_label": str(job_dir),
+    }
+    notes: tuple[str, ...] = ()
+    if backend is not None:
+        probes_dir, notes = _live_probes(job_dir, backend, out, **kwargs)
+    evidence = collect_evidence(job_dir, probes_dir=probes_dir, notes=notes, **kwargs)  # type: ignore[arg-type]
+    report = judge(evidence)
+    sys.stdout.write(render_json(report) if fmt == "json" else render_text(report))
+    if out is not None:
+        _write_outputs(report, out)

@@ -1,0 +1,309 @@
+"""Read agentic trial directories (Harbor, terminal-bench) into the TRIALS table.
+
+The trials directory (default `<job>/trace_jobs`) is searched recursively, because Harbor nests
+`<job>/<trial>/`. A *trial directory* holds `result.json` (Harbor), `results.json` (terminal-bench)
+or only `config.json` (a Harbor trial still running or cut off); a directory that holds such files
+but also has trial directories below it is a job or run directory and is skipped. A result file
+that does not parse is listed in `unreadable`, never raised. Every read goes through `BundleFiles`,
+so nothing outside the job directory (or the explicit trials directory) is opened.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+from typing import Any, Final
+
+import polars as pl
+
+from worker.evidence import schema
+from worker.evidence.bundle import parse_timestamp
+from worker.evidence.model import TrialTables
+from worker.evidence.paths import BundleFiles
+
+__all__ = ["harbor_row", "read_trials", "simple_row", "terminal_bench_row"]
+
+TRIAL_FILES: Final = ("result.json", "results.json", "config.json")
+SIDE_FILES: Final = ("sync_selection.json", "skipped_objects.json")
+HARBOR_PHASES: Final = ("environment_setup", "agent_setup", "agent_execution", "verifier")
+TB_CLEAN_MODES: Final = frozenset({"unset", "none"})
+
+Row = dict[str, Any]
+
+
+class UnreadableError(ValueError):
+    """A result file whose content cannot be read as a trial."""
+
+
+# --- small readers of untrusted JSON values -------------------------------------------------------
+
+
+def _dig(data: object, *keys: str) -> object:
+    for key in keys:
+        if not isinstance(data, Mapping):
+            return None
+        data = data.get(key)
+    return data
+
+
+def _float(value: object) -> float | None:
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return None
+    return float(value)
+
+
+def _int(value: object) -> int | None:
+    number = _float(value)
+    return int(number) if number is not None and number.is_integer() else None
+
+
+def _str(value: object) -> str | None:
+    return value if isinstance(value, str) and value else None
+
+
+def _seconds(started: object, finished: object) -> float | None:
+    start, end = parse_timestamp(started), parse_timestamp(finished)
+    return (end - start).total_seconds() if start and end else None
+
+
+def _request_seconds(value: object) -> float | None:
+    if not isinstance(value, list):
+        return None
+    millis = [_float(item) for item in value]
+    return sum(m for m in millis if m is not None) / 1000 if millis else None
+
+
+# --- one row per trial format ---------------------------------------------------------------------
+
+
+def _harbor_exception(data: Mapping[str, Any], exception_text: str | None) -> dict[str, Any]:
+    info = data.get("exception_info")
+    if isinstance(info, Mapping) and (info.get("exception_type") or info.get("exception_message")):
+        return {
+            "exception_type": _str(info.get("exception_type")),
+            "exception_message": _str(info.get("exception_message")),
+        }
+    return _exception_from_traceback(exception_text)
+
+
+def _exception_from_traceback(text: str | None) -> dict[str, Any]:
+    """Type and message from the last non-empty line of a traceback (`pkg.Error: message`)."""
+    lines = [line.strip() for line in (text or "").splitlines() if line.strip()]
+    if not lines:
+        return {"exception_type": None, "exception_message": None}
+    head, sep, message = lines[-1].partition(":")
+    if " " in head.strip() or not head.strip():
+        return {"exception_type": None, "exception_message": lines[-1]}
+    return {
+        "exception_type": head.strip().rsplit(".", 1)[-1],
+        "exception_message": message.strip() if sep else None,
+    }
+
+
+def _harbor_phases(data: Mapping[str, Any]) -> dict[str, float | None]:
+    return {
+        f"{phase}_s": _seconds(_dig(data, phase, "started_at"), _dig(data, phase, "finished_at"))
+        for phase in HARBOR_PHASES
+    }
+
+
+def harbor_row(data: Mapping[str, Any], trial_dir: str, exception_text: str | None = None) -> Row:
+    """A TRIALS row from a Harbor `result.json` (and the trial's `exception.txt`, if any)."""
+    agent = data.get("agent_result")
+    return {
+        "trial_name": _str(data.get("trial_name")) or trial_dir,
+        "task_name": _str(data.get("task_name")),
+        "status": "finished",
+        "reward": _float(_dig(data, "verifier_result", "rewards", "reward")),
+        **_harbor_exception(data, exception_text),
+        "n_turns": _int(_dig(agent, "metadata", "n_episodes")),
+        **_harbor_phases(data),
+        "llm_request_s": _request_seconds(_dig(agent, "metadata", "api_request_times_msec")),
+        "n_input_tokens": _int(_dig(agent, "n_input_tokens")),
+        "n_output_tokens": _int(_dig(agent, "n_output_tokens")),
+        "started_at": parse_timestamp(data.get("started_at")),
+        "finished_at": parse_timestamp(data.get("finished_at")),
+        "format": "harbor",
+    }
+
+
+def simple_row(data: Mapping[str, Any], trial_dir: str) -> Row:
+    """A TRIALS row from the simple rollout shape (`result.reward`, `steps` as turns)."""
+    steps = data.get("steps")
+    return {
+        "trial_name": _str(data.get("trial_name")) or trial_dir,
+        "task_name": _str(data.get("task")) or _str(data.get("task_name")),
+        "status": "finished",
+        "reward": _float(_dig(data, "result", "reward")),
+        "n_turns": len(steps) if isinstance(steps, list) else None,
+        "started_at": parse_timestamp(data.get("started_at")),
+        "finished_at": parse_timestamp(data.get("finished_at")),
+        "format": "simple",
+    }
+
+
+def _tb_reward(value: object) -> float | None:
+    return float(value) if isinstance(value, bool) else None
+
+
+def _tb_exception(value: object) -> str | None:
+    mode = _str(value)
+    return None if mode is None or mode.lower() in TB_CLEAN_MODES else mode
+
+
+def terminal_bench_row(data: Mapping[str, Any], trial_dir: str) -> Row:
+    """A TRIALS row from a terminal-bench per-trial `results.json`."""
+    return {
+        "trial_name": _str(data.get("trial_name")) or trial_dir,
+        "task_name": _str(data.get("task_id")),
+        "status": "finished",
+        "reward": _tb_reward(data.get("is_resolved")),
+        "exception_type": _tb_exception(data.get("failure_mode")),
+        "environment_setup_s": _seconds(data.get("trial_started_at"), data.get("agent_started_at")),
+        "agent_execution_s": _seconds(data.get("agent_started_at"), data.get("agent_ended_at")),
+        "verifier_s": _seconds(data.get("test_started_at"), data.get("test_ended_at")),
+        "n_input_tokens": _int(data.get("total_input_tokens")),
+        "n_output_tokens": _int(data.get("total_output_tokens")),
+        "started_at": parse_timestamp(data.get("trial_started_at")),
+        "finished_at": parse_timestamp(data.get("trial_ended_at")),
+        "format": "terminal-bench",
+    }
+
+
+# --- reading the directory ------------------------------------------------------------------------
+
+
+def _read_json(path: Path) -> object:
+    try:
+        return json.loads(path.read_text(encoding="utf-8", errors="replace"))
+    except (OSError, ValueError) as exc:
+        raise UnreadableError(f"{type(exc).__name__}: {exc}") from exc
+
+
+def _read_object(path: Path) -> Mapping[str, Any]:
+    data = _read_json(path)
+    if not isinstance(data, Mapping):
+        raise UnreadableError(f"not a JSON object but {type(data).__name__}")
+    return data
+
+
+def _read_text(path: Path) -> str | None:
+    try:
+        return path.read_text(encoding="utf-8", errors="replace")
+    except OSError:
+        return None
+
+
+def _trial_file(directory: Path, names: set[str]) -> Path:
+    """The file a trial's row is read from: its result, or `config.json` while it runs."""
+    for name in TRIAL_FILES:
+        if name in names:
+            return directory / name
+    raise UnreadableError("no trial file")  # pragma: no cover - callers pass trial directories
+
+
+def _result_row(path: Path, names: set[str]) -> Row:
+    data = _read_object(path)
+    trial_dir = path.parent.name
+    if path.name == "results.json" or "is_resolved" in data or "failure_mode" in data:
+        return terminal_bench_row(data, trial_dir)
+    if "result" in data and "task_name" not in data and "verifier_result" not in data:
+        return simple_row(data, trial_dir)
+    exception = path.parent / "exception.txt"
+    text = _read_text(exception) if "exception.txt" in names else None
+    return harbor_row(data, trial_dir, text)
+
+
+def _trial_row(path: Path, names: set[str]) -> Row:
+    if path.name != "config.json":
+        return _result_row(path, names)
+    return {"trial_name": path.parent.name, "status": "running", "format": "harbor"}
+
+
+def _trial_dirs(paths: Iterable[Path], top: Path) -> dict[Path, set[str]]:
+    """Directories holding trial files, without those that have trial directories below them."""
+    found: dict[Path, set[str]] = {}
+    for path in paths:
+        if path.parent != top or path.name not in SIDE_FILES:
+            found.setdefault(path.parent, set()).add(path.name)
+    candidates = {d: names for d, names in found.items() if names & set(TRIAL_FILES)}
+    parents = {parent for d in candidates for parent in d.parents}
+    return {d: names for d, names in sorted(candidates.items()) if d not in parents}
+
+
+def _side_files(
+    files: BundleFiles, top: Path, unreadable: list[str], source: str
+) -> dict[str, Any]:
+    """`sync_selection.json` and `skipped_objects.json` of the trials directory, any shape."""
+    selection: dict[str, Any] | None = None
+    skipped: tuple[Any, ...] = ()
+    for name in SIDE_FILES:
+        path = files.open_path(top / name)
+        if path is None or not path.is_file():
+            continue
+        try:
+            data = _read_json(path)
+        except UnreadableError as exc:
+            unreadable.append(f"{source}/{name}: {exc}")
+            continue
+        if name == "sync_selection.json":
+            selection = dict(data) if isinstance(data, Mapping) else {"value": data}
+        else:
+            skipped = tuple(data) if isinstance(data, list) else (data,)
+    return {"sync_selection": selection, "skipped_objects": skipped}
+
+
+def _locate(job_dir: Path, trials_dir: Path | None, files: BundleFiles) -> tuple[BundleFiles, Path]:
+    """The files object to read the trials with, and the trials directory.
+
+    A trials directory named inside the job directory is read under the job directory's
+    confinement (a symlink out of it is refused); one named outside it (`--trace-jobs-dir`)
+    becomes its own confinement root. A relative `trials_dir` is relative to `job_dir`.
+    """
+    if trials_dir is None:
+        return files, job_dir / "trace_jobs"
+    candidate = trials_dir if trials_dir.is_absolute() else job_dir / trials_dir
+    job = Path(os.path.normpath(job_dir.absolute()))
+    wanted = Path(os.path.normpath(candidate.absolute()))
+    if wanted == job or job in wanted.parents:
+        return files, candidate
+    return BundleFiles(candidate), candidate
+
+
+def _relative_to(path: Path, job_dir: Path) -> str:
+    """`path` relative to the job directory, or absolute when it lies elsewhere."""
+    try:
+        return path.relative_to(job_dir.resolve()).as_posix()
+    except ValueError:
+        return path.as_posix()
+
+
+def _frame(rows: list[Row]) -> pl.DataFrame:
+    full = [{column: row.get(column) for column in schema.TRIALS} for row in rows]
+    if not full:
+        return schema.empty(schema.TRIALS)
+    return pl.DataFrame(full, schema=schema.TRIALS)
+
+
+def read_trials(
+    job_dir: Path, trials_dir: Path | None = None, files: BundleFiles | None = None
+) -> TrialTables | None:
+    """The trials under `trials_dir` (default `job_dir/trace_jobs`), or None when it is absent."""
+    files, trials_dir = _locate(job_dir, trials_dir, files or BundleFiles(job_dir))
+    top = files.open_path(trials_dir)
+    if top is None or not top.is_dir():
+        return None
+    rows: list[Row] = []
+    unreadable: list[str] = []
+    for directory, names in _trial_dirs(files.walk(top), top).items():
+        path = _trial_file(directory, names)
+        source = _relative_to(path, job_dir)
+        try:
+            rows.append(_trial_row(path, names) | {"source": source})
+        except UnreadableError as exc:
+            unreadable.append(f"{source}: {exc}")
+    where = _relative_to(top, job_dir)
+    side = _side_files(files, top, unreadable, where)
+    return TrialTables(trials=_frame(rows), directory=where, unreadable=tuple(unreadable), **side)

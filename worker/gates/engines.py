@@ -1,0 +1,264 @@
+"""Engine-window analysis: the vLLM saturation tuple over the newest window, per engine.
+
+An engine is judged by a tuple over a window, never by one sample: waiting queue depth, KV-cache
+use, running requests and generation throughput. The window of one engine is its newest
+`STARVED_WINDOW_S` of ENGINES rows plus the sample that opened it (so a window is *covered* only
+when the engine was already reporting before the window began). Engines whose newest sample is
+older than one window before the fleet's newest sample are gone (an earlier attempt's pids) and are
+left out. Rows after `evidence.now` or without a timestamp are ignored.
+
+Each engine gets one state (first match wins):
+
+- `sparse`: fewer than `MIN_ENGINE_SAMPLES` samples in the window; not judged.
+- `saturated`: waiting > 0 at some sample and mean KV use above `KV_BUSY_PCT`.
+- `quiet`: running ≤ 1 and waiting 0 throughout, every generation-throughput sample under
+  `STARVED_TOKENS_PER_S`, over a covered window (the starvation tuple; whether it is starvation or
+  a colocated engine sleeping while the policy trains depends on what the trainer is doing).
+- `under-fed`: waiting 0 throughout and KV use under `KV_FLOOR_PCT` throughout.
+- `swinging`: waiting 0 throughout while running swings from a peak above one request to a trough
+  at or under `SWING_TROUGH_RATIO` of it (the backpressure sawtooth).
+- `busy`: anything else (requests in flight, no queue).
+
+The launched command also says what demand and supply were configured: demand is
+`n_concurrent_trials`, supply is `max_num_seqs x num_inference_engines` (DOMAIN.md section 6).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass
+from datetime import datetime
+
+import polars as pl
+
+from shared.settings import Thresholds
+
+__all__ = [
+    "MIN_ENGINE_SAMPLES",
+    "STATE_ORDER",
+    "SWING_TROUGH_RATIO",
+    "EngineConfig",
+    "engine_config",
+    "engine_states",
+    "engine_window",
+]
+
+MIN_ENGINE_SAMPLES = 3
+"""At least this many stat lines per engine in the window before its tuple means anything."""
+
+SWING_TROUGH_RATIO = 0.5
+"""A trough at or under this share of the peak running count is a swing, not jitter."""
+
+STATE_ORDER = ("saturated", "busy", "swinging", "under-fed", "quiet", "sparse")
+"""Engine states, in the order a fleet line lists them."""
+
+_TS = pl.col("timestamp")
+
+
+def engine_window(engines: pl.DataFrame, now: datetime, window_s: float) -> pl.DataFrame:
+    """The rows of live engines inside each engine's newest window, with a `covered` column."""
+    rows = engines.filter(_TS.is_not_null() & (_TS <= now))
+    if rows.is_empty():
+        return rows.with_columns(covered=pl.lit(value=False))
+    span = pl.duration(seconds=window_s)
+    fleet_newest = rows[_TS.name].max()
+    marked = (
+        rows.with_columns(newest=_TS.max().over("engine"))
+        .filter(pl.col("newest") >= pl.lit(fleet_newest) - span)
+        .with_columns(cutoff=pl.col("newest") - span)
+        .with_columns(opening=pl.when(_TS <= pl.col("cutoff")).then(_TS).max().over("engine"))
+    )
+    inside = marked.filter(_TS >= pl.coalesce("opening", "cutoff"))
+    return inside.with_columns(covered=pl.col("opening").is_not_null()).drop(
+        "newest", "cutoff", "opening"
+    )
+
+
+def _per_engine(window: pl.DataFrame) -> pl.DataFrame:
+    return window.group_by("engine").agg(
+        samples=pl.len(),
+        first=_TS.min(),
+        last=_TS.max(),
+        covered=pl.col("covered").any(),
+        waiting_max=pl.col("waiting").max(),
+        waiting_mean=pl.col("waiting").mean(),
+        kv_mean=pl.col("kv_cache_pct").mean(),
+        kv_max=pl.col("kv_cache_pct").max(),
+        running_min=pl.col("running").min(),
+        running_max=pl.col("running").max(),
+        gen_mean=pl.col("generation_tokens_per_s").mean(),
+        gen_max=pl.col("generation_tokens_per_s").max(),
+        last_running=pl.col("running").sort_by(_TS).last(),
+        last_waiting=pl.col("waiting").sort_by(_TS).last(),
+        last_kv=pl.col("kv_cache_pct").sort_by(_TS).last(),
+        last_gen=pl.col("generation_tokens_per_s").sort_by(_TS).last(),
+        source=pl.col("source").sort_by(_TS).last(),
+        line=pl.col("line").sort_by(_TS).last(),
+        timestamp=_TS.max(),
+    )
+
+
+def _state(t: Thresholds) -> pl.Expr:
+    no_queue = pl.col("waiting_max") == 0
+    swing = (pl.col("running_max") > 1) & (
+        pl.col("running_min") <= SWING_TROUGH_RATIO * pl.col("running_max")
+    )
+    quiet = (
+        no_queue
+        & (pl.col("running_max") <= 1)
+        & (pl.col("gen_max") < t.starved_tokens_per_s)
+        & pl.col("covered")
+    )
+    return (
+        pl.when(pl.col("samples") < MIN_ENGINE_SAMPLES)
+        .then(pl.lit("sparse"))
+        .when((pl.col("waiting_max") > 0) & (pl.col("kv_mean") > t.kv_busy_pct))
+        .then(pl.lit("saturated"))
+        .when(quiet)
+        .then(pl.lit("quiet"))
+        .when(no_queue & (pl.col("kv_max") < t.kv_floor_pct))
+        .then(pl.lit("under-fed"))
+        .when(no_queue & swing)
+        .then(pl.lit("swinging"))
+        .otherwise(pl.lit("busy"))
+    )
+
+
+def engine_states(engines: pl.DataFrame, now: datetime, t: Thresholds) -> pl.DataFrame:
+    """One row per live engine: the window's tuple statistics and its `state`, sorted by engine."""
+    window = engine_window(engines, now, t.starved_window_s)
+    if window.is_empty():
+        return _per_engine(window).with_columns(state=pl.lit("", dtype=pl.String()))
+    per_engine = _per_engine(window).with_columns(
+        span_s=(pl.col("last") - pl.col("first")).dt.total_seconds(fractional=True)
+    )
+    return per_engine.with_columns(state=_state(t)).sort("engine")
+
+
+# --- the launched configuration -----------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    """What the entrypoint says about rollout demand and engine supply (None when absent)."""
+
+    n_concurrent_trials: int | None = None
+    max_num_seqs: int | None = None
+    num_inference_engines: int | None = None
+    colocate_all: bool | None = None
+
+    @property
+    def supply(self) -> int | None:
+        if self.max_num_seqs is None or self.num_inference_engines is None:
+            return None
+        return self.max_num_seqs * self.num_inference_engines
+
+    def describe(self) -> str | None:
+        """One line for the report, or None when the entrypoint names none of the numbers."""
+        demand = self.n_concurrent_trials
+        if demand is None and self.supply is None:
+            return None
+        supply = "unknown" if self.supply is None else str(self.supply)
+        parts = (
+            f"max_num_seqs {self.max_num_seqs} x num_inference_engines {self.num_inference_engines}"
+        )
+        text = (
+            f"demand n_concurrent_trials={demand if demand is not None else 'unknown'} vs supply "
+        )
+        text += f"{parts} = {supply}"
+        if demand is not None and self.supply is not None:
+            text += f" (demand/supply {demand / self.supply:.2f})"
+        return text
+
+
+def _argv(entrypoint: str | None) -> str:
+    """The launched command as one string (argv joined), whatever shape the JSON has."""
+    if not entrypoint:
+        return ""
+    try:
+        parsed = json.loads(entrypoint)
+    except json.JSONDecodeError:
+        return entrypoint
+    argv = parsed.get("argv") if isinstance(parsed, dict) else parsed
+    if isinstance(argv, list):
+        return " ".join(str(item) for item in argv)
+    return entrypoint
+
+
+def _setting(command: str, name: str) -> str | None:
+    match = re.search(rf"(?:^|[\s.\-]){name}(?:=|\s+)([^\s,]+)", command)
+    return match.group(1).strip("'\"") if match else None
+
+
+def _int_setting(command: str, name: str) -> int | None:
+    value = _setting(command, name)
+    return int(value) if value is not None and value.isdigit() else None
+
+
+def engine_config(entrypoint: str | None) -> EngineConfig:
+    """Demand and supply numbers from the entrypoint (`key=value` overrides or `--key value`)."""
+    command = _argv(entrypoint)
+    colocate = _setting(command, "colocate_all")
+    return EngineConfig(
+        n_concurrent_trials=_int_setting(command, "n_concurrent_trials"),
+        max_num_seqs=_int_setting(command, "max_num_seqs"),
+        num_inference_engines=_int_setting(command, "num_inference_engines"),
+        colocate_all=None if colocate is None else colocate.lower() in {"true", "1", "yes"},
+    )
+
+
+def stat_text() -> pl.Expr:
+    """A quote text for an engine's newest sample, in the vLLM stat line's own words."""
+    return pl.format(
+        "Engine {}: Avg generation throughput: {} tokens/s, Running: {} reqs, Waiting: {} reqs, "
+        "GPU KV cache usage: {}%",
+        pl.col("engine"),
+        pl.col("last_gen").round(1),
+        pl.col("last_running"),
+        pl.col("last_waiting"),
+        pl.col("last_kv").round(1),
+    )
+
+
+def engine_table(states: pl.DataFrame) -> tuple[str, ...]:
+    """Detail lines: one per engine with its window tuple."""
+    header = "engine | state | samples | window | running min-max | waiting max | KV% mean/max | gen tok/s mean"
+    rows = states.select(
+        pl.format(
+            "{} | {} | {} | {}s | {}-{} | {} | {}/{} | {}",
+            "engine",
+            "state",
+            "samples",
+            pl.col("span_s").round(0),
+            "running_min",
+            "running_max",
+            "waiting_max",
+            pl.col("kv_mean").round(1),
+            pl.col("kv_max").round(1),
+            pl.col("gen_mean").round(1),
+        )
+    ).to_series()
+    return (header, *rows.to_list())
+
+
+def fleet_line(states: pl.DataFrame) -> str:
+    """`4 engines: 3 saturated, 1 busy; waiting max 37, KV mean 84.0%, running 2-64, gen 950 tok/s`."""
+    counts = dict(states.group_by("state").len().iter_rows())
+    parts = ", ".join(f"{counts[s]} {s}" for s in STATE_ORDER if s in counts)
+    stats = states.select(
+        waiting=pl.col("waiting_max").max(),
+        kv=pl.col("kv_mean").mean(),
+        rmin=pl.col("running_min").min(),
+        rmax=pl.col("running_max").max(),
+        gen=pl.col("gen_mean").sum(),
+    ).row(0, named=True)
+    return (
+        f"{states.height} engine(s): {parts}; waiting max {stats['waiting']}, "
+        f"KV mean {_num(stats['kv'])}%, running {stats['rmin']}-{stats['rmax']}, "
+        f"generation {_num(stats['gen'], 0)} tok/s total"
+    )
+
+
+def _num(value: float | None, digits: int = 1) -> str:
+    return "?" if value is None else f"{value:.{digits}f}"

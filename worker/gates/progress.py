@@ -1,0 +1,87 @@
+"""Shared reads of training progress that several gates need: steps finished, newest advancement,
+whether the newest attempt is still initialising.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+
+import polars as pl
+
+from worker.evidence.model import Evidence, LogTables
+
+__all__ = [
+    "Initialization",
+    "finished_steps",
+    "initialization",
+    "minute_utc",
+    "newest_attempt",
+    "started_at",
+]
+
+
+def minute_utc(value: datetime) -> str:
+    """A time as flip signals quote it: ISO-8601 UTC at minute precision, e.g. 2026-07-30T22:05Z."""
+    return value.astimezone(UTC).strftime("%Y-%m-%dT%H:%MZ")
+
+
+def newest_attempt(logs: LogTables) -> int:
+    """The newest attempt index seen in the logs (0 when none is marked)."""
+    values = [
+        frame["attempt"].max()
+        for frame in (logs.timers, logs.metrics, logs.errors, logs.resumes)
+        if not frame.is_empty()
+    ]
+    numbers = [int(v) for v in values if isinstance(v, int)]
+    return max(numbers, default=0)
+
+
+def finished_steps(logs: LogTables, attempt: int | None = None) -> pl.DataFrame:
+    """`Finished: 'step'` timer rows (of one attempt when given), oldest first."""
+    rows = logs.timers.filter((pl.col("event") == "finished") & (pl.col("phase") == "step"))
+    if attempt is not None:
+        rows = rows.filter(pl.col("attempt") == attempt)
+    return rows.sort("line")
+
+
+def started_at(evidence: Evidence) -> datetime | None:
+    """When the newest attempt began: its first log timestamp, else the job's submission time."""
+    logs = evidence.logs
+    if logs is not None:
+        attempt = newest_attempt(logs)
+        firsts = [
+            frame.filter(pl.col("attempt") == attempt)["timestamp"].min()
+            for frame in (logs.timers, logs.resumes, logs.errors, logs.metrics)
+            if not frame.is_empty()
+        ]
+        stamps = [t for t in firsts if isinstance(t, datetime)]
+        if stamps:
+            return min(stamps)
+    return evidence.bundle.submitted_at
+
+
+@dataclass(frozen=True)
+class Initialization:
+    """The newest attempt has not finished a step yet and is within INIT_GRACE_S of its start."""
+
+    since: datetime
+    deadline: datetime
+
+
+def _has_train_step(logs: LogTables, attempt: int) -> bool:
+    if not finished_steps(logs, attempt).is_empty():
+        return True
+    return not logs.metrics.filter(pl.col("attempt") == attempt).is_empty()
+
+
+def initialization(evidence: Evidence) -> Initialization | None:
+    """The initialization window when the job is inside it, else None."""
+    logs = evidence.logs
+    if logs is None or _has_train_step(logs, newest_attempt(logs)):
+        return None
+    since = started_at(evidence)
+    if since is None:
+        return None
+    deadline = since + timedelta(seconds=evidence.thresholds.init_grace_s)
+    return Initialization(since=since, deadline=deadline) if evidence.now <= deadline else None

@@ -1,0 +1,334 @@
+"""Resources gate: policy ranks and inference ranks, judged apart, never averaged.
+
+Reads the newest attempt's ERRORS rows (`cuda_oom`, `cuda_error`), the ENGINES table (vLLM stat
+lines) through the engine-window analysis of `worker.gates.engines`, the trainer's own account of
+what it waits for (PROGRESS `generation_buffer` counters, open phase timers, PHASES/`timing/*`), GPU
+probes (`probes.gpus`), `vllm/*` metric keys, and the entrypoint's demand/supply numbers.
+
+- FAIL (hard failure) — a CUDA OOM or CUDA error in the newest attempt followed by process death
+  (`actor_died`, `worker_crashed`, `train_loop_failed`, or a failed controller state) or by no later
+  progress (no finished phase timer and no metric record after it). The summary names the rank kind:
+  policy (trainer, `skyrl_entrypoint`, policy/critic workers, or the `policy_train` phase) or
+  inference (vLLM, `AsyncVLLMInferenceEngine`).
+- FAIL (not hard) — the same errors with progress after them; or starvation: every judged engine
+  `quiet` over a covered `STARVED_WINDOW_S` window (running ≤ 1, waiting 0, generation under
+  `STARVED_TOKENS_PER_S`) while the trainer waits for generation (a frozen `Generation Buffer
+  Progress` N/M over the window, an open `generate`/`wait_for_generation_buffer` phase, or those
+  phases taking over `DOMINANT_SHARE` of the newest step).
+- PASS — engines saturated (waiting > 0, KV above `KV_BUSY_PCT`), busy, or swinging with waiting 0
+  (benign backpressure when `wait_for_generation_buffer` is under `BUFFER_WAIT_SHARE` of the step);
+  quiet engines while the trainer is in a training phase (colocated engines take turns); only GPU
+  probes or `vllm/*` metrics (reduced claims: a point-in-time GPU reading cannot judge saturation);
+  initialising (no step finished yet, within `INIT_GRACE_S`) when engines are absent or quiet.
+- ERROR — no engine stat lines, no GPU probe and no `vllm/*` metric (missing
+  "vLLM engine stats or GPU probes", quoting what the log looks like); every engine too sparse to
+  judge; or quiet engines while nothing says what the trainer is doing.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+import polars as pl
+
+from shared.models import GateResult, GateStatus, Handoff, Quote
+from worker.evidence.model import Evidence, LogTables, ProbeEvidence
+from worker.evidence.quotes import quote, quote_rows
+from worker.gates import engines as eng
+from worker.gates.base import error, passed
+from worker.gates.progress import initialization, newest_attempt
+
+__all__ = ["DOMINANT_SHARE", "check"]
+
+DOMINANT_SHARE = 0.5
+"""Generation phases over this share of the newest step mean the trainer mostly waits on engines."""
+
+GENERATION_PHASES = ("generate", "wait_for_generation_buffer")
+CUDA_KINDS = ("cuda_oom", "cuda_error")
+DEATH_KINDS = ("actor_died", "worker_crashed", "train_loop_failed")
+FAILED_STATES = ("failed", "killed", "worker_failed")
+POLICY_PHASES = (
+    "policy_train",
+    "critic_train",
+    "train_critic_and_policy",
+    "fwd_logprobs_values_reward",
+)
+MISSING_TELEMETRY = "vLLM engine stats or GPU probes"
+
+_INFERENCE_RANK = re.compile(r"vllm|AsyncVLLMInferenceEngine|EngineCore|inference_engine", re.I)
+_POLICY_RANK = re.compile(
+    r"skyrl_entrypoint|trainer|PolicyWorker|CriticWorker|RefWorker|policy|fsdp|megatron", re.I
+)
+
+
+def check(evidence: Evidence) -> GateResult:
+    """Judge policy and inference ranks of the newest attempt as of `evidence.now`."""
+    logs = evidence.logs
+    if logs is not None:
+        fault = _cuda_fault(evidence, logs)
+        if fault is not None:
+            return fault
+    states = _states(evidence)
+    if not states.is_empty():
+        return _judge_engines(evidence, states)
+    return _without_engine_lines(evidence)
+
+
+# --- CUDA faults -------------------------------------------------------------------------------
+
+
+def _later(frame: pl.DataFrame, row: dict[str, Any]) -> pl.DataFrame:
+    """Rows after `row`: by timestamp when both have one, else by line in the same source."""
+    stamp, by_line = (
+        row["timestamp"],
+        (pl.col("source") == row["source"]) & (pl.col("line") > row["line"]),
+    )
+    if stamp is None:
+        return frame.filter(by_line)
+    return frame.filter(
+        pl.when(pl.col("timestamp").is_null()).then(by_line).otherwise(pl.col("timestamp") > stamp)
+    )
+
+
+def _progress_after(logs: LogTables, attempt: int, row: dict[str, Any]) -> bool:
+    timers = logs.timers.filter((pl.col("attempt") == attempt) & (pl.col("event") == "finished"))
+    metrics = logs.metrics.filter(pl.col("attempt") == attempt)
+    return not (_later(timers, row).is_empty() and _later(metrics, row).is_empty())
+
+
+def _deaths_after(
+    evidence: Evidence, logs: LogTables, attempt: int, row: dict[str, Any]
+) -> tuple[Quote, ...]:
+    deaths = logs.errors.filter((pl.col("attempt") == attempt) & pl.col("kind").is_in(DEATH_KINDS))
+    found = quote_rows(_later(deaths, row), limit=1)
+    state = evidence.bundle.state
+    if not found and state in FAILED_STATES:
+        found = (quote("manifest.json", f"job.state: {state}"),)
+    return found
+
+
+def _phase_at(logs: LogTables, attempt: int, row: dict[str, Any]) -> str | None:
+    """The innermost phase open when `row` was logged (from TIMERS of the same attempt)."""
+    timers = logs.timers.filter(pl.col("attempt") == attempt)
+    before = timers.filter(~pl.col("line").is_in(_later(timers, row)["line"].implode()))
+    return _innermost_open(before)
+
+
+def _innermost_open(timers: pl.DataFrame) -> str | None:
+    """The newest `Started:` phase with no `Finished:` after it, ignoring `step`."""
+    last = timers.sort("line").group_by("phase", maintain_order=True).last()
+    open_rows = last.filter((pl.col("event") == "started") & (pl.col("phase") != "step"))
+    if open_rows.is_empty():
+        return None
+    return str(open_rows.sort("line")["phase"][-1])
+
+
+def _rank(text: str, source: str, phase: str | None) -> str:
+    if _INFERENCE_RANK.search(text):
+        return "an inference rank (vLLM engine)"
+    if _POLICY_RANK.search(text) or phase in POLICY_PHASES:
+        return "a policy rank"
+    if phase in GENERATION_PHASES:
+        return "an inference rank (during generation)"
+    return f"an unclassified rank ({source})"
+
+
+def _cuda_fault(evidence: Evidence, logs: LogTables) -> GateResult | None:
+    attempt = newest_attempt(logs)
+    faults = logs.errors.filter(
+        (pl.col("attempt") == attempt) & pl.col("kind").is_in(CUDA_KINDS)
+    ).sort(["timestamp", "line"], nulls_last=True)
+    if faults.is_empty():
+        return None
+    first = faults.row(0, named=True)
+    phase = _phase_at(logs, attempt, first)
+    rank = _rank(str(first["text"]), str(first["source"]), phase)
+    deaths = _deaths_after(evidence, logs, attempt, first)
+    progressed = _progress_after(logs, attempt, first)
+    return _fault_result(faults, first, rank, phase, deaths, hard=bool(deaths) or not progressed)
+
+
+def _fault_result(
+    faults: pl.DataFrame,
+    first: dict[str, Any],
+    rank: str,
+    phase: str | None,
+    deaths: tuple[Quote, ...],
+    *,
+    hard: bool,
+) -> GateResult:
+    what = "CUDA out of memory" if first["kind"] == "cuda_oom" else "CUDA error"
+    during = f" during phase {phase}" if phase else ""
+    after = "process died after it" if deaths else "no progress after it"
+    tail = after if hard else "the attempt kept making progress after it"
+    evidence = quote_rows(faults, limit=3) + deaths
+    return GateResult(
+        status=GateStatus.FAIL,
+        summary=f"{what} on {rank}{during} in attempt {first['attempt']} "
+        f"({faults.height} CUDA error line(s)); {tail}",
+        evidence=evidence,
+        hard_failure=hard,
+        mechanism=f"{what} on {rank}",
+        next_action=_fault_action(first["kind"], rank, hard=hard),
+        flip_signal="a finished step after "
+        f"{first['source']}:{first['line']} in the same attempt with no new CUDA error",
+        handoff=_oom_handoff(evidence, rank) if first["kind"] == "cuda_oom" else None,
+    )
+
+
+def _fault_action(kind: str, rank: str, *, hard: bool) -> str:
+    if not hard:
+        return "keep watching: the attempt survived the CUDA error; re-check after the next step"
+    if kind == "cuda_oom":
+        return f"the newest attempt died of an OOM on {rank}: relaunching unchanged will repeat it"
+    return f"inspect the node of {rank} (a CUDA error can be a bad GPU) before relaunching"
+
+
+def _oom_handoff(evidence: tuple[Quote, ...], rank: str) -> Handoff:
+    inference = "inference" in rank
+    component = (
+        "vLLM engine memory settings (gpu_memory_utilization, max_num_seqs, max_model_len)"
+        if inference
+        else "policy training memory settings (micro batch size per GPU, sequence length, "
+        "activation checkpointing, offload)"
+    )
+    return Handoff(
+        evidence=evidence,
+        likely_cause=f"the configured memory footprint does not fit the GPUs of {rank}",
+        component=component,
+        proposed_behavior="lower the per-GPU memory demand until the step fits",
+        test="the same geometry completes two steps with no `CUDA out of memory` line",
+    )
+
+
+# --- engines -------------------------------------------------------------------------------------
+
+
+def _states(evidence: Evidence) -> pl.DataFrame:
+    if evidence.logs is None:
+        return pl.DataFrame()
+    return eng.engine_states(evidence.logs.engines, evidence.now, evidence.thresholds)
+
+
+@dataclass(frozen=True)
+class TrainerWait:
+    """What the trainer is doing about generation: waiting, training, or unknown."""
+
+    state: str  # waiting | training | unknown
+    reason: str
+    quotes: tuple[Quote, ...] = ()
+
+
+def _frozen_buffer(logs: LogTables, window_s: float) -> TrainerWait | None:
+    """The newest `Generation Buffer Progress` N/M, unchanged for a window and not complete."""
+    rows = logs.progress.filter(
+        (pl.col("kind") == "generation_buffer") & (pl.col("attempt") == newest_attempt(logs))
+    ).sort("line")
+    if rows.is_empty():
+        return None
+    changed = (pl.col("done") != pl.col("done").shift()) | (
+        pl.col("total") != pl.col("total").shift()
+    )
+    run = rows.with_columns(run=changed.fill_null(value=True).cum_sum())
+    run = run.filter(pl.col("run") == pl.col("run").max())
+    span = _span_s(run)
+    last = run.row(-1, named=True)
+    if last["done"] >= last["total"] or span < window_s:
+        return None
+    text = f"Generation Buffer Progress {last['done']}/{last['total']} unchanged for {span:.0f}s"
+    return TrainerWait("waiting", text, _progress_quotes(run))
+
+
+def _span_s(run: pl.DataFrame) -> float:
+    """How long a run of progress rows lasted: tqdm elapsed or timestamps, whichever is longer."""
+    spans = run.select(
+        elapsed=pl.col("elapsed_s").max() - pl.col("elapsed_s").min(),
+        stamps=(pl.col("timestamp").max() - pl.col("timestamp").min()).dt.total_seconds(
+            fractional=True
+        ),
+    ).row(0)
+    return max((float(v) for v in spans if v is not None), default=0.0)
+
+
+def _progress_quotes(run: pl.DataFrame) -> tuple[Quote, ...]:
+    texted = run.with_columns(
+        _text=pl.format(
+            "Generation Buffer Progress: {}/{} [elapsed {}s]",
+            pl.col("done"),
+            pl.col("total"),
+            pl.col("elapsed_s").fill_null(float("nan")),
+        )
+    )
+    ends = texted.head(1) if texted.height == 1 else pl.concat([texted.head(1), texted.tail(1)])
+    return quote_rows(ends, text_column="_text", limit=2)
+
+
+def _phase_seconds(logs: LogTables, phase: str, name: str) -> pl.DataFrame:
+    """`step, <name>` seconds of one phase in the newest attempt (the last row per step)."""
+    rows = logs.phases.filter(
+        (pl.col("attempt") == newest_attempt(logs)) & (pl.col("phase") == phase)
+    )
+    return rows.sort("line").group_by("step").agg(pl.col("seconds").last().alias(name))
+
+
+def _newest_step_wait(logs: LogTables) -> TrainerWait | None:
+    """The newest step's generation share: over DOMINANT_SHARE means the trainer waits."""
+    rows = logs.phases.filter(
+        (pl.col("attempt") == newest_attempt(logs)) & pl.col("phase").is_in(GENERATION_PHASES)
+    )
+    steps = _phase_seconds(logs, "step", "step_s")
+    joined = rows.join(steps, on="step").filter(pl.col("step_s") > 0)
+    if joined.is_empty():
+        return None
+    newest = joined.filter(pl.col("step") == pl.col("step").max()).sort("seconds").tail(1)
+    newest = newest.with_columns(
+        share=pl.col("seconds") / pl.col("step_s"),
+        _text=pl.format(
+            "timing/{} {}s of timing/step {}s at step {}",
+            "phase",
+            pl.col("seconds").round(1),
+            pl.col("step_s").round(1),
+            "step",
+        ),
+    )
+    row = newest.row(0, named=True)
+    state = "waiting" if row["share"] > DOMINANT_SHARE else "training"
+    reason = f"{row['_text']} ({row['share']:.0%})"
+    return TrainerWait(state, reason, quote_rows(newest, text_column="_text"))
+
+
+def _open_phase(logs: LogTables) -> TrainerWait | None:
+    timers = logs.timers.filter(pl.col("attempt") == newest_attempt(logs))
+    phase = _innermost_open(timers)
+    if phase is None:
+        return None
+    row = timers.filter((pl.col("phase") == phase) & (pl.col("event") == "started")).sort("line")
+    quotes = quote_rows(
+        row.tail(1).with_columns(_text=pl.format("Started: '{}'", pl.col("phase"))),
+        text_column="_text",
+    )
+    state = "waiting" if phase in GENERATION_PHASES else "training"
+    return TrainerWait(state, f"the trainer's open phase is '{phase}'", quotes)
+
+
+def trainer_wait(logs: LogTables, window_s: float) -> TrainerWait:
+    """Whether the trainer is waiting for generation now, most direct signal first."""
+    for signal in (_frozen_buffer(logs, window_s), _open_phase(logs), _newest_step_wait(logs)):
+        if signal is not None:
+            return signal
+    return TrainerWait("unknown", "no buffer counter, phase timer or timing/* share to read")
+
+
+def buffer_wait_share(logs: LogTables, steps: int) -> float | None:
+    """Median share of `timing/wait_for_generation_buffer` in `timing/step` over the newest steps."""
+    wait = _phase_seconds(logs, "wait_for_generation_buffer", "wait_s")
+    joined = wait.join(_phase_seconds(logs, "step", "step_s"), on="step")
+    shares = joined.filter(pl.col("step_s") > 0).sort("step").tail(steps)
+    if shares.is_empty():
+        return None
+    value = shares.select((pl.col("wait_s") / pl.col("step_s")).median()).item()
+    return float(value) if value is not None else None
