@@ -16,10 +16,10 @@ from shared.models import Event, Mode
 from shared.settings import Settings
 from shared.streams import ALERT_FIELD, StreamNames
 
-__all__ = ["OutsideBundleRoot", "confine", "new_event_id", "publish_alert", "publish_event"]
+__all__ = ["OutsideBundleRootError", "confine", "new_event_id", "publish_alert", "publish_event"]
 
 
-class OutsideBundleRoot(ValueError):
+class OutsideBundleRootError(ValueError):
     """A job or probe directory that is not inside the bundle root."""
 
 
@@ -37,7 +37,7 @@ def confine(root: Path, path: str | Path) -> str:
     base = root.resolve()
     target = (base / path).resolve()
     if target == base or not target.is_relative_to(base):
-        raise OutsideBundleRoot(f"{path} is not inside the bundle root {root}")
+        raise OutsideBundleRootError(f"{path} is not inside the bundle root {root}")
     return target.relative_to(base).as_posix()
 
 

@@ -100,11 +100,11 @@ def load_thresholds(campaign_file: Path | None = None) -> Thresholds:
     if path is None:
         return base
     data = _read_campaign(path)
-    overrides = dict(data.get("thresholds") or {})
+    overrides = {str(k).lower(): v for k, v in dict(data.get("thresholds") or {}).items()}
     if "artifact_retention_days" in data:
         overrides["artifact_retention_days"] = data["artifact_retention_days"]
     unknown = sorted(set(overrides) - set(Thresholds.model_fields))
     if unknown:
         raise CampaignError(f"campaign file {path}: unknown thresholds {', '.join(unknown)}")
-    merged = base.model_dump() | {k.lower(): v for k, v in overrides.items()}
+    merged = base.model_dump() | overrides
     return Thresholds.model_validate(merged)

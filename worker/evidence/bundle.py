@@ -448,7 +448,7 @@ def bundle_discrepancies(info: BundleInfo) -> tuple[str, ...]:
     """What the bundle holds against what its manifest claims, one readable line each."""
     lines = [
         *_identity_discrepancies(info),
-        *(f"refused path: {refused}" for refused in info.refused_paths),
+        *info.refused_paths,
         *_class_discrepancies(info),
         *_status_discrepancies(info),
     ]

@@ -335,8 +335,7 @@ def read_probes(probe_dir: Path, source_prefix: str = "probes") -> ProbeEvidence
         stacks=_stacks(files, commands, source_prefix, failures),
         gpus=_guarded(failures, _gpus, files) or {},
     )
-    refused = tuple(f"refused path: {r}" for r in files.refused)
-    return evidence.model_copy(update={"failures": (*failures, *refused)})
+    return evidence.model_copy(update={"failures": (*failures, *files.refused)})
 
 
 # --- writing --------------------------------------------------------------------------------------

@@ -260,16 +260,16 @@ def _locate(job_dir: Path, trials_dir: Path | None, files: BundleFiles) -> tuple
 
     A trials directory named inside the job directory is read under the job directory's
     confinement (a symlink out of it is refused); one named outside it (`--trace-jobs-dir`)
-    becomes its own confinement root. A relative `trials_dir` is relative to `job_dir`.
+    becomes its own confinement root. Relative paths are relative to the current directory, as
+    for any path argument.
     """
     if trials_dir is None:
         return files, job_dir / "trace_jobs"
-    candidate = trials_dir if trials_dir.is_absolute() else job_dir / trials_dir
     job = Path(os.path.normpath(job_dir.absolute()))
-    wanted = Path(os.path.normpath(candidate.absolute()))
+    wanted = Path(os.path.normpath(trials_dir.absolute()))
     if wanted == job or job in wanted.parents:
-        return files, candidate
-    return BundleFiles(candidate), candidate
+        return files, wanted
+    return BundleFiles(wanted), wanted
 
 
 def _relative_to(path: Path, job_dir: Path) -> str:

@@ -53,23 +53,23 @@ SWING_TROUGH_RATIO = 0.5
 STATE_ORDER = ("saturated", "busy", "swinging", "under-fed", "quiet", "sparse")
 """Engine states, in the order a fleet line lists them."""
 
-_TS = pl.col("timestamp")
+_ts = pl.col("timestamp")
 
 
 def engine_window(engines: pl.DataFrame, now: datetime, window_s: float) -> pl.DataFrame:
     """The rows of live engines inside each engine's newest window, with a `covered` column."""
-    rows = engines.filter(_TS.is_not_null() & (_TS <= now))
+    rows = engines.filter(_ts.is_not_null() & (_ts <= now))
     if rows.is_empty():
         return rows.with_columns(covered=pl.lit(value=False))
     span = pl.duration(seconds=window_s)
-    fleet_newest = rows[_TS.name].max()
+    fleet_newest = rows["timestamp"].max()
     marked = (
-        rows.with_columns(newest=_TS.max().over("engine"))
+        rows.with_columns(newest=_ts.max().over("engine"))
         .filter(pl.col("newest") >= pl.lit(fleet_newest) - span)
         .with_columns(cutoff=pl.col("newest") - span)
-        .with_columns(opening=pl.when(_TS <= pl.col("cutoff")).then(_TS).max().over("engine"))
+        .with_columns(opening=pl.when(_ts <= pl.col("cutoff")).then(_ts).max().over("engine"))
     )
-    inside = marked.filter(_TS >= pl.coalesce("opening", "cutoff"))
+    inside = marked.filter(_ts >= pl.coalesce("opening", "cutoff"))
     return inside.with_columns(covered=pl.col("opening").is_not_null()).drop(
         "newest", "cutoff", "opening"
     )
@@ -78,8 +78,8 @@ def engine_window(engines: pl.DataFrame, now: datetime, window_s: float) -> pl.D
 def _per_engine(window: pl.DataFrame) -> pl.DataFrame:
     return window.group_by("engine").agg(
         samples=pl.len(),
-        first=_TS.min(),
-        last=_TS.max(),
+        first=_ts.min(),
+        last=_ts.max(),
         covered=pl.col("covered").any(),
         waiting_max=pl.col("waiting").max(),
         waiting_mean=pl.col("waiting").mean(),
@@ -89,13 +89,13 @@ def _per_engine(window: pl.DataFrame) -> pl.DataFrame:
         running_max=pl.col("running").max(),
         gen_mean=pl.col("generation_tokens_per_s").mean(),
         gen_max=pl.col("generation_tokens_per_s").max(),
-        last_running=pl.col("running").sort_by(_TS).last(),
-        last_waiting=pl.col("waiting").sort_by(_TS).last(),
-        last_kv=pl.col("kv_cache_pct").sort_by(_TS).last(),
-        last_gen=pl.col("generation_tokens_per_s").sort_by(_TS).last(),
-        source=pl.col("source").sort_by(_TS).last(),
-        line=pl.col("line").sort_by(_TS).last(),
-        timestamp=_TS.max(),
+        last_running=pl.col("running").sort_by(_ts).last(),
+        last_waiting=pl.col("waiting").sort_by(_ts).last(),
+        last_kv=pl.col("kv_cache_pct").sort_by(_ts).last(),
+        last_gen=pl.col("generation_tokens_per_s").sort_by(_ts).last(),
+        source=pl.col("source").sort_by(_ts).last(),
+        line=pl.col("line").sort_by(_ts).last(),
+        timestamp=_ts.max(),
     )
 
 
@@ -211,8 +211,8 @@ def engine_config(entrypoint: str | None) -> EngineConfig:
 def stat_text() -> pl.Expr:
     """A quote text for an engine's newest sample, in the vLLM stat line's own words."""
     return pl.format(
-        "Engine {}: Avg generation throughput: {} tokens/s, Running: {} reqs, Waiting: {} reqs, "
-        "GPU KV cache usage: {}%",
+        "vLLM engine {}: Avg generation throughput: {} tokens/s, Running: {} reqs, "
+        "Waiting: {} reqs, GPU KV cache usage: {}%",
         pl.col("engine"),
         pl.col("last_gen").round(1),
         pl.col("last_running"),
@@ -223,7 +223,10 @@ def stat_text() -> pl.Expr:
 
 def engine_table(states: pl.DataFrame) -> tuple[str, ...]:
     """Detail lines: one per engine with its window tuple."""
-    header = "engine | state | samples | window | running min-max | waiting max | KV% mean/max | gen tok/s mean"
+    header = (
+        "engine | state | samples | window | running min-max | waiting max | KV% mean/max "
+        "| gen tok/s mean"
+    )
     rows = states.select(
         pl.format(
             "{} | {} | {} | {}s | {}-{} | {} | {}/{} | {}",
@@ -243,7 +246,7 @@ def engine_table(states: pl.DataFrame) -> tuple[str, ...]:
 
 
 def fleet_line(states: pl.DataFrame) -> str:
-    """`4 engines: 3 saturated, 1 busy; waiting max 37, KV mean 84.0%, running 2-64, gen 950 tok/s`."""
+    """One line for the fleet: engine states, waiting max, KV mean, running range, generation."""
     counts = dict(states.group_by("state").len().iter_rows())
     parts = ", ".join(f"{counts[s]} {s}" for s in STATE_ORDER if s in counts)
     stats = states.select(

@@ -28,7 +28,6 @@ probes (`probes.gpus`), `vllm/*` metric keys, and the entrypoint's demand/supply
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
@@ -301,30 +300,42 @@ def _newest_step_wait(logs: LogTables) -> TrainerWait | None:
     return TrainerWait(state, reason, quote_rows(newest, text_column="_text"))
 
 
-def _open_phase(logs: LogTables) -> TrainerWait | None:
+def _open_phase(logs: LogTables, now: datetime, window_s: float) -> TrainerWait | None:
+    """The open phase; a generation phase opened less than a window ago does not cover it."""
     timers = logs.timers.filter(pl.col("attempt") == newest_attempt(logs))
     phase = _innermost_open(timers)
     if phase is None:
         return None
     row = timers.filter((pl.col("phase") == phase) & (pl.col("event") == "started")).sort("line")
+    opened = row["timestamp"][-1]
     quotes = quote_rows(
         row.tail(1).with_columns(_text=pl.format("Started: '{}'", pl.col("phase"))),
         text_column="_text",
     )
-    state = "waiting" if phase in GENERATION_PHASES else "training"
-    return TrainerWait(state, f"the trainer's open phase is '{phase}'", quotes)
+    if phase not in GENERATION_PHASES:
+        return TrainerWait("training", f"the trainer's open phase is '{phase}'", quotes)
+    if opened is not None and (now - opened).total_seconds() < window_s:
+        age = (now - opened).total_seconds()
+        reason = f"'{phase}' opened only {age:.0f}s ago: the quiet window covers the phase before"
+        return TrainerWait("training", reason, quotes)
+    return TrainerWait("waiting", f"the trainer's open phase is '{phase}'", quotes)
 
 
-def trainer_wait(logs: LogTables, window_s: float) -> TrainerWait:
+def trainer_wait(logs: LogTables, now: datetime, window_s: float) -> TrainerWait:
     """Whether the trainer is waiting for generation now, most direct signal first."""
-    for signal in (_frozen_buffer(logs, window_s), _open_phase(logs), _newest_step_wait(logs)):
+    signals = (
+        _frozen_buffer(logs, window_s),
+        _open_phase(logs, now, window_s),
+        _newest_step_wait(logs),
+    )
+    for signal in signals:
         if signal is not None:
             return signal
     return TrainerWait("unknown", "no buffer counter, phase timer or timing/* share to read")
 
 
 def buffer_wait_share(logs: LogTables, steps: int) -> float | None:
-    """Median share of `timing/wait_for_generation_buffer` in `timing/step` over the newest steps."""
+    """Median share of `wait_for_generation_buffer` in the step over the newest steps."""
     wait = _phase_seconds(logs, "wait_for_generation_buffer", "wait_s")
     joined = wait.join(_phase_seconds(logs, "step", "step_s"), on="step")
     shares = joined.filter(pl.col("step_s") > 0).sort("step").tail(steps)
@@ -332,3 +343,208 @@ def buffer_wait_share(logs: LogTables, steps: int) -> float | None:
         return None
     value = shares.select((pl.col("wait_s") / pl.col("step_s")).median()).item()
     return float(value) if value is not None else None
+
+
+# --- judging the engine fleet -------------------------------------------------------------------
+
+
+def _engine_quotes(states: pl.DataFrame, limit: int = 3) -> tuple[Quote, ...]:
+    rows = states.with_columns(_text=eng.stat_text())
+    return quote_rows(rows, text_column="_text", limit=limit)
+
+
+def _details(evidence: Evidence, states: pl.DataFrame, *extra: str) -> tuple[str, ...]:
+    config = eng.engine_config(evidence.bundle.entrypoint)
+    lines = [line for line in (config.describe(),) if line]
+    if config.colocate_all is not None:
+        lines.append(f"colocate_all={str(config.colocate_all).lower()}")
+    table = eng.engine_table(states) if not states.is_empty() else ()
+    return (*extra, *lines, *table, *_gpu_lines(evidence.probes))
+
+
+def _judge_engines(evidence: Evidence, states: pl.DataFrame) -> GateResult:
+    judged = states.filter(pl.col("state") != "sparse")
+    if judged.is_empty():
+        return _too_sparse(evidence, states)
+    if (judged["state"] == "quiet").all():
+        return _quiet_fleet(evidence, judged, states)
+    return _active_fleet(evidence, judged, states)
+
+
+def _too_sparse(evidence: Evidence, states: pl.DataFrame) -> GateResult:
+    window_min = evidence.thresholds.starved_window_s / 60
+    summary = (
+        f"engine stat lines too sparse to judge: {states.height} engine(s), each with fewer than "
+        f"{eng.MIN_ENGINE_SAMPLES} samples in the newest {window_min:.0f} min"
+    )
+    if initialization(evidence) is not None:
+        return passed(f"initialising: no step finished yet; {summary}", initializing=True)
+    return error(
+        summary,
+        missing=("vLLM engine stats over a window",),
+        evidence=_engine_quotes(states),
+        details=_details(evidence, states),
+    )
+
+
+def _quiet_fleet(evidence: Evidence, judged: pl.DataFrame, states: pl.DataFrame) -> GateResult:
+    t = evidence.thresholds
+    fleet = eng.fleet_line(states)
+    if initialization(evidence) is not None:
+        return passed(
+            f"initialising: no step finished yet; engines quiet so far ({fleet})",
+            initializing=True,
+            details=_details(evidence, states),
+        )
+    assert evidence.logs is not None  # engines come from the logs
+    wait = trainer_wait(evidence.logs, evidence.now, t.starved_window_s)
+    if wait.state == "waiting":
+        return _starved(evidence, judged, states, wait)
+    if wait.state == "training":
+        return passed(
+            f"engines quiet while the trainer trains ({wait.reason}): colocated or turn-taking "
+            f"engines, not starvation; {fleet}",
+            evidence=wait.quotes,
+            details=_details(evidence, states),
+        )
+    return error(
+        f"engines quiet for {t.starved_window_s / 60:.0f} min and nothing says whether the trainer "
+        f"waits for them ({wait.reason}); {fleet}",
+        missing=("trainer phase timers, timing/* metrics or Generation Buffer Progress",),
+        evidence=_engine_quotes(states),
+        details=_details(evidence, states),
+    )
+
+
+def _starved(
+    evidence: Evidence, judged: pl.DataFrame, states: pl.DataFrame, wait: TrainerWait
+) -> GateResult:
+    t = evidence.thresholds
+    config = eng.engine_config(evidence.bundle.entrypoint)
+    quotes = _engine_quotes(judged) + wait.quotes
+    summary = (
+        f"engines starved: all {judged.height} judged engine(s) ran ≤ 1 request with 0 waiting "
+        f"under {t.starved_tokens_per_s:g} tok/s for {t.starved_window_s / 60:.0f} min while "
+        f"{wait.reason}"
+    )
+    return GateResult(
+        status=GateStatus.FAIL,
+        summary=summary,
+        evidence=quotes,
+        details=_details(evidence, states),
+        mechanism="inference engines starved of requests while the trainer waits for generation",
+        next_action="find what holds rollouts back before the engines (trial/sandbox creation, "
+        "the generator's concurrency, a dead agent loop); rollouts and duty cycle say which",
+        flip_signal=f"any engine reaching running > 1 or {t.starved_tokens_per_s:g} tok/s, or the "
+        "generation buffer advancing",
+        handoff=_supply_handoff(config, quotes, judged.height),
+    )
+
+
+def _supply_handoff(
+    config: eng.EngineConfig, quotes: tuple[Quote, ...], n_engines: int
+) -> Handoff | None:
+    """A configuration handoff when the configured demand cannot feed one request per engine."""
+    demand = config.n_concurrent_trials
+    if demand is None or demand >= n_engines:
+        return None
+    return Handoff(
+        evidence=quotes,
+        likely_cause=f"n_concurrent_trials={demand} is below the {n_engines} inference engines, "
+        "so most engines never receive a request",
+        component="generator concurrency (n_concurrent_trials) vs num_inference_engines",
+        proposed_behavior="size n_concurrent_trials to max_num_seqs x num_inference_engines",
+        test="with the new setting every engine reports running > 1 during generate",
+    )
+
+
+def _active_fleet(evidence: Evidence, judged: pl.DataFrame, states: pl.DataFrame) -> GateResult:
+    assert evidence.logs is not None
+    t = evidence.thresholds
+    fleet = eng.fleet_line(states)
+    states_seen = set(judged["state"])
+    share = buffer_wait_share(evidence.logs, t.min_window_steps)
+    wait_text = (
+        "no timing/wait_for_generation_buffer to compare"
+        if share is None
+        else f"wait_for_generation_buffer {share:.1%} of the step (limit {t.buffer_wait_share:.0%})"
+    )
+    if "saturated" in states_seen:
+        head = "engines saturated (waiting > 0, KV off the floor): generation-bound, not broken"
+    elif "swinging" in states_seen and (share is None or share < t.buffer_wait_share):
+        head = "benign backpressure: running swings peak to trough with waiting 0"
+    else:
+        head = "engines working without a queue"
+    if share is not None and share >= t.buffer_wait_share:
+        head += "; under-fed: the trainer waits on generation"
+    return passed(
+        f"{head}; {wait_text}; {fleet}",
+        evidence=_engine_quotes(judged),
+        details=_details(evidence, states),
+    )
+
+
+# --- no engine stat lines -----------------------------------------------------------------------
+
+
+def _gpu_value(row: dict[str, float | None], needle: str) -> float | None:
+    for key, value in row.items():
+        if needle in key.lower():
+            return value
+    return None
+
+
+def _gpu_lines(probes: ProbeEvidence | None) -> tuple[str, ...]:
+    """One detail line per probed pod: GPUs, utilisation, memory and power (point-in-time)."""
+    if probes is None:
+        return ()
+    lines = []
+    for pod, rows in sorted(probes.gpus.items()):
+        cells = [
+            f"{_gpu_value(r, 'utilization')}% "
+            f"{_gpu_value(r, 'memory.used')}/{_gpu_value(r, 'memory.total')} MiB "
+            f"{_gpu_value(r, 'power.draw')}/{_gpu_value(r, 'power.limit')} W"
+            for r in rows
+        ]
+        lines.append(f"gpus {pod} ({len(rows)} GPU(s), point-in-time): " + "; ".join(cells))
+    return tuple(lines)
+
+
+def _vllm_metric_keys(logs: LogTables | None) -> list[str]:
+    if logs is None or logs.metrics.is_empty():
+        return []
+    keys = logs.metrics.filter(pl.col("key").str.starts_with("vllm/"))["key"].unique()
+    return sorted(keys.to_list())
+
+
+def _without_engine_lines(evidence: Evidence) -> GateResult:
+    gpus = _gpu_lines(evidence.probes)
+    vllm_keys = _vllm_metric_keys(evidence.logs)
+    if gpus or vllm_keys:
+        names = ", ".join(vllm_keys[:4]) or "none"
+        return passed(
+            f"no vLLM stat lines; reduced claims from {len(gpus)} GPU probe(s) and vllm/* metrics "
+            f"({names}): no CUDA error in the newest attempt, saturation not judged",
+            details=_details(evidence, pl.DataFrame()),
+        )
+    if initialization(evidence) is not None:
+        return passed(
+            "initialising: no step finished yet; no engine stat lines yet", initializing=True
+        )
+    return error(
+        "no vLLM engine stat lines, no GPU probe and no vllm/* metric: engines cannot be judged",
+        missing=(MISSING_TELEMETRY,),
+        evidence=_log_head(evidence),
+        details=_details(evidence, pl.DataFrame()),
+    )
+
+
+def _log_head(evidence: Evidence) -> tuple[Quote, ...]:
+    """What the log looks like (its first lines), or the manifest's word on the log."""
+    logs = evidence.logs
+    if logs is not None and logs.summary.head:
+        source = logs.summary.files[0] if logs.summary.files else "finelog.log"
+        return tuple(quote(source, text) for text in logs.summary.head[:3])
+    status = evidence.bundle.statuses.get("finelog")
+    raw = status.raw if status is not None else None
+    return (quote("manifest.json", f"artifacts.finelog: {raw or 'missing'}"),)

@@ -1,0 +1,367 @@
+"""The resources gate: policy and inference ranks judged apart, engines by a tuple over a window."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import pytest
+
+from shared.models import GateResult, GateStatus, Mode
+from tests import factories as f
+from worker.evidence import schema
+from worker.evidence.model import ParseSummary, ProbeEvidence
+from worker.gates import engines, resources
+
+Sample = tuple[int, int, float, float]  # running, waiting, KV %, generation tok/s
+
+REWARD_STEPS = f.metric_rows({"reward/avg_raw_reward": [0.2, 0.3]})
+
+
+def engine_rows(
+    engine: str, samples: Sequence[Sample], every_min: float = 1.0
+) -> list[dict[str, Any]]:
+    """One vLLM stat row per sample, `every_min` apart, the newest one a minute before NOW."""
+    n = len(samples)
+    return [
+        {
+            "timestamp": f.at(1 + every_min * (n - 1 - i)),
+            "engine": engine,
+            "running": running,
+            "waiting": waiting,
+            "kv_cache_pct": kv,
+            "generation_tokens_per_s": gen,
+            "source": f"ray_vllm_logs/pod-0/worker-{engine[:3]}.out",
+            "line": 100 + i,
+            "attempt": 0,
+        }
+        for i, (running, waiting, kv, gen) in enumerate(samples)
+    ]
+
+
+def fleet(samples: Sequence[Sample], n_engines: int = 2) -> list[dict[str, Any]]:
+    """The same samples on `n_engines` engines."""
+    rows: list[dict[str, Any]] = []
+    for k in range(n_engines):
+        rows += engine_rows(f"{1000 + k}@10.0.0.{k}/000", samples)
+    return rows
+
+
+def timer(
+    phase: str, event: str, line: int, minutes_ago: float, seconds: float | None = None
+) -> dict[str, Any]:
+    """One phase timer row of attempt 0 in finelog.log."""
+    return {
+        "event": event,
+        "phase": phase,
+        "seconds": seconds,
+        "step": 3,
+        "source": "finelog.log",
+        "line": line,
+        "timestamp": f.at(minutes_ago),
+        "attempt": 0,
+    }
+
+
+def phase_rows(step_s: float, wait_s: float, steps: int = 10) -> list[dict[str, Any]]:
+    """`step` and `wait_for_generation_buffer` seconds for `steps` steps."""
+    rows = []
+    for step in range(1, steps + 1):
+        for phase, seconds in (("step", step_s), ("wait_for_generation_buffer", wait_s)):
+            rows.append(
+                {
+                    "step": step,
+                    "phase": phase,
+                    "seconds": seconds,
+                    "source": "finelog.log",
+                    "line": 500 + 10 * step,
+                    "timestamp": f.at(steps + 1 - step),
+                    "attempt": 0,
+                }
+            )
+    return rows
+
+
+def frozen_buffer(done: int = 24, total: int = 32) -> list[dict[str, Any]]:
+    """`Generation Buffer Progress` stuck at done/total for 13 minutes while elapsed grows."""
+    return [
+        {
+            "kind": "generation_buffer",
+            "done": done,
+            "total": total,
+            "elapsed_s": 2400.0 + 60 * i,
+            "source": "finelog.log",
+            "line": 2000 + i,
+            "timestamp": f.at(13 - i),
+            "attempt": 0,
+        }
+        for i in range(14)
+    ]
+
+
+def cuda_error(kind: str, text: str, line: int, minutes_ago: float) -> dict[str, Any]:
+    return {
+        "source": "finelog.log",
+        "line": line,
+        "timestamp": f.at(minutes_ago),
+        "kind": kind,
+        "text": text,
+        "attempt": 0,
+    }
+
+
+SATURATED: list[Sample] = [(64, 12 + i % 3, 85.0, 950.0) for i in range(12)]
+QUIET: list[Sample] = [(i % 2, 0, 0.1, 0.0) for i in range(12)]
+SAWTOOTH: list[Sample] = [
+    (r, 0, 35.0, 600.0) for r in (64, 40, 12, 3, 64, 50, 20, 4, 64, 30, 8, 60)
+]
+ENTRYPOINT = (
+    '{"argv": ["python", "-m", "main_harbor", "generator.n_concurrent_trials=2", '
+    '"generator.inference_engine.max_num_seqs=64", '
+    '"generator.inference_engine.num_inference_engines=4"]}'
+)
+
+
+def assert_quoted(result: GateResult) -> None:
+    """FAIL and ERROR results carry at least one quote with a source, and log quotes a line."""
+    assert result.evidence, result.summary
+    for q in result.evidence:
+        assert q.source and q.text
+    assert any(q.line is not None for q in result.evidence) or result.evidence[0].source
+
+
+CASES: list[tuple[str, dict[str, Any], GateStatus, dict[str, Any]]] = [
+    (
+        "saturated engines",
+        {"engines": fleet(SATURATED), "metrics": REWARD_STEPS},
+        GateStatus.PASS,
+        {"hard_failure": False, "initializing": False},
+    ),
+    (
+        "starved engines with a frozen generation buffer",
+        {"engines": fleet(QUIET), "progress": frozen_buffer(), "metrics": REWARD_STEPS},
+        GateStatus.FAIL,
+        {"hard_failure": False, "learning_quality": False},
+    ),
+    (
+        "backpressure sawtooth with a near-zero buffer wait",
+        {"engines": fleet(SAWTOOTH), "phases": phase_rows(100.0, 1.5), "metrics": REWARD_STEPS},
+        GateStatus.PASS,
+        {"hard_failure": False},
+    ),
+    (
+        "colocated idle engines while the trainer sits in generate",
+        {
+            "engines": fleet(QUIET),
+            "timers": [
+                timer("step", "finished", 10, 30, 400.0),
+                timer("step", "started", 11, 29),
+                timer("generate", "started", 12, 29),
+            ],
+        },
+        GateStatus.FAIL,
+        {"hard_failure": False},
+    ),
+    (
+        "colocated idle engines while the policy trains",
+        {
+            "engines": fleet(QUIET),
+            "timers": [
+                timer("step", "finished", 10, 30, 400.0),
+                timer("step", "started", 11, 29),
+                timer("generate", "started", 12, 29),
+                timer("generate", "finished", 13, 15, 840.0),
+                timer("policy_train", "started", 14, 14),
+            ],
+        },
+        GateStatus.PASS,
+        {"hard_failure": False},
+    ),
+    (
+        "quiet engines with nothing saying what the trainer does",
+        {"engines": fleet(QUIET), "metrics": REWARD_STEPS},
+        GateStatus.ERROR,
+        {},
+    ),
+]
+
+
+@pytest.mark.parametrize(("name", "tables", "status", "flags"), CASES, ids=[c[0] for c in CASES])
+def test_engine_tuples(
+    name: str, tables: dict[str, Any], status: GateStatus, flags: dict[str, Any]
+) -> None:
+    """Each engine tuple over the window gives the expected status and flags."""
+    result = resources.check(f.evidence(log_tables=f.logs(**tables)))
+    assert result.status is status, result.summary
+    for flag, value in flags.items():
+        assert getattr(result, flag) == value, flag
+    if status is not GateStatus.PASS:
+        assert_quoted(result)
+
+
+def test_starvation_quotes_engine_and_buffer() -> None:
+    """A starvation FAIL quotes the engine stat line and the frozen buffer counter with lines."""
+    tables = f.logs(engines=fleet(QUIET), progress=frozen_buffer(), metrics=REWARD_STEPS)
+    result = resources.check(f.evidence(log_tables=tables))
+    sources = {q.source for q in result.evidence}
+    assert "finelog.log" in sources
+    assert any(s.startswith("ray_vllm_logs/") for s in sources)
+    assert all(q.line is not None and q.timestamp is not None for q in result.evidence)
+    assert "24/32" in result.summary
+    assert result.mechanism and result.flip_signal
+
+
+def test_starvation_handoff_when_demand_cannot_feed_engines() -> None:
+    """Demand below the engine count becomes a configuration handoff with demand vs supply."""
+    engine_rows_4 = fleet(QUIET, n_engines=4)
+    tables = f.logs(engines=engine_rows_4, progress=frozen_buffer(), metrics=REWARD_STEPS)
+    result = resources.check(f.evidence(log_tables=tables, entrypoint=ENTRYPOINT))
+    assert result.status is GateStatus.FAIL
+    assert result.handoff is not None
+    assert "n_concurrent_trials" in result.handoff.component
+    assert any("demand n_concurrent_trials=2" in d and "= 256" in d for d in result.details)
+
+
+def test_short_quiet_spell_is_not_starvation() -> None:
+    """Engines quiet for less than the starvation window are not starved (window not covered)."""
+    short = engine_rows("1000@10.0.0.1/000", QUIET[:5])
+    tables = f.logs(engines=short, progress=frozen_buffer(), metrics=REWARD_STEPS)
+    result = resources.check(f.evidence(log_tables=tables))
+    assert result.status is GateStatus.PASS, result.summary
+
+
+def test_under_fed_engines_name_the_buffer_wait() -> None:
+    """Swinging engines while the buffer wait is a large share of the step are called under-fed."""
+    tables = f.logs(engines=fleet(SAWTOOTH), phases=phase_rows(100.0, 40.0), metrics=REWARD_STEPS)
+    result = resources.check(f.evidence(log_tables=tables))
+    assert result.status is GateStatus.PASS
+    assert "under-fed" in result.summary
+    assert "40.0%" in result.summary
+
+
+def test_policy_rank_oom_that_killed_the_attempt_is_hard() -> None:
+    """A CUDA OOM during policy_train followed by an actor death is a hard FAIL on a policy rank."""
+    tables = f.logs(
+        engines=fleet(SATURATED),
+        metrics=REWARD_STEPS,
+        timers=[timer("policy_train", "started", 4990, 6)],
+        errors=[
+            cuda_error(
+                "cuda_oom",
+                "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB",
+                5000,
+                5,
+            ),
+            cuda_error(
+                "actor_died", "ray.exceptions.ActorDiedError: The actor died unexpectedly", 5040, 4
+            ),
+        ],
+    )
+    result = resources.check(f.evidence(log_tables=tables))
+    assert result.status is GateStatus.FAIL
+    assert result.hard_failure
+    assert "policy rank" in result.summary
+    assert "policy_train" in result.summary
+    assert result.handoff is not None
+    assert_quoted(result)
+    assert [q.line for q in result.evidence] == [5000, 5040]
+
+
+def test_inference_rank_oom_with_progress_after_is_not_hard() -> None:
+    """A vLLM OOM the attempt survived is a FAIL on an inference rank, not a hard failure."""
+    metrics = f.metric_rows({"reward/avg_raw_reward": [0.2, 0.3, 0.3, 0.4]})
+    oom = cuda_error(
+        "cuda_oom",
+        "(AsyncVLLMInferenceEngine pid=77) torch.OutOfMemoryError: CUDA out of memory",
+        900,
+        30,
+    )
+    result = resources.check(f.evidence(log_tables=f.logs(metrics=metrics, errors=[oom])))
+    assert result.status is GateStatus.FAIL
+    assert not result.hard_failure
+    assert "inference rank" in result.summary
+    assert_quoted(result)
+
+
+def test_oom_in_an_older_attempt_is_left_to_restarts() -> None:
+    """A CUDA OOM of an earlier attempt does not fail the newest attempt's resources."""
+    old = cuda_error("cuda_oom", "CUDA out of memory", 10, 90) | {"attempt": 0}
+    new_metrics = [r | {"attempt": 1} for r in REWARD_STEPS]
+    engine = [r | {"attempt": 1} for r in fleet(SATURATED)]
+    tables = f.logs(errors=[old], metrics=new_metrics, engines=engine)
+    assert resources.check(f.evidence(log_tables=tables)).status is GateStatus.PASS
+
+
+def test_no_engine_evidence_is_an_error_quoting_the_log_head() -> None:
+    """No stat lines, no GPU probe and no vllm/* metric is ERROR quoting what the log looks like."""
+    summary = ParseSummary(files=("finelog.log",), head=("Starting Ray head...", "Loading model"))
+    tables = f.logs(metrics=REWARD_STEPS, summary=summary)
+    result = resources.check(f.evidence(log_tables=tables))
+    assert result.status is GateStatus.ERROR
+    assert result.missing == (resources.MISSING_TELEMETRY,)
+    assert [q.text for q in result.evidence] == ["Starting Ray head...", "Loading model"]
+    assert all(q.source == "finelog.log" for q in result.evidence)
+
+
+def test_no_log_at_all_quotes_the_manifest() -> None:
+    """Without any log the ERROR still quotes where the log should have been."""
+    result = resources.check(f.evidence(log_tables=None))
+    assert result.status is GateStatus.ERROR
+    assert result.evidence[0].source == "manifest.json"
+
+
+def test_gpu_probes_alone_pass_with_reduced_claims() -> None:
+    """GPU probes without stat lines pass, saying saturation was not judged."""
+    gpu = {"utilization.gpu [%]": 97.0, "memory.used [MiB]": 70000.0, "memory.total [MiB]": 81559.0}
+    probes = ProbeEvidence(directory="probes", gpus={"pod-0": (gpu, gpu)})
+    result = resources.check(f.evidence(log_tables=f.logs(metrics=REWARD_STEPS), probes=probes))
+    assert result.status is GateStatus.PASS
+    assert "saturation not judged" in result.summary
+    assert any(d.startswith("gpus pod-0 (2 GPU(s)") for d in result.details)
+
+
+def test_initialising_job_without_engines_passes_as_initialising() -> None:
+    """Before the first step, a job without stat lines passes and says it is initialising."""
+    tables = f.logs(timers=[timer("step", "started", 5, 10)])
+    result = resources.check(f.evidence(log_tables=tables, mode=Mode.AGENTIC))
+    assert result.status is GateStatus.PASS
+    assert result.initializing
+    assert result.summary.startswith("initialising")
+
+
+def test_sparse_engines_are_an_error() -> None:
+    """Two stat lines per engine are too few to judge the tuple."""
+    tables = f.logs(engines=fleet(SATURATED[:2]), metrics=REWARD_STEPS)
+    result = resources.check(f.evidence(log_tables=tables))
+    assert result.status is GateStatus.ERROR
+    assert_quoted(result)
+
+
+def test_dead_engines_of_an_earlier_attempt_are_ignored() -> None:
+    """Engines whose newest sample is older than a window are gone and not judged."""
+    stale = [r | {"timestamp": f.at(120 + i)} for i, r in enumerate(fleet(QUIET, n_engines=1))]
+    live = engine_rows("2000@10.0.0.9/000", SATURATED)
+    states = engines.engine_states(
+        f.frame(schema.ENGINES, stale + live), f.NOW, f.evidence().thresholds
+    )
+    assert states["engine"].to_list() == ["2000@10.0.0.9/000"]
+    assert states["state"].to_list() == ["saturated"]
+
+
+@pytest.mark.parametrize(
+    ("entrypoint", "expected"),
+    [
+        (ENTRYPOINT, engines.EngineConfig(2, 64, 4, None)),
+        (
+            '{"argv": ["python", "--max_num_seqs", "8", "trainer.placement.colocate_all=true"]}',
+            engines.EngineConfig(None, 8, None, True),
+        ),
+        (None, engines.EngineConfig()),
+        ("not json", engines.EngineConfig()),
+    ],
+)
+def test_engine_config_reads_demand_and_supply(
+    entrypoint: str | None, expected: engines.EngineConfig
+) -> None:
+    """The entrypoint's overrides give demand, supply and colocation when they are present."""
+    assert engines.engine_config(entrypoint) == expected

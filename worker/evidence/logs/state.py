@@ -1,0 +1,88 @@
+"""The parser state carried from one chunk to the next (and kept by the incremental cache).
+
+Everything a later line needs from earlier ones lives here: the line number, the attempt, the step
+context, the date anchor for lines that carry only a time of day, pending `Exception breakdown`
+lines, and the running summary. It round-trips through JSON so the cache can keep it on disk.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field, fields, replace
+from datetime import date, datetime
+from typing import Any, Final
+
+__all__ = ["MAX_EXAMPLES", "ParserState"]
+
+MAX_EXAMPLES: Final = 5
+_DATES: Final = ("anchor_day",)
+_DATETIMES: Final = ("first_ts", "last_ts")
+
+
+@dataclass
+class ParserState:
+    """State after the last committed line of a file."""
+
+    line: int = 0  # lines committed so far (the next line is line + 1)
+    offset: int = 0  # bytes committed so far
+    first_content: int | None = None  # 1-based line of the first non-blank line
+    attempt: int = 0
+    attempt_task: str | None = None  # the Iris task whose boundaries count attempts
+    completed: int = 0  # completed steps before the next line
+    post_finish: bool = False  # the last step marker was `Finished: 'step'`
+    anchor_day: date | None = None  # the date for time-of-day-only lines
+    rolls: int = 0  # midnights passed since the anchor
+    last_tod: int | None = None  # the last Iris time of day, in seconds
+    breakdowns: dict[str, str] = field(default_factory=dict)  # actor -> pending breakdown
+    head: list[str] = field(default_factory=list)
+    records: dict[str, int] = field(default_factory=dict)
+    malformed: int = 0
+    malformed_examples: list[str] = field(default_factory=list)
+    first_ts: datetime | None = None
+    last_ts: datetime | None = None
+
+    @classmethod
+    def initial(cls, reference_date: date | None) -> ParserState:
+        """The state before the first line."""
+        return cls(anchor_day=reference_date)
+
+    def copy(self) -> ParserState:
+        """A deep enough copy: the mutable containers are new."""
+        return replace(
+            self,
+            breakdowns=dict(self.breakdowns),
+            head=list(self.head),
+            records=dict(self.records),
+            malformed_examples=list(self.malformed_examples),
+        )
+
+    def count(self, name: str, n: int) -> None:
+        """Add `n` records of serialization `name`."""
+        if n:
+            self.records[name] = self.records.get(name, 0) + n
+
+    def add_malformed(self, examples: list[str]) -> None:
+        """Count malformed lines, keeping the first few examples."""
+        self.malformed += len(examples)
+        room = MAX_EXAMPLES - len(self.malformed_examples)
+        self.malformed_examples.extend(examples[: max(room, 0)])
+
+    def to_json(self) -> str:
+        """The state as JSON."""
+        data = asdict(self)
+        for name in (*_DATES, *_DATETIMES):
+            value = data[name]
+            data[name] = value.isoformat() if value is not None else None
+        return json.dumps(data)
+
+    @classmethod
+    def from_json(cls, text: str) -> ParserState:
+        """The state back from `to_json`."""
+        data: dict[str, Any] = json.loads(text)
+        known = {f.name for f in fields(cls)}
+        data = {k: v for k, v in data.items() if k in known}
+        for name in _DATES:
+            data[name] = date.fromisoformat(data[name]) if data.get(name) else None
+        for name in _DATETIMES:
+            data[name] = datetime.fromisoformat(data[name]) if data.get(name) else None
+        return cls(**data)

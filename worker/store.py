@@ -1,0 +1,236 @@
+"""Object storage for events, frozen evidence and reports: a protocol, S3, and an in-memory fake.
+
+Everything the pipeline stores is written once. `put_once` sends `If-None-Match: *`, so S3 itself
+refuses to overwrite (412 PreconditionFailed means the object is already there, which for a task
+that runs twice is success). Transient faults are retried inside the adapter with tenacity; what
+still fails is raised as `InfrastructureError`.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, Protocol, TypeVar, runtime_checkable
+
+import boto3
+import botocore.exceptions
+from botocore.config import Config
+from tenacity import (
+    retry,
+    retry_if_exception,
+    stop_after_attempt,
+    wait_exponential_jitter,
+)
+
+from shared.settings import Settings
+from worker.failures import InfrastructureError, describe, is_infrastructure
+
+__all__ = [
+    "MemoryStore",
+    "ObjectMissingError",
+    "ObjectStore",
+    "S3Store",
+    "download_prefix",
+    "store_from_settings",
+    "upload_directory",
+]
+
+T = TypeVar("T")
+BINARY = "application/octet-stream"
+
+
+class ObjectMissingError(KeyError):
+    """No object under that key."""
+
+
+@runtime_checkable
+class ObjectStore(Protocol):
+    """Write-once object storage under one bucket and prefix."""
+
+    def put_once(self, key: str, body: bytes, content_type: str = ...) -> bool:
+        """Store `body` unless `key` exists; True when this call wrote it."""
+        ...
+
+    def get(self, key: str) -> bytes:
+        """The object's bytes; raises `ObjectMissingError`."""
+        ...
+
+    def exists(self, key: str) -> bool: ...
+
+    def keys(self, prefix: str) -> list[str]:
+        """Keys under `prefix` (relative to the store's own prefix), sorted."""
+        ...
+
+    def uri(self, key: str) -> str:
+        """The s3:// URI (or memory:// for the fake) of a key."""
+        ...
+
+
+class MemoryStore:
+    """The in-memory fake: same semantics, one process."""
+
+    def __init__(self, bucket: str = "rlhealth", prefix: str = "") -> None:
+        self.bucket = bucket
+        self.prefix = prefix.strip("/")
+        self.objects: dict[str, bytes] = {}
+        self._lock = threading.Lock()
+
+    def put_once(self, key: str, body: bytes, content_type: str = BINARY) -> bool:
+        with self._lock:
+            if key in self.objects:
+                return False
+            self.objects[key] = bytes(body)
+            return True
+
+    def get(self, key: str) -> bytes:
+        try:
+            return self.objects[key]
+        except KeyError:
+            raise ObjectMissingError(key) from None
+
+    def exists(self, key: str) -> bool:
+        return key in self.objects
+
+    def keys(self, prefix: str) -> list[str]:
+        return sorted(key for key in self.objects if key.startswith(prefix))
+
+    def uri(self, key: str) -> str:
+        full = f"{self.prefix}/{key}" if self.prefix else key
+        return f"memory://{self.bucket}/{full}"
+
+
+def _retrying(call: Callable[[], T]) -> T:
+    """Run `call`, retrying infrastructure faults with jittered backoff (about 10 s in all)."""
+    wrapped = retry(
+        retry=retry_if_exception(is_infrastructure),
+        stop=stop_after_attempt(5),
+        wait=wait_exponential_jitter(initial=0.2, max=4),
+        reraise=True,
+    )(call)
+    try:
+        return wrapped()
+    except Exception as exc:
+        if is_infrastructure(exc):
+            raise InfrastructureError(describe(exc)) from exc
+        raise
+
+
+def _error_code(exc: botocore.exceptions.ClientError) -> str:
+    return str(exc.response.get("Error", {}).get("Code", ""))
+
+
+class S3Store:
+    """S3 (or MinIO, or moto's server) through boto3."""
+
+    def __init__(self, client: Any, bucket: str, prefix: str = "") -> None:
+        self.client = client
+        self.bucket = bucket
+        self.prefix = prefix.strip("/")
+
+    def _key(self, key: str) -> str:
+        return f"{self.prefix}/{key}" if self.prefix else key
+
+    def put_once(self, key: str, body: bytes, content_type: str = BINARY) -> bool:
+        def put() -> bool:
+            try:
+                self.client.put_object(
+                    Bucket=self.bucket,
+                    Key=self._key(key),
+                    Body=body,
+                    ContentType=content_type,
+                    IfNoneMatch="*",
+                )
+            except botocore.exceptions.ClientError as exc:
+                # 412: already written (by us, on an earlier run); 409: a concurrent conditional
+                # write of the same key is in progress, which S3 resolves in favour of the other.
+                if _error_code(exc) in {"PreconditionFailed", "ConditionalRequestConflict"}:
+                    return False
+                raise
+            return True
+
+        return _retrying(put)
+
+    def get(self, key: str) -> bytes:
+        def get() -> bytes:
+            try:
+                response = self.client.get_object(Bucket=self.bucket, Key=self._key(key))
+            except botocore.exceptions.ClientError as exc:
+                if _error_code(exc) in {"NoSuchKey", "404"}:
+                    raise ObjectMissingError(key) from exc
+                raise
+            body: bytes = response["Body"].read()
+            return body
+
+        return _retrying(get)
+
+    def exists(self, key: str) -> bool:
+        def head() -> bool:
+            try:
+                self.client.head_object(Bucket=self.bucket, Key=self._key(key))
+            except botocore.exceptions.ClientError as exc:
+                if _error_code(exc) in {"NoSuchKey", "404", "NotFound"}:
+                    return False
+                raise
+            return True
+
+        return _retrying(head)
+
+    def keys(self, prefix: str) -> list[str]:
+        def list_keys() -> list[str]:
+            paginator = self.client.get_paginator("list_objects_v2")
+            strip = len(self._key(""))
+            found: list[str] = []
+            for page in paginator.paginate(Bucket=self.bucket, Prefix=self._key(prefix)):
+                found.extend(item["Key"][strip:] for item in page.get("Contents", []))
+            return sorted(found)
+
+        return _retrying(list_keys)
+
+    def uri(self, key: str) -> str:
+        return f"s3://{self.bucket}/{self._key(key)}"
+
+    def ensure_bucket(self) -> None:
+        """Create the bucket when it does not exist (local set-ups: moto, MinIO)."""
+
+        def create() -> None:
+            try:
+                self.client.head_bucket(Bucket=self.bucket)
+            except botocore.exceptions.ClientError:
+                self.client.create_bucket(Bucket=self.bucket)
+
+        _retrying(create)
+
+
+def store_from_settings(settings: Settings | None = None) -> S3Store:
+    """The S3 store named by RLHEALTH_S3_ENDPOINT_URL, RLHEALTH_S3_BUCKET and RLHEALTH_S3_PREFIX."""
+    settings = settings or Settings()
+    config = Config(
+        retries={"mode": "standard", "max_attempts": 3},
+        connect_timeout=5,
+        read_timeout=30,
+        max_pool_connections=16,
+    )
+    client = boto3.client("s3", endpoint_url=settings.s3_endpoint_url, config=config)
+    return S3Store(client, settings.s3_bucket, settings.s3_prefix)
+
+
+def download_prefix(store: ObjectStore, prefix: str, directory: Path) -> list[Path]:
+    """Copy every object under `prefix` into `directory`, keeping the relative layout."""
+    written: list[Path] = []
+    for key in store.keys(prefix):
+        target = directory / key[len(prefix) :].lstrip("/")
+        target.parent.mkdir(parents=True, exist_ok=True)
+        target.write_bytes(store.get(key))
+        written.append(target)
+    return written
+
+
+def upload_directory(store: ObjectStore, directory: Path, prefix: str) -> list[str]:
+    """put_once every file under `directory` at `prefix/<relative path>`; returns the keys."""
+    keys: list[str] = []
+    for path in sorted(p for p in directory.rglob("*") if p.is_file()):
+        key = f"{prefix.rstrip('/')}/{path.relative_to(directory).as_posix()}"
+        store.put_once(key, path.read_bytes())
+        keys.append(key)
+    return keys
