@@ -4,8 +4,9 @@ PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
-DEMO_BUNDLE := examples/bundles/jobs/cw-demo/ops/rl-gsm8k-stalled
-DEMO_NOW := 2026-03-26T16:10:00Z
+DEMO_BUNDLE := examples/jobs/cw-rno2a/ops/rl-gsm8k-stalled
+DEMO_PROBES := examples/probes/rl-gsm8k-stalled
+DEMO_NOW := 2026-07-30T19:23:00Z
 
 .PHONY: demo test lint typecheck unit system-deps venv bench clean
 
@@ -29,7 +30,7 @@ system-deps:
 	fi
 
 demo: $(STAMP)
-	$(BIN)/rl-health diagnose $(DEMO_BUNDLE) --now $(DEMO_NOW)
+	$(BIN)/rl-health diagnose $(DEMO_BUNDLE) --probes $(DEMO_PROBES) --now $(DEMO_NOW)
 
 lint: $(STAMP)
 	$(BIN)/ruff check shared worker reports tests bench

@@ -16,19 +16,25 @@ the pipeline's own coalescing state, written only by the Lua scripts of `worker.
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
-from typing import Final
+from typing import Any, Final
+
+from shared.models import VerdictEntry
 
 __all__ = [
     "ALERT_FIELD",
     "INGEST_GROUP",
     "SUPERVISOR_GROUP",
     "StreamNames",
+    "entry_fields",
+    "entry_from_fields",
 ]
 
 ALERT_FIELD: Final = "event"  # an alert stream entry holds one field: the event as JSON
 INGEST_GROUP: Final = "ingest"
 SUPERVISOR_GROUP: Final = "supervisor"
+_ENTRY_FIELDS: Final = ("event_id", "job_id", "verdict", "confidence", "report_uri", "captured_at")
 
 
 @dataclass(frozen=True)
@@ -75,3 +81,20 @@ class StreamNames:
 
     def published(self, lead: str) -> str:
         return f"{self.prefix}:published:{lead}"
+
+
+def entry_fields(entry: VerdictEntry) -> dict[str, str]:
+    """A verdict entry's stream fields but `event_ids`, which the publishing script writes as a
+    JSON array of every event id the verdict answers."""
+    data = entry.model_dump(mode="json")
+    return {name: str(data[name]) for name in _ENTRY_FIELDS}
+
+
+def _text(value: Any) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)
+
+
+def entry_from_fields(fields: dict[Any, Any]) -> VerdictEntry:
+    """The verdict entry of a verdict stream entry (fields as bytes or str)."""
+    data = {_text(key): _text(value) for key, value in fields.items()}
+    return VerdictEntry.model_validate({**data, "event_ids": json.loads(data["event_ids"])})

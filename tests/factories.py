@@ -113,3 +113,25 @@ def evidence(
         trials=trial_tables,
         probes=probes,
     )
+
+
+def phase_rows(
+    series: Mapping[str, Sequence[float | None]], *, first_step: int = 1
+) -> list[dict[str, Any]]:
+    """PHASES rows for `{phase: [seconds per step]}`, one step a minute ending at NOW."""
+    rows: list[dict[str, Any]] = []
+    for offset, (phase, values) in enumerate(series.items()):
+        n = len(values)
+        for i, seconds in enumerate(values):
+            rows.append(
+                {
+                    "step": first_step + i,
+                    "phase": phase,
+                    "seconds": seconds,
+                    "source": "finelog.log",
+                    "line": 5000 + 10 * i + offset,
+                    "timestamp": at(n - i),
+                    "attempt": 0,
+                }
+            )
+    return rows

@@ -105,7 +105,7 @@ def _retrying(call: Callable[[], T]) -> T:
     wrapped = retry(
         retry=retry_if_exception(is_infrastructure),
         stop=stop_after_attempt(5),
-        wait=wait_exponential_jitter(initial=0.2, max=4),
+        wait=wait_exponential_jitter(multiplier=0.2, max=4),
         reraise=True,
     )(call)
     try:

@@ -99,8 +99,9 @@ def _hard_kill(
         )
     flip = restarts.flip_signal if restarts.doomed and restarts.flip_signal else None
     flip = flip or next((gates[n].flip_signal for n in hard if gates[n].flip_signal), None)
-    action = next((gates[n].next_action for n in hard if gates[n].next_action), None)
-    handoff = _first_handoff(gates, hard)
+    failing = [*hard, *(n for n in _failing(gates) if n not in hard)]
+    action = next((gates[n].next_action for n in failing if gates[n].next_action), None)
+    handoff = _first_handoff(gates, failing)
     return Decision(
         verdict=Verdict.KILL,
         confidence=Confidence.MEDIUM if gaps else Confidence.HIGH,

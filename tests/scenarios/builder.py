@@ -11,6 +11,7 @@ boundary (marin-iris `job logs`), Harbor `result.json` fields and py-spy dumps (
 from __future__ import annotations
 
 import json
+import math
 import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -35,7 +36,7 @@ def iso(moment: datetime) -> str:
 
 
 def _fmt(value: float) -> str:
-    if value != value:  # NaN
+    if math.isnan(value):
         return "NaN"
     if value in (float("inf"), float("-inf")):
         return "Infinity" if value > 0 else "-Infinity"
@@ -75,7 +76,9 @@ class JobBuilder:
             text = f"[{moment:%H:%M:%S}] task={self.job_id}/{self.task} | {text}"
         self.lines.append(text)
 
-    def log(self, moment: datetime, message: str, *, actor: str = TRAINER, level: str = "INFO") -> None:
+    def log(
+        self, moment: datetime, message: str, *, actor: str = TRAINER, level: str = "INFO"
+    ) -> None:
         """A loguru line from the trainer behind its Ray actor prefix."""
         stamp = f"{moment:%Y-%m-%d %H:%M:%S}.{moment.microsecond // 1000:03d}"
         self.raw(
@@ -91,7 +94,9 @@ class JobBuilder:
         if step is None:
             self.log(moment, "No checkpoint found, starting training from scratch")
             return
-        self.log(moment, f"Loading checkpoint from: s3://bucket/ckpt/{self.name}/global_step_{step}")
+        self.log(
+            moment, f"Loading checkpoint from: s3://bucket/ckpt/{self.name}/global_step_{step}"
+        )
         self.log(moment, f"Resuming from global_step: {step}")
 
     def mirror(self, moment: datetime, step: int, metrics: Mapping[str, float]) -> None:
@@ -122,7 +127,9 @@ class JobBuilder:
             timings[f"timing/{phase}"] = round(cost, 2)
         total = (moment - begin).total_seconds()
         self.log(moment, f"Finished: 'step', time cost: {total:.2f}s")
-        policy = {k.removeprefix("policy/"): v for k, v in metrics.items() if k.startswith("policy/")}
+        policy = {
+            k.removeprefix("policy/"): v for k, v in metrics.items() if k.startswith("policy/")
+        }
         if policy:
             self.log(moment, "{" + ", ".join(f"'{k}': {_fmt(v)}" for k, v in policy.items()) + "}")
         record = {**metrics, **timings, "timing/step": round(total, 2), "trainer/global_step": step}
@@ -157,7 +164,8 @@ class JobBuilder:
         self.log(moment, f"Exception breakdown: {breakdown}", actor=actor)
         self.log(
             moment,
-            f"Batch generation complete: {ok}/{total} successful, {failed} failed instances, 0 masked",
+            f"Batch generation complete: {ok}/{total} successful, {failed} failed instances, "
+            "0 masked",
             actor=actor,
             level="WARNING",
         )
@@ -193,7 +201,7 @@ class JobBuilder:
         calls = max(turns, 1)
         per_call = agent_s * llm_share * 1000 / calls
         result: dict[str, Any] = {
-            "task_name": f"terminal-bench/{name.split('__')[0]}",
+            "task_name": f"terminal-bench/{name.split('__', maxsplit=1)[0]}",
             "trial_name": name,
             "started_at": iso(start),
             "finished_at": iso(verifier_end),
@@ -208,7 +216,11 @@ class JobBuilder:
                 "metadata": {"n_episodes": turns, "api_request_times_msec": [per_call] * calls},
             },
             "exception_info": (
-                {"exception_type": exception, "exception_message": message, "occurred_at": iso(agent_end)}
+                {
+                    "exception_type": exception,
+                    "exception_message": message,
+                    "occurred_at": iso(agent_end),
+                }
                 if exception
                 else None
             ),
@@ -248,7 +260,11 @@ class JobBuilder:
             "bundle_format": 1,
             "cluster": self.cluster,
             "job": {
-                "cluster": {"context": f"{self.cluster}-ctx", "kubeconfig": "/home/ops/.kube/cw", "name": self.cluster},
+                "cluster": {
+                    "context": f"{self.cluster}-ctx",
+                    "kubeconfig": "/home/ops/.kube/cw",
+                    "name": self.cluster,
+                },
                 "dataset": "s3://bucket/data/train.parquet",
                 "entrypoint": entrypoint,
                 "finished_at_ms": None,
@@ -263,7 +279,9 @@ class JobBuilder:
             "max_non_log_bytes": 104857600,
             "synced_at": iso(synced_at),
             "trace_sync_limit": 500,
-            "trials_uri": f"s3://bucket/tmp/ttl=14d/{self.name}/trace_jobs" if self.trials else None,
+            "trials_uri": f"s3://bucket/tmp/ttl=14d/{self.name}/trace_jobs"
+            if self.trials
+            else None,
             **extra,
         }
 

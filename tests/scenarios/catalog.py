@@ -19,14 +19,22 @@ from tests.scenarios.builder import JobBuilder, iso
 
 T0 = datetime(2026, 7, 30, 18, 0, tzinfo=UTC)
 STANDARD_ARGV = [
-    "python", "-m", "skyrl_train.entrypoints.main_base", "trainer.epochs=20",
-    "generator.num_inference_engines=4", "generator.max_num_seqs=64",
-]  # fmt: skip
+    "python",
+    "-m",
+    "skyrl_train.entrypoints.main_base",
+    "trainer.epochs=20",
+    "generator.num_inference_engines=4",
+    "generator.max_num_seqs=64",
+]
 AGENTIC_ARGV = [
-    "uv", "run", "python", "-m", "examples.train_integrations.harbor.entrypoints.main_harbor",
+    "uv",
+    "run",
+    "python",
+    "-m",
+    "examples.train_integrations.harbor.entrypoints.main_harbor",
     "terminal_bench_config.trials_dir=s3://bucket/tmp/ttl=14d/rl-x/trace_jobs",
     "generator.n_concurrent_trials=64",
-]  # fmt: skip
+]
 
 
 @dataclass(frozen=True)
@@ -75,7 +83,9 @@ def with_metrics(**changes: float) -> Callable[[int], dict[str, float]]:
 
 def saturated(b: JobBuilder, moment: datetime) -> None:
     for engine in range(2):
-        b.vllm(moment, engine=engine, pid=287294 + engine, running=48, waiting=6, kv=46.0, gen=2450.0)
+        b.vllm(
+            moment, engine=engine, pid=287294 + engine, running=48, waiting=6, kv=46.0, gen=2450.0
+        )
 
 
 def run_steps(
@@ -90,8 +100,9 @@ def run_steps(
 ) -> datetime:
     moment = begin
     for step in steps:
-        if engines is not None:
-            engines(b, moment + timedelta(seconds=5))
+        for offset in range(5, int(seconds), 60):
+            if engines is not None:
+                engines(b, moment + timedelta(seconds=offset))
         moment = b.step(
             step,
             moment,
@@ -108,43 +119,77 @@ def start_attempt(b: JobBuilder, moment: datetime, resume: int | None = None) ->
     return moment + timedelta(seconds=90)
 
 
-def finish(b: JobBuilder, root: Path, now: datetime, *, probes: bool = False, **manifest: Any) -> Built:
+def finish(
+    b: JobBuilder, root: Path, now: datetime, *, probes: bool = False, **manifest: Any
+) -> Built:
     manifest.setdefault("argv", STANDARD_ARGV)
     manifest.setdefault("synced_at", now - timedelta(minutes=2))
     b.manifest(**manifest)
+    if probes and "probes.json" not in b.probe_files:
+        header = {
+            "captured_at": iso(now - timedelta(minutes=1)),
+            "backend": "iris",
+            "job_id": b.job_id,
+            "commands": [],
+        }
+        b.probe("probes.json", header)
     job = b.write(mtime=manifest["synced_at"])
     probe_dir = b.write_probes(root / "probes" / b.name) if probes else None
     return Built(job, probe_dir, now)
 
 
-def controller(b: JobBuilder, state: str, *, failures: int = 0, preemptions: int = 0, error: str = "") -> None:
+def controller(
+    b: JobBuilder, state: str, *, failures: int = 0, preemptions: int = 0, error: str = ""
+) -> None:
     b.probe(
         "controller.json",
         {
-            "job_id": b.job_id, "name": b.job_id, "state": state, "exit_code": 0, "error": error,
-            "failure_count": failures, "preemption_count": preemptions, "task_count": 1,
+            "job_id": b.job_id,
+            "name": b.job_id,
+            "state": state,
+            "exit_code": 0,
+            "error": error,
+            "failure_count": failures,
+            "preemption_count": preemptions,
+            "task_count": 1,
             "completed_count": 1 if state == "succeeded" else 0,
             "task_state_counts": {state: 1},
-            "tasks": [{"task_id": f"{b.job_id}/0", "index": "0", "state": state, "exit_code": None,
-                       "worker_id": "worker-cw-7", "error": error}],
+            "tasks": [
+                {
+                    "task_id": f"{b.job_id}/0",
+                    "index": "0",
+                    "state": state,
+                    "exit_code": None,
+                    "worker_id": "worker-cw-7",
+                    "error": error,
+                }
+            ],
         },
-    )  # fmt: skip
+    )
 
 
-def attempts(b: JobBuilder, rows: list[tuple[str, int | None, str, datetime, datetime | None]]) -> None:
+def attempts(
+    b: JobBuilder, rows: list[tuple[str, int | None, str, datetime, datetime | None]]
+) -> None:
     b.probe(
         "attempts.json",
         [
             {
-                "task_id": f"{b.job_id}/0", "attempt_id": i, "state": state, "exit_code": code,
-                "error": error, "started_at_ms": int(start.timestamp() * 1000),
+                "task_id": f"{b.job_id}/0",
+                "attempt_id": i,
+                "state": state,
+                "exit_code": code,
+                "error": error,
+                "started_at_ms": int(start.timestamp() * 1000),
                 "finished_at_ms": int(end.timestamp() * 1000) if end else None,
-                "worker_id": f"worker-cw-{i}", "pod_name": f"iris-ops-{b.name}-0-{i}",
-                "node_name": f"gpu-node-{i}", "terminal_reason": error or None,
+                "worker_id": f"worker-cw-{i}",
+                "pod_name": f"iris-ops-{b.name}-0-{i}",
+                "node_name": f"gpu-node-{i}",
+                "terminal_reason": error or None,
             }
             for i, (state, code, error, start, end) in enumerate(rows)
         ],
-    )  # fmt: skip
+    )
 
 
 PARKED = """Process {pid}: python -m skyrl_train.entrypoints.main_base
@@ -169,10 +214,24 @@ def stacks(b: JobBuilder, first: datetime, pids: tuple[int, ...] = (8455, 8456))
         for pid in pids:
             name = f"stacks/{b.name}-0-pid{pid}-{n}.txt"
             b.probe(name, PARKED.format(pid=pid))
-            argv = ["iris", "task", "exec", f"{b.job_id}/0", "--", "py-spy", "dump", "--pid", str(pid)]
-            commands.append({"argv": argv, "started_at": iso(moment), "exit_code": 0, "output": name})
-    b.probe("probes.json", {"captured_at": iso(first), "backend": "iris", "job_id": b.job_id,
-                            "commands": commands})  # fmt: skip
+            argv = [
+                "iris",
+                "task",
+                "exec",
+                f"{b.job_id}/0",
+                "--",
+                "py-spy",
+                "dump",
+                "--pid",
+                str(pid),
+            ]
+            commands.append(
+                {"argv": argv, "started_at": iso(moment), "exit_code": 0, "output": name}
+            )
+    b.probe(
+        "probes.json",
+        {"captured_at": iso(first), "backend": "iris", "job_id": b.job_id, "commands": commands},
+    )
 
 
 # --- standard-mode scenarios -----------------------------------------------------------------
@@ -186,7 +245,9 @@ def healthy_standard(root: Path) -> Built:
 
 def plateau(root: Path) -> Built:
     b = JobBuilder(root, "rl-gsm8k-plateau", T0)
-    end = run_steps(b, start_attempt(b, T0), range(1, 25), with_metrics(**{"reward/avg_raw_reward": 0.41}))
+    end = run_steps(
+        b, start_attempt(b, T0), range(1, 25), with_metrics(**{"reward/avg_raw_reward": 0.41})
+    )
     return finish(b, root, end + timedelta(seconds=60))
 
 
@@ -203,7 +264,10 @@ def reward_collapse(root: Path) -> Built:
     def metrics(step: int) -> dict[str, float]:
         reward = 0.62 if step <= 20 else 0.03
         entropy = 1.0 if step <= 20 else 0.02
-        return healthy_metrics(step) | {"reward/avg_raw_reward": reward, "policy/policy_entropy": entropy}
+        return healthy_metrics(step) | {
+            "reward/avg_raw_reward": reward,
+            "policy/policy_entropy": entropy,
+        }
 
     end = run_steps(b, start_attempt(b, T0), range(1, 36), metrics)
     return finish(b, root, end + timedelta(seconds=60))
@@ -214,7 +278,10 @@ def entropy_collapse(root: Path) -> Built:
 
     def metrics(step: int) -> dict[str, float]:
         entropy = 1.1 if step <= 8 else 0.01
-        return healthy_metrics(step) | {"reward/avg_raw_reward": 0.30, "policy/policy_entropy": entropy}
+        return healthy_metrics(step) | {
+            "reward/avg_raw_reward": 0.30,
+            "policy/policy_entropy": entropy,
+        }
 
     end = run_steps(b, start_attempt(b, T0), range(1, 25), metrics)
     return finish(b, root, end + timedelta(seconds=60))
@@ -226,7 +293,10 @@ def nan_loss(root: Path) -> Built:
     def metrics(step: int) -> dict[str, float]:
         if step < 14:
             return healthy_metrics(step)
-        return healthy_metrics(step) | {"policy/policy_loss": math.nan, "policy/raw_grad_norm": math.nan}
+        return healthy_metrics(step) | {
+            "policy/policy_loss": math.nan,
+            "policy/raw_grad_norm": math.nan,
+        }
 
     end = run_steps(b, start_attempt(b, T0), range(1, 18), metrics)
     return finish(b, root, end + timedelta(seconds=60))
@@ -253,7 +323,7 @@ def phase_inflation(root: Path) -> Built:
         b,
         start_attempt(b, T0),
         range(1, 25),
-        phase_seconds=lambda step: {"sync_weights": 5.0 * (1 + step * 0.6)},
+        phase_seconds=lambda step: {"sync_weights": 3.0 * step},
     )
     return finish(b, root, end + timedelta(seconds=60))
 
@@ -368,7 +438,9 @@ def crash_loop(root: Path) -> Built:
         moment = start_attempt(b, moment)
         b.log(moment, "Started: 'step'")
         b.log(moment, "Started: 'generate'")
-        b.traceback(moment + timedelta(seconds=40), ["skyrl_train/workers/fsdp/fsdp_worker.py"], oom)
+        b.traceback(
+            moment + timedelta(seconds=40), ["skyrl_train/workers/fsdp/fsdp_worker.py"], oom
+        )
         moment += timedelta(minutes=3)
         rows.append(("failed", 1, f"Exit code: 1. stderr: {oom}", start, moment))
     controller(b, "failed", failures=3, error=f"Exit code: 1. stderr: {oom}")
@@ -401,7 +473,13 @@ def preempted_recovered(root: Path) -> Built:
     attempts(
         b,
         [
-            ("preempted", None, "Pod evicted: node gpu-node-0 preempted", T0, end - timedelta(minutes=33)),
+            (
+                "preempted",
+                None,
+                "Pod evicted: node gpu-node-0 preempted",
+                T0,
+                end - timedelta(minutes=33),
+            ),
             ("running", None, "", second, None),
         ],
     )
@@ -433,8 +511,7 @@ def starved_engines(root: Path) -> Built:
     b = JobBuilder(root, "rl-gsm8k-starved", T0)
 
     def starved(builder: JobBuilder, moment: datetime) -> None:
-        for i in range(6):
-            builder.vllm(moment + timedelta(minutes=i * 2), running=1, waiting=0, kv=0.4, gen=2.0)
+        builder.vllm(moment, running=1, waiting=0, kv=0.4, gen=2.0)
 
     def waits(step: int) -> dict[str, float]:
         return {"generate": 1500.0}
@@ -446,7 +523,8 @@ def starved_engines(root: Path) -> Built:
             moment + timedelta(minutes=i),
             f"Generation Buffer Progress:  75%|███████▌  | 24/32 [{41 + i}:07<13:42, 102.80s/it]",
         )
-    starved(b, moment)
+    for i in range(8):
+        starved(b, moment + timedelta(minutes=i))
     return finish(b, root, moment + timedelta(minutes=8))
 
 
@@ -455,8 +533,13 @@ def backpressure(root: Path) -> Built:
 
     def sawtooth(builder: JobBuilder, moment: datetime) -> None:
         for i, running in enumerate((64, 40, 12, 2, 60, 38)):
-            builder.vllm(moment + timedelta(seconds=15 * i), running=running, waiting=0,
-                         kv=3.0 + running * 0.6, gen=40.0 * running)  # fmt: skip
+            builder.vllm(
+                moment + timedelta(seconds=15 * i),
+                running=running,
+                waiting=0,
+                kv=3.0 + running * 0.6,
+                gen=40.0 * running,
+            )
 
     end = run_steps(
         b,
@@ -472,8 +555,11 @@ def benign_noise(root: Path) -> Built:
     b = JobBuilder(root, "rl-gsm8k-noisy", T0)
     moment = start_attempt(b, T0)
     for step in range(1, 16):
-        b.raw(moment, "(EngineCore_0 pid=3121) INFO shm_broadcast.py:466 No available shared memory "
-                      "broadcast block found in 60 second.")  # fmt: skip
+        b.raw(
+            moment,
+            "(EngineCore_0 pid=3121) INFO shm_broadcast.py:466 No available shared memory "
+            "broadcast block found in 60 second.",
+        )
         moment = run_steps(b, moment, range(step, step + 1))
     return finish(b, root, moment + timedelta(seconds=60))
 
@@ -486,7 +572,8 @@ def policy_oom_after_progress(root: Path) -> Built:
     b.traceback(
         end + timedelta(seconds=30),
         ["skyrl_train/workers/fsdp/fsdp_worker.py"],
-        "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 12.00 GiB. GPU 0 has a total "
+        "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 12.00 GiB. "
+        "GPU 0 has a total "
         "capacity of 79.11 GiB of which 3.12 GiB is free.",
     )
     b.log(end + timedelta(seconds=31), "Train loop failed", level="ERROR")
@@ -524,10 +611,20 @@ def agentic_healthy(root: Path) -> Built:
     for i in range(40):
         reward = 1.0 if i % 3 == 0 else 0.0
         b.trial(f"sanitize-git-repo__{i:07x}", T0 + timedelta(minutes=20 + i), reward=reward)
-    b.trial("blind-maze__00000aa", T0 + timedelta(minutes=70), reward=0.0,
-            exception="AgentTimeoutError", message="Agent timed out after 900 s")  # fmt: skip
-    b.trial("conda-env__00000bb", T0 + timedelta(minutes=71), reward=0.0,
-            exception="ContextLengthExceededError", message="context 65000 > 64000")  # fmt: skip
+    b.trial(
+        "blind-maze__00000aa",
+        T0 + timedelta(minutes=70),
+        reward=0.0,
+        exception="AgentTimeoutError",
+        message="Agent timed out after 900 s",
+    )
+    b.trial(
+        "conda-env__00000bb",
+        T0 + timedelta(minutes=71),
+        reward=0.0,
+        exception="ContextLengthExceededError",
+        message="context 65000 > 64000",
+    )
     return finish(b, root, end + timedelta(seconds=60), argv=AGENTIC_ARGV)
 
 
@@ -538,16 +635,26 @@ def daytona_quota(root: Path) -> Built:
     for step in range(1, 13):
         b.batch(moment, 0, 32, {"DaytonaValidationError": 32})
         moment = run_steps(b, moment, range(step, step + 1), zero, seconds=90)
-    _trials(b, T0 + timedelta(minutes=5), 60, reward=0.0, exception="DaytonaValidationError",
-            message="Snapshot quota exceeded. Maximum allowed: 100", turns=0, setup_s=1.0,
-            agent_s=0.5, verifier_s=0.1)  # fmt: skip
+    _trials(
+        b,
+        T0 + timedelta(minutes=5),
+        60,
+        reward=0.0,
+        exception="DaytonaValidationError",
+        message="Snapshot quota exceeded. Maximum allowed: 100",
+        turns=0,
+        setup_s=1.0,
+        agent_s=0.5,
+        verifier_s=0.1,
+    )
     return finish(b, root, moment + timedelta(seconds=60), argv=AGENTIC_ARGV)
 
 
 def one_turn_trials(root: Path) -> Built:
     b = JobBuilder(root, "rl-tasktrove-oneturn", T0)
-    end = run_steps(b, start_attempt(b, T0), range(1, 13), seconds=300)
-    _trials(b, T0 + timedelta(minutes=10), 80, reward=0.0, turns=1, agent_s=6.0)
+    flat = with_metrics(**{"reward/avg_raw_reward": 0.02})
+    end = run_steps(b, start_attempt(b, T0), range(1, 13), flat, seconds=300)
+    _trials(b, T0 + timedelta(minutes=10), 80, reward=0.0, turns=1, agent_s=30.0)
     return finish(b, root, end + timedelta(seconds=60), argv=AGENTIC_ARGV)
 
 
@@ -556,8 +663,13 @@ def sandbox_churn(root: Path) -> Built:
     end = run_steps(b, start_attempt(b, T0), range(1, 16), seconds=600)
     for i in range(120):
         reward = 1.0 if i % 4 == 0 else 0.0
-        b.trial(f"fix-git-history__{i:07x}", T0 + timedelta(minutes=20 + i), reward=reward,
-                setup_s=95.0, agent_s=200.0)  # fmt: skip
+        b.trial(
+            f"fix-git-history__{i:07x}",
+            T0 + timedelta(minutes=20 + i),
+            reward=reward,
+            setup_s=95.0,
+            agent_s=200.0,
+        )
     return finish(b, root, end + timedelta(seconds=60), argv=AGENTIC_ARGV)
 
 
@@ -565,7 +677,9 @@ def startup_burst(root: Path) -> Built:
     b = JobBuilder(root, "rl-tasktrove-burst", T0)
     end = run_steps(b, start_attempt(b, T0), range(1, 16), seconds=600)
     for i in range(30):
-        b.trial(f"burst__{i:07x}", T0 + timedelta(seconds=30 * i), reward=float(i % 2), setup_s=80.0)
+        b.trial(
+            f"burst__{i:07x}", T0 + timedelta(seconds=30 * i), reward=float(i % 2), setup_s=80.0
+        )
     for i in range(100):
         b.trial(f"steady__{i:07x}", T0 + timedelta(minutes=30 + i), reward=float(i % 3 == 0))
     return finish(b, root, end + timedelta(seconds=60), argv=AGENTIC_ARGV)
@@ -579,45 +693,96 @@ def agentic_no_trials(root: Path) -> Built:
 
 PASS4 = {"liveness": "PASS", "resources": "PASS", "rollouts": "PASS", "dynamics": "PASS"}
 STD = {**PASS4, "duty_cycle": "N/A"}
+ALL_ERROR = dict.fromkeys(PASS4, "ERROR")
+DEAD = {**ALL_ERROR, "liveness": "FAIL", "duty_cycle": "N/A"}
 AGENTIC = {**PASS4, "duty_cycle": "PASS"}
 
 SCENARIOS: tuple[Scenario, ...] = (
     Scenario("healthy_standard", healthy_standard, "NO-KILL", STD, 0, mode="standard"),
     Scenario("plateau", plateau, "NO-KILL", STD, text_contains=("plateau",)),
-    Scenario("all_zero_reward", all_zero_reward, "KILL", STD | {"dynamics": "FAIL"}),
+    Scenario(
+        "all_zero_reward", all_zero_reward, "KILL", STD | {"dynamics": "FAIL", "rollouts": "FAIL"}
+    ),
     Scenario("reward_collapse", reward_collapse, "KILL", STD | {"dynamics": "FAIL"}),
     Scenario("entropy_collapse", entropy_collapse, "KILL", STD | {"dynamics": "FAIL"}),
     Scenario("nan_loss", nan_loss, "KILL", STD | {"dynamics": "FAIL"}),
     Scenario("router_replay", router_replay, "KILL", STD | {"dynamics": "FAIL"}),
-    Scenario("phase_inflation", phase_inflation, "NO-KILL", STD | {"dynamics": "FAIL"},
-             text_contains=("sync_weights",)),  # fmt: skip
+    Scenario(
+        "phase_inflation",
+        phase_inflation,
+        "NO-KILL",
+        STD | {"dynamics": "FAIL"},
+        text_contains=("sync_weights",),
+    ),
     Scenario("generation_at_max", generation_at_max, "NO-KILL", STD | {"rollouts": "FAIL"}),
-    Scenario("no_usable_metrics", no_usable_metrics, "ERROR", STD | {"dynamics": "ERROR", "rollouts": "ERROR"},
-             text_contains=("custom print",)),  # fmt: skip
+    Scenario(
+        "no_usable_metrics",
+        no_usable_metrics,
+        "ERROR",
+        STD | {"dynamics": "ERROR", "rollouts": "ERROR"},
+        text_contains=("custom print",),
+    ),
     Scenario("resume_past_end", resume_past_end, "NO-KILL", STD),
     Scenario("initializing", initializing, "NO-KILL", STD),
-    Scenario("init_exceeded", init_exceeded, "ERROR", STD | {"liveness": "ERROR"}),
-    Scenario("stall_with_stacks", stall_with_stacks, "KILL", STD | {"liveness": "FAIL"},
-             text_contains=("all_reduce",)),  # fmt: skip
+    Scenario("init_exceeded", init_exceeded, "ERROR", {**ALL_ERROR, "duty_cycle": "N/A"}),
+    Scenario(
+        "stall_with_stacks",
+        stall_with_stacks,
+        "KILL",
+        STD | {"liveness": "FAIL"},
+        text_contains=("all_reduce",),
+    ),
     Scenario("stall_without_stacks", stall_without_stacks, "ERROR", STD | {"liveness": "ERROR"}),
     Scenario("colocated_deception", colocated_deception, "ERROR", STD | {"liveness": "ERROR"}),
     Scenario("slow_checkpoint", slow_checkpoint, "NO-KILL", STD),
-    Scenario("crash_loop", crash_loop, "KILL", STD, 3, True),
-    Scenario("config_parse_death", config_parse_death, "KILL", STD, 3, True),
+    Scenario(
+        "crash_loop",
+        crash_loop,
+        "KILL",
+        DEAD | {"resources": "FAIL"},
+        3,
+        True,
+        text_contains=("CONFIDENCE: medium",),
+    ),
+    Scenario(
+        "config_parse_death", config_parse_death, "KILL", DEAD, 3, True, text_contains=("polcy",)
+    ),
     Scenario("preempted_recovered", preempted_recovered, "NO-KILL", STD, 1, False),
-    Scenario("terminal_but_fresh_log", terminal_but_fresh_log, "ERROR", STD | {"liveness": "ERROR"}),
+    Scenario(
+        "terminal_but_fresh_log", terminal_but_fresh_log, "ERROR", STD | {"liveness": "ERROR"}
+    ),
     Scenario("running_without_pods", running_without_pods, "ERROR", STD | {"liveness": "ERROR"}),
     Scenario("stale_manifest", stale_manifest, "ERROR", STD | {"liveness": "ERROR"}),
     Scenario("starved_engines", starved_engines, "NO-KILL", STD | {"resources": "FAIL"}),
     Scenario("backpressure", backpressure, "NO-KILL", STD),
     Scenario("benign_noise", benign_noise, "NO-KILL", STD),
-    Scenario("policy_oom_after_progress", policy_oom_after_progress, "KILL", STD | {"resources": "FAIL"}),
-    Scenario("undeclared_mode", undeclared_mode, "ERROR",
-             PASS4 | {"rollouts": "ERROR", "duty_cycle": "ERROR"}, mode="undeclared"),  # fmt: skip
-    Scenario("undeclared_crash_loop", undeclared_crash_loop, "KILL",
-             PASS4 | {"rollouts": "ERROR", "duty_cycle": "ERROR"}, 3, True, mode="undeclared"),  # fmt: skip
+    Scenario(
+        "policy_oom_after_progress",
+        policy_oom_after_progress,
+        "KILL",
+        STD | {"liveness": "FAIL", "resources": "FAIL"},
+        text_contains=("policy rank",),
+    ),
+    Scenario(
+        "undeclared_mode",
+        undeclared_mode,
+        "ERROR",
+        PASS4 | {"rollouts": "ERROR", "duty_cycle": "ERROR"},
+        mode="undeclared",
+    ),
+    Scenario(
+        "undeclared_crash_loop",
+        undeclared_crash_loop,
+        "KILL",
+        DEAD | {"resources": "FAIL", "duty_cycle": "ERROR"},
+        3,
+        True,
+        mode="undeclared",
+    ),
     Scenario("agentic_healthy", agentic_healthy, "NO-KILL", AGENTIC, mode="agentic"),
-    Scenario("daytona_quota", daytona_quota, "KILL", AGENTIC | {"rollouts": "FAIL", "dynamics": "FAIL"}),
+    Scenario(
+        "daytona_quota", daytona_quota, "KILL", AGENTIC | {"rollouts": "FAIL", "dynamics": "FAIL"}
+    ),
     Scenario("one_turn_trials", one_turn_trials, "KILL", AGENTIC | {"rollouts": "FAIL"}),
     Scenario("sandbox_churn", sandbox_churn, "NO-KILL", AGENTIC | {"duty_cycle": "FAIL"}),
     Scenario("startup_burst", startup_burst, "NO-KILL", AGENTIC),

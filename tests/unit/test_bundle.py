@@ -305,7 +305,9 @@ def test_pod_count_mismatch_is_a_discrepancy(tmp_path: Path) -> None:
 def test_job_id_not_matching_the_directory(tmp_path: Path) -> None:
     """A manifest for another job than its directory names is a discrepancy."""
     info = read_bundle(make_job(tmp_path, manifest("newest"), name="other-job"), NOW, LIMITS)
-    assert any("does not match the directory name 'other-job'" in x for x in bundle_discrepancies(info))
+    assert any(
+        "does not match the directory name 'other-job'" in x for x in bundle_discrepancies(info)
+    )
 
 
 def test_watcher_errors_and_unknown_statuses_are_listed(tmp_path: Path) -> None:
@@ -322,8 +324,9 @@ def test_watcher_errors_and_unknown_statuses_are_listed(tmp_path: Path) -> None:
 
 JSON = st.recursive(
     st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(max_size=20),
-    lambda children: st.lists(children, max_size=4)
-    | st.dictionaries(st.text(max_size=10), children, max_size=4),
+    lambda children: (
+        st.lists(children, max_size=4) | st.dictionaries(st.text(max_size=10), children, max_size=4)
+    ),
     max_leaves=20,
 )
 KEYS = st.sampled_from(

@@ -6,6 +6,8 @@ from collections.abc import Sequence
 from typing import Any
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from shared.models import GateResult, GateStatus, Mode
 from tests import factories as f
@@ -365,3 +367,25 @@ def test_engine_config_reads_demand_and_supply(
 ) -> None:
     """The entrypoint's overrides give demand, supply and colocation when they are present."""
     assert engines.engine_config(entrypoint) == expected
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    st.lists(
+        st.tuples(
+            st.integers(0, 300),
+            st.integers(0, 50),
+            st.floats(0, 100, allow_nan=False),
+            st.floats(0, 5000, allow_nan=False),
+        ),
+        max_size=20,
+    ),
+    st.floats(0.25, 3.0),
+)
+def test_any_engine_samples_give_a_result(samples: list[Sample], every_min: float) -> None:
+    """Whatever the stat lines say, the gate returns a result, and every FAIL or ERROR quotes."""
+    rows = engine_rows("1@10.0.0.1/000", samples, every_min=every_min)
+    result = resources.check(f.evidence(log_tables=f.logs(engines=rows, metrics=REWARD_STEPS)))
+    assert result.status in {GateStatus.PASS, GateStatus.FAIL, GateStatus.ERROR}
+    if result.status is not GateStatus.PASS:
+        assert result.evidence

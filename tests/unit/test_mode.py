@@ -18,7 +18,9 @@ HARBOR = json.dumps(
         ]
     }
 )  # fmt: skip
-GSM8K = json.dumps({"argv": ["python", "-m", "skyrl_train.entrypoints.main_base", "trainer.epochs=1"]})
+GSM8K = json.dumps(
+    {"argv": ["python", "-m", "skyrl_train.entrypoints.main_base", "trainer.epochs=1"]}
+)
 
 
 @pytest.mark.parametrize(
@@ -34,7 +36,7 @@ GSM8K = json.dumps({"argv": ["python", "-m", "skyrl_train.entrypoints.main_base"
     ],
 )
 def test_mode_declaration(explicit: Mode | None, entrypoint: str | None, expected: Mode) -> None:
-    """Explicit mode wins; else agentic harness settings in the entrypoint decide; else undeclared."""
+    """Explicit mode wins; else agentic harness settings in the entrypoint; else undeclared."""
     assert declare_mode(explicit, entrypoint).mode is expected
 
 

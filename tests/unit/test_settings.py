@@ -18,7 +18,12 @@ def test_defaults_follow_the_domain_table() -> None:
         4,
         2700,
     )
-    assert (t.min_window_steps, t.kv_floor_pct, t.kv_busy_pct, t.same_cause_share) == (10, 2, 10, 0.9)
+    assert (t.min_window_steps, t.kv_floor_pct, t.kv_busy_pct, t.same_cause_share) == (
+        10,
+        2,
+        10,
+        0.9,
+    )
 
 
 def test_environment_overrides(monkeypatch: pytest.MonkeyPatch) -> None:

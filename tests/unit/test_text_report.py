@@ -53,7 +53,7 @@ def _report(**changes: object) -> Report:
 
 
 def test_text_report_matches_the_template() -> None:
-    """Header, verdict block, gate lines with first quote inline, more quotes and details indented."""
+    """Header, verdict block, gate lines with the first quote inline, the rest indented."""
     assert render_text(_report()) == (
         "RL-JOB-HEALTH — /ops/rl-job — captured 2026-07-30T21:15:00Z at jobs/cw/ops/rl-job\n"
         "\n"

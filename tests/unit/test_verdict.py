@@ -135,7 +135,7 @@ def test_soft_failure_is_no_kill_with_handoff() -> None:
 
 
 def test_initializing_job_is_no_kill_with_low_confidence() -> None:
-    """A job inside its initialization grace gets NO-KILL, low confidence, the first-step deadline."""
+    """A job inside its initialization grace: NO-KILL, low confidence, the first-step deadline."""
     flip = "no `Finished: 'step'` by 2026-07-30T21:50Z"
     init = gate(initializing=True, flip_signal=flip)
     report = decide(

@@ -1,7 +1,7 @@
 """The evidence of one job, as the gates see it: typed, frozen, no I/O.
 
-Builders live beside this module (`bundle`, `logs`, `trials`, `probes`); gates read only these types,
-so a gate can be tested with an `Evidence` made by hand.
+Builders live beside this module (`bundle`, `logs`, `trials`, `probes`); gates read only these
+types, so a gate can be tested with an `Evidence` made by hand.
 """
 
 from __future__ import annotations

@@ -306,7 +306,7 @@ def _command_failure(files: BundleFiles, command: ProbeCommand) -> str | None:
             reasons.append(f"its output {command.output} is missing")
     if not reasons:
         return None
-    return f"`{shlex.join(command.argv)}` " + " and ".join(reasons)
+    return f"`{shlex.join(command.argv)}`: " + "; ".join(reasons)
 
 
 def _guarded(

@@ -8,18 +8,22 @@ without usable metrics looks like). All thresholds come from `Thresholds`; W is 
 the window is the last W steps that carry any canonical metric.
 
 ERROR:
+- past the initialization grace (or with the job ended), the log shows no step at all (no
+  `Finished: 'step'`, no metric row, no malformed record): no metrics to judge;
 - no trainer log at all, or the parser found no reward, entropy or loss key (a failed probe; the
   summary quotes the log's head, the serializations seen and the malformed count);
 - fewer than W steps and an anomaly already visible (all-zero reward so far, TIS out of range on
-  every step so far): too few steps to judge it either way.
+  every step so far): too few steps to judge it either way;
+- a fault while computing on malformed evidence (the exception is quoted; the gate never raises).
 
 PASS:
 - the newest attempt is still initialising (`progress.initialization`): no window yet;
 - fewer than W steps and nothing anomalous: no learning-quality judgement yet;
 - the run is complete (its newest step reached PROGRESS's max_steps, e.g. a resume past the end);
   anything else seen is listed as noted, not judged;
-- otherwise, when no FAIL rule below matches: improving, plateau ("a plateau alone is not a kill
-  condition"), below its best but above the collapse line, or collapsed but recovering.
+- otherwise, when no FAIL rule below matches: improving, plateau (also when below the best window
+  but above the collapse line; "a plateau alone is not a kill condition"), or collapsed but
+  recovering.
 
 FAIL (first match is the primary finding; the others are listed under it):
 1. non-finite (hard): NaN or ±inf in loss, grad norm, reward or entropy within the window (on any
@@ -28,8 +32,9 @@ FAIL (first match is the primary finding; the others are listed under it):
 2. broken router replay (hard, with a handoff): on every window step the token-shift max log-ratio
    is ≥ ROUTER_REPLAY_LOG_RATIO_MAX and each of policy loss / grad norm that is logged (at least
    one must be) is ≥ ROUTER_REPLAY_POLICY_LOSS / ROUTER_REPLAY_GRAD_NORM.
-3. all-zero reward (infrastructure fingerprint, not learning quality): every reward logged, from
-   the first recorded step through the window, is exactly 0.
+3. all-zero reward (infrastructure fingerprint, hard — every gradient step since step 1 trained on
+   nothing — not learning quality): every reward logged, from the first recorded step through a
+   full window, is exactly 0.
 4. TIS out of range (learning quality, off-policy mismatch, with a handoff): on every window step,
    importance-ratio mean outside TIS_RATIO_MEAN_MIN..MAX, or mean |log ratio| above
    TIS_LOG_RATIO_ABS_MAX, or capped fraction above TIS_CAPPED_FRACTION_MAX, or exact-match fraction
@@ -41,8 +46,9 @@ FAIL (first match is the primary finding; the others are listed under it):
    (> PHASE_INFLATION x its run median) between the last healthy step and the collapse.
 6. entropy collapse (learning quality): last-window median entropy < ENTROPY_COLLAPSE_RATIO x the
    first-window median while reward is not improving (improving = last-window mean above the
-   first-window mean by more than the first window's standard deviation). Without a reward series
-   "not improving" cannot be shown and the rule does not fire.
+   first-window mean by more than the first window's step-to-step noise, the standard deviation of
+   its successive differences over sqrt(2), which a steady trend does not inflate). Without a
+   reward series "not improving" cannot be shown and the rule does not fire.
 7. phase inflation (a pipeline bubble, neither hard nor learning quality): a phase's last-window
    median over its first-window median > PHASE_INFLATION. The `step` phase (the sum) is not judged,
    nor a phase seen on fewer than half the steps of either window (checkpoint saves, evals), nor one
@@ -77,7 +83,7 @@ from worker.gates.metric_keys import (
     present_keys,
     resolve,
 )
-from worker.gates.progress import Initialization, initialization
+from worker.gates.progress import Initialization, finished_steps, initialization
 
 __all__ = ["check"]
 
@@ -423,9 +429,11 @@ def _all_zero(sig: Signals) -> Finding | None:
         mechanism=f"all-zero reward since step {first}: infrastructure fingerprint "
         "(rewards never computed)",
         evidence=evidence,
-        next_action="check the reward path, not the model: verifier output and exceptions, "
-        "sandbox creation (e.g. Daytona quota), reward-function wiring",
+        next_action="Supervisor: kill the job (it trains on zero reward); then check the reward "
+        "path, not the model: verifier output and exceptions, sandbox creation (e.g. Daytona "
+        "quota), reward-function wiring",
         flip_signal=f"any non-zero {key} at a step after {newest}",
+        hard=True,
     )
 
 
@@ -498,7 +506,7 @@ class RewardTrend:
 
     key: str
     first_mean: float
-    first_std: float
+    first_noise: float  # step-to-step noise of the first window: std of differences / sqrt(2)
     last_mean: float
     best_mean: float
     best_end: int  # last step of the best window
@@ -510,7 +518,7 @@ class RewardTrend:
 
     @property
     def improving(self) -> bool:
-        return self.last_mean > self.first_mean + self.first_std
+        return self.last_mean > self.first_mean + self.first_noise
 
     @property
     def recovering(self) -> bool:
@@ -541,7 +549,7 @@ def _reward_trend(sig: Signals) -> RewardTrend | None:
     return RewardTrend(
         key=sig.key("reward"),
         first_mean=_as_float(first.mean()) or 0.0,
-        first_std=_as_float(first.std()) or 0.0,
+        first_noise=(_as_float(first.diff().std()) or 0.0) / math.sqrt(2),
         last_mean=_as_float(last.mean()) or 0.0,
         best_mean=best_mean,
         best_end=int(best["step"][-1]),
@@ -658,7 +666,7 @@ def _entropy_collapse(sig: Signals, trend: RewardTrend | None) -> Finding | None
         next_action="learning-quality KILL candidate: confirm with rollout evidence (repetitive or "
         "degenerate samples), then check the entropy/KL settings and the learning rate",
         flip_signal=f"{key} back above {_num(line)} or {trend.key} improving past "
-        f"{_num(trend.first_mean + trend.first_std)} over a {sig.size}-step window",
+        f"{_num(trend.first_mean + trend.first_noise)} over a {sig.size}-step window",
         learning_quality=True,
     )
 
@@ -670,7 +678,7 @@ def _entropy_collapse(sig: Signals, trend: RewardTrend | None) -> Finding | None
 class PhaseTable:
     """Median phase seconds in the first and the last window of phase steps."""
 
-    rows: pl.DataFrame  # phase, first_s, last_s, ratio, judged
+    rows: pl.DataFrame  # phase, first_s, first_n, last_s, last_n, ratio, note, judged
     first_steps: tuple[int, int]
     last_steps: tuple[int, int]
 
@@ -680,6 +688,24 @@ def _window_medians(phases: pl.DataFrame, steps: pl.Series, prefix: str) -> pl.D
         phases.filter(pl.col("step").is_in(steps.implode()))
         .group_by("phase")
         .agg(pl.col("seconds").median().alias(f"{prefix}_s"), pl.len().alias(f"{prefix}_n"))
+    )
+
+
+def _phase_note(sig: Signals, step_s: float | None) -> pl.Expr:
+    """Why a phase is or is not judged, as the phase table's last column."""
+    present = sig.size * PHASE_MIN_PRESENCE
+    floor = (step_s or 0.0) * sig.limits.buffer_wait_share
+    sparse = (pl.col("first_n") < present) | (pl.col("last_n") < present)
+    return (
+        pl.when(pl.col("phase") == STEP_PHASE)
+        .then(pl.lit("step total, not judged"))
+        .when(sparse.fill_null(True))
+        .then(pl.lit("not every step, not judged"))
+        .when(pl.col("last_s") < floor)
+        .then(pl.lit("near zero, not judged"))
+        .when(pl.col("ratio") > sig.limits.phase_inflation)
+        .then(pl.lit("INFLATED"))
+        .otherwise(pl.lit(""))
     )
 
 
@@ -693,17 +719,11 @@ def _phase_table(sig: Signals) -> PhaseTable | None:
     )
     step_last = table.filter(pl.col("phase") == STEP_PHASE)["last_s"]
     step_s = _as_float(step_last[0]) if step_last.len() else None
-    floor = (step_s or 0.0) * sig.limits.buffer_wait_share
-    present = sig.size * PHASE_MIN_PRESENCE
-    judged = (
-        (pl.col("phase") != STEP_PHASE)
-        & (pl.col("first_n") >= present)
-        & (pl.col("last_n") >= present)
-        & (pl.col("last_s") >= floor)
-    )
     ratio = pl.when(pl.col("first_s") > 0).then(pl.col("last_s") / pl.col("first_s"))
-    rows = table.with_columns(ratio.alias("ratio")).with_columns(
-        judged.fill_null(False).alias("judged")
+    rows = (
+        table.with_columns(ratio.alias("ratio"))
+        .with_columns(_phase_note(sig, step_s).alias("note"))
+        .with_columns(pl.col("note").is_in(["", "INFLATED"]).alias("judged"))
     )
     return PhaseTable(
         rows=rows.sort(["ratio", "phase"], descending=[True, False], nulls_last=True),
@@ -775,6 +795,10 @@ def _window_lines(sig: Signals) -> list[str]:
     return lines
 
 
+def _ratio(value: float | None) -> str:
+    return "-" if value is None else f"{value:.2f}×"
+
+
 def _phase_lines(table: PhaseTable | None, sig: Signals) -> list[str]:
     """The phase table: first- and last-window medians per phase, most inflated first."""
     if table is None:
@@ -784,11 +808,11 @@ def _phase_lines(table: PhaseTable | None, sig: Signals) -> list[str]:
     lines = [
         f"phases: first window steps {first[0]}–{first[1]}, last window steps {last[0]}–{last[1]}",
         f"{'phase':<32} | {'first-window median s':>21} | {'last-window median s':>20} | "
-        f"{'ratio':>7}",
+        f"{'ratio':>7} |",
     ]
     lines += [
         f"{row['phase']:<32} | {_num(row['first_s']):>21} | {_num(row['last_s']):>20} | "
-        f"{_num(row['ratio']) + ('×' if row['judged'] else ' '):>7}"
+        f"{_ratio(row['ratio']):>7} | {row['note']}".rstrip()
         for row in table.rows.iter_rows(named=True)
     ]
     return lines
@@ -879,7 +903,7 @@ def _short_run(sig: Signals, details: tuple[str, ...]) -> GateResult:
     if not anomalies:
         return passed(f"{prefix}: no learning-quality judgement", details=details, flip_signal=flip)
     return error(
-        f"{prefix}: too few steps to judge {anomalies[0].summary}",
+        f"{prefix} and already anomalous, too few steps to judge: {anomalies[0].summary}",
         missing=(f"a full window of {sig.size} steps",),
         evidence=tuple(q for f in anomalies for q in f.evidence),
         details=details,
@@ -911,6 +935,7 @@ def _complete(
         "for a finished run",
         details=noted + details,
         next_action="none from dynamics: the run is complete",
+        flip_signal=f"a step past {newest} without a new max_steps (the run is not finished)",
     )
 
 
@@ -960,7 +985,7 @@ def _no_usable_metrics(logs: LogTables) -> GateResult:
     """ERROR: a parser that returns no usable metrics is a failed probe; show what the log is."""
     summary, source = logs.summary, _log_source(logs)
     keys = sorted(present_keys(logs.metrics))
-    head = tuple(quote(source, line) for line in summary.head[:3] if line.strip())
+    head = tuple(quote(source, line) for line in summary.head[:5] if line.strip())
     evidence = (
         head
         + _malformed_quotes(logs)
@@ -1011,6 +1036,38 @@ def _initializing(init: Initialization) -> GateResult:
     )
 
 
+def _stepped(logs: LogTables) -> bool:
+    """The log shows a training step: a finished step timer, a metric row or a malformed record."""
+    return (
+        not finished_steps(logs).is_empty()
+        or not logs.metrics.is_empty()
+        or logs.summary.malformed > 0
+    )
+
+
+def _newest_timer_quotes(logs: LogTables) -> tuple[Quote, ...]:
+    rows = logs.timers.sort("line").tail(2).iter_rows(named=True)
+    return tuple(
+        quote(r["source"], f"{r['event'].capitalize()}: '{r['phase']}'", r["line"], r["timestamp"])
+        for r in rows
+    )
+
+
+def _no_step_yet(logs: LogTables) -> GateResult:
+    """Past the initialization grace (or after the job ended) with no step at all: no metrics."""
+    source = logs.summary.files[0] if logs.summary.files else "finelog.log"
+    return error(
+        f"no finished step and no metric record in {logs.summary.lines} line(s) of the newest "
+        "attempt's log, past its initialization grace: no dynamics to judge",
+        missing=("trainer metrics (no step finished)",),
+        evidence=_newest_timer_quotes(logs)
+        or tuple(quote(source, t) for t in logs.summary.head[-3:])
+        or (quote(source, f"{logs.summary.lines} line(s), no step"),),
+        flip_signal="a finished step or a metric record appears",
+        next_action="none from dynamics until a window exists",
+    )
+
+
 def _check(evidence: Evidence) -> GateResult:
     logs = evidence.logs
     if logs is None:
@@ -1018,6 +1075,8 @@ def _check(evidence: Evidence) -> GateResult:
     init = initialization(evidence)
     if init is not None:
         return _initializing(init)
+    if not _stepped(logs):
+        return _no_step_yet(logs)
     sig = _signals(logs, evidence.thresholds)
     if not any(sig.has(name) for name in USABLE):
         return _no_usable_metrics(logs)

@@ -11,10 +11,14 @@ import polars as pl
 
 from worker.evidence.model import Evidence, LogTables
 
+TERMINAL_STATES = frozenset({"succeeded", "failed", "killed", "worker_failed", "unschedulable"})
+
 __all__ = [
+    "TERMINAL_STATES",
     "Initialization",
     "finished_steps",
     "initialization",
+    "job_state",
     "minute_utc",
     "newest_attempt",
     "started_at",
@@ -75,10 +79,22 @@ def _has_train_step(logs: LogTables, attempt: int) -> bool:
     return not logs.metrics.filter(pl.col("attempt") == attempt).is_empty()
 
 
+def job_state(evidence: Evidence) -> str | None:
+    """The controller's state when a probe captured it, else the manifest's (lower-case)."""
+    if evidence.probes is not None and evidence.probes.controller is not None:
+        return evidence.probes.controller.state.lower()
+    return evidence.bundle.state.lower() if evidence.bundle.state else None
+
+
 def initialization(evidence: Evidence) -> Initialization | None:
-    """The initialization window when the job is inside it, else None."""
+    """The initialization window when the job is inside it, else None.
+
+    A job in a terminal state is never initialising: it will not reach a first step.
+    """
     logs = evidence.logs
     if logs is None or _has_train_step(logs, newest_attempt(logs)):
+        return None
+    if job_state(evidence) in TERMINAL_STATES:
         return None
     since = started_at(evidence)
     if since is None:

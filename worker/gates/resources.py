@@ -71,9 +71,9 @@ def check(evidence: Evidence) -> GateResult:
         fault = _cuda_fault(evidence, logs)
         if fault is not None:
             return fault
-    states = _states(evidence)
-    if not states.is_empty():
-        return _judge_engines(evidence, states)
+    states = _states(logs, evidence)
+    if logs is not None and not states.is_empty():
+        return _judge_engines(evidence, logs, states)
     return _without_engine_lines(evidence)
 
 
@@ -207,10 +207,10 @@ def _oom_handoff(evidence: tuple[Quote, ...], rank: str) -> Handoff:
 # --- engines -------------------------------------------------------------------------------------
 
 
-def _states(evidence: Evidence) -> pl.DataFrame:
-    if evidence.logs is None:
+def _states(logs: LogTables | None, evidence: Evidence) -> pl.DataFrame:
+    if logs is None:
         return pl.DataFrame()
-    return eng.engine_states(evidence.logs.engines, evidence.now, evidence.thresholds)
+    return eng.engine_states(logs.engines, evidence.now, evidence.thresholds)
 
 
 @dataclass(frozen=True)
@@ -362,13 +362,13 @@ def _details(evidence: Evidence, states: pl.DataFrame, *extra: str) -> tuple[str
     return (*extra, *lines, *table, *_gpu_lines(evidence.probes))
 
 
-def _judge_engines(evidence: Evidence, states: pl.DataFrame) -> GateResult:
+def _judge_engines(evidence: Evidence, logs: LogTables, states: pl.DataFrame) -> GateResult:
     judged = states.filter(pl.col("state") != "sparse")
     if judged.is_empty():
         return _too_sparse(evidence, states)
     if (judged["state"] == "quiet").all():
-        return _quiet_fleet(evidence, judged, states)
-    return _active_fleet(evidence, judged, states)
+        return _quiet_fleet(evidence, logs, judged, states)
+    return _active_fleet(evidence, logs, judged, states)
 
 
 def _too_sparse(evidence: Evidence, states: pl.DataFrame) -> GateResult:
@@ -387,7 +387,9 @@ def _too_sparse(evidence: Evidence, states: pl.DataFrame) -> GateResult:
     )
 
 
-def _quiet_fleet(evidence: Evidence, judged: pl.DataFrame, states: pl.DataFrame) -> GateResult:
+def _quiet_fleet(
+    evidence: Evidence, logs: LogTables, judged: pl.DataFrame, states: pl.DataFrame
+) -> GateResult:
     t = evidence.thresholds
     fleet = eng.fleet_line(states)
     if initialization(evidence) is not None:
@@ -396,8 +398,7 @@ def _quiet_fleet(evidence: Evidence, judged: pl.DataFrame, states: pl.DataFrame)
             initializing=True,
             details=_details(evidence, states),
         )
-    assert evidence.logs is not None  # engines come from the logs
-    wait = trainer_wait(evidence.logs, evidence.now, t.starved_window_s)
+    wait = trainer_wait(logs, evidence.now, t.starved_window_s)
     if wait.state == "waiting":
         return _starved(evidence, judged, states, wait)
     if wait.state == "training":
@@ -458,12 +459,13 @@ def _supply_handoff(
     )
 
 
-def _active_fleet(evidence: Evidence, judged: pl.DataFrame, states: pl.DataFrame) -> GateResult:
-    assert evidence.logs is not None
+def _active_fleet(
+    evidence: Evidence, logs: LogTables, judged: pl.DataFrame, states: pl.DataFrame
+) -> GateResult:
     t = evidence.thresholds
     fleet = eng.fleet_line(states)
     states_seen = set(judged["state"])
-    share = buffer_wait_share(evidence.logs, t.min_window_steps)
+    share = buffer_wait_share(logs, t.min_window_steps)
     wait_text = (
         "no timing/wait_for_generation_buffer to compare"
         if share is None

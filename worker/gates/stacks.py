@@ -115,6 +115,7 @@ class Parking:
 
     kind: ParkingKind
     frame: Frame
+    named: Frame
 
 
 class ProcessState(StrEnum):
@@ -217,13 +218,21 @@ def _frame_kind(frame: Frame) -> ParkingKind | None:
     return None
 
 
+def _generic_wait(frame: Frame) -> bool:
+    return frame.function.rsplit(".", 1)[-1] in {"wait", "_wait"}
+
+
 def parking(thread: ThreadStack) -> Parking | None:
-    """The innermost frame of the thread that waits in a collective or on a queue."""
-    for frame in thread.frames:
-        kind = _frame_kind(frame)
-        if kind is not None:
-            return Parking(kind, frame)
-    return None
+    """The innermost frame of the thread that waits in a collective or on a queue.
+
+    `frame` (the innermost such frame) is what two dumps are compared on; `named` is the frame
+    the report names: a named collective (`all_reduce` under a c10d `wait`) when there is one.
+    """
+    found = [(frame, kind) for frame in thread.frames if (kind := _frame_kind(frame))]
+    if not found:
+        return None
+    named = next((frame for frame, _ in found if not _generic_wait(frame)), found[0][0])
+    return Parking(found[0][1], found[0][0], named)
 
 
 def _is_engine(thread: ThreadStack) -> bool:
@@ -261,12 +270,12 @@ def _judge_pair(first: StackDump, last: StackDump, gap: float) -> ProcessJudgeme
         return _judgement(first, ProcessState.UNREADABLE, None, (), "a dump holds no thread")
     park_a, park_b = parking(a), parking(b)
     quotes = (
-        _dump_quote(first, a, park_a.frame if park_a else None),
-        _dump_quote(last, b, park_b.frame if park_b else None),
+        _dump_quote(first, a, park_a.named if park_a else None),
+        _dump_quote(last, b, park_b.named if park_b else None),
     )
     if park_a and park_b and park_a.frame.text == park_b.frame.text:
         detail = (
-            f"parked in {park_a.kind.value} `{park_a.frame.text}` in both dumps {gap:.0f}s apart"
+            f"parked in {park_a.kind.value} `{park_a.named.text}` in both dumps {gap:.0f}s apart"
         )
         return _judgement(first, ProcessState.PARKED, park_a, quotes, detail)
     if _signature(a) != _signature(b):
@@ -302,7 +311,7 @@ def _group(dumps: Sequence[StackDump]) -> list[list[StackDump]]:
 
 def _mechanism(parked: Sequence[ProcessJudgement]) -> str:
     kinds = {p.parking.kind for p in parked if p.parking}
-    frames = sorted({p.parking.frame.function for p in parked if p.parking})
+    frames = sorted({p.parking.named.function for p in parked if p.parking})
     where = ", ".join(f"`{f}`" for f in frames)
     if kinds == {ParkingKind.QUEUE}:
         return f"coordinator deadlocked waiting on its own queue ({where})"

@@ -61,12 +61,6 @@ class ParserState:
         if n:
             self.records[name] = self.records.get(name, 0) + n
 
-    def add_malformed(self, examples: list[str]) -> None:
-        """Count malformed lines, keeping the first few examples."""
-        self.malformed += len(examples)
-        room = MAX_EXAMPLES - len(self.malformed_examples)
-        self.malformed_examples.extend(examples[: max(room, 0)])
-
     def to_json(self) -> str:
         """The state as JSON."""
         data = asdict(self)

@@ -1,0 +1,97 @@
+"""Where a finished report goes: a local folder, S3 (write-once), and the verdict stream.
+
+The order is the contract's: the report is in S3 before its verdict entry is announced, so every
+`report_uri` a supervisor reads can be fetched.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from reports.json_report import render_json
+from reports.local import write_local
+from reports.text import render_text
+from shared.models import Report, VerdictEntry, iso_utc
+
+if TYPE_CHECKING:
+    from worker.coalesce import Coalescer
+    from worker.store import ObjectStore
+
+__all__ = ["LocalFolderSink", "S3ReportSink", "StoredReport", "VerdictStreamSink", "report_key"]
+
+
+def _segment(value: str | None, fallback: str) -> str:
+    text = (value or "").strip("/").replace("/", "_")
+    return text or fallback
+
+
+def report_key(report: Report, cluster: str | None, user: str | None, job: str | None) -> str:
+    """`reports/<cluster>/<user>/<job>/<captured_at>-<event_id>` (without the extension)."""
+    job_name = job or Path(report.job_id).name
+    stamp = iso_utc(report.captured_at)
+    return (
+        f"reports/{_segment(cluster, 'unknown-cluster')}/{_segment(user, 'unknown-user')}/"
+        f"{_segment(job_name, 'unknown-job')}/{stamp}-{report.event_id or 'no-event'}"
+    )
+
+
+@dataclass(frozen=True)
+class StoredReport:
+    text_key: str
+    json_key: str
+    uri: str  # s3:// URI of the JSON report
+
+
+class LocalFolderSink:
+    """Writes `report.txt` and `report.json` into one folder."""
+
+    def __init__(self, directory: Path) -> None:
+        self.directory = directory
+
+    def __call__(self, report: Report) -> tuple[Path, Path]:
+        return write_local(report, self.directory)
+
+
+class S3ReportSink:
+    """Writes both renderings once under `reports/...`; writing the same key again is a no-op."""
+
+    def __init__(self, store: ObjectStore) -> None:
+        self.store = store
+
+    def __call__(
+        self, report: Report, *, cluster: str | None, user: str | None, job: str | None
+    ) -> StoredReport:
+        base = report_key(report, cluster, user, job)
+        text_key, json_key = f"{base}.txt", f"{base}.json"
+        self.store.put_once(text_key, render_text(report).encode(), "text/plain; charset=utf-8")
+        self.store.put_once(json_key, render_json(report).encode(), "application/json")
+        return StoredReport(text_key, json_key, self.store.uri(json_key))
+
+
+class VerdictStreamSink:
+    """XADDs the verdict entry to `<prefix>:verdicts` and PUBLISHes it on the channel, once."""
+
+    def __init__(self, coalescer: Coalescer) -> None:
+        self.coalescer = coalescer
+
+    @staticmethod
+    def entry(report: Report, stored: StoredReport) -> VerdictEntry:
+        """The verdict entry of a report already stored in S3."""
+        lead = report.event_id or ""
+        return VerdictEntry(
+            event_id=lead,
+            event_ids=report.event_ids or (lead,),
+            job_id=report.job_id,
+            verdict=report.verdict,
+            confidence=report.confidence,
+            report_uri=stored.uri,
+            captured_at=report.captured_at,
+        )
+
+    def __call__(self, entry: VerdictEntry, *, job: str) -> VerdictEntry:
+        """Publish once; returns the entry listing every event id answered so far."""
+        self.coalescer.publish(entry, job)
+        answers = self.coalescer.answers(entry.event_id)
+        return entry.model_copy(update={"event_ids": tuple(answers) or entry.event_ids})

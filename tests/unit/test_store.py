@@ -1,0 +1,120 @@
+"""The object store contract, run against the in-memory fake and against S3 (moto's server)."""
+
+from __future__ import annotations
+
+import socket
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import boto3
+import pytest
+from moto.server import ThreadedMotoServer
+
+from worker.failures import InfrastructureError
+from worker.store import (
+    MemoryStore,
+    ObjectMissingError,
+    ObjectStore,
+    S3Store,
+    download_prefix,
+    upload_directory,
+)
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+def _client(endpoint: str) -> Any:
+    return boto3.client(
+        "s3",
+        endpoint_url=endpoint,
+        region_name="us-east-1",
+        aws_access_key_id="test",
+        aws_secret_access_key="test",
+    )
+
+
+@pytest.fixture(scope="module")
+def moto_endpoint() -> Iterator[str]:
+    port = _free_port()
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
+    server.start()
+    yield f"http://127.0.0.1:{port}"
+    server.stop()
+
+
+@pytest.fixture(params=["memory", "s3"])
+def store(request: pytest.FixtureRequest) -> ObjectStore:
+    if request.param == "memory":
+        return MemoryStore("bucket", "pfx")
+    bucket = f"bucket-{request.node.name.split('[')[0][-20:].replace('_', '-')}"
+    s3 = S3Store(_client(request.getfixturevalue("moto_endpoint")), bucket, "pfx")
+    s3.ensure_bucket()
+    return s3
+
+
+def test_put_once_writes_a_new_key(store: ObjectStore) -> None:
+    """The first write stores the bytes and says so."""
+    assert store.put_once("events/e1.json", b"one") is True
+    assert store.get("events/e1.json") == b"one"
+    assert store.exists("events/e1.json")
+
+
+def test_put_once_never_overwrites(store: ObjectStore) -> None:
+    """A second write of the same key changes nothing and reports it was already there."""
+    store.put_once("events/e2.json", b"first")
+    assert store.put_once("events/e2.json", b"second") is False
+    assert store.get("events/e2.json") == b"first"
+
+
+def test_missing_key(store: ObjectStore) -> None:
+    """Reading a key that is not there raises ObjectMissingError; exists says no."""
+    with pytest.raises(ObjectMissingError):
+        store.get("events/none.json")
+    assert not store.exists("events/none.json")
+
+
+def test_keys_lists_under_a_prefix(store: ObjectStore) -> None:
+    """keys() lists the keys under a prefix, relative to the store's own prefix, sorted."""
+    for key in ("evidence/a/2", "evidence/a/1", "evidence/b/1"):
+        store.put_once(key, b"x")
+    assert store.keys("evidence/a/") == ["evidence/a/1", "evidence/a/2"]
+
+
+def test_directories_round_trip(store: ObjectStore, tmp_path: Path) -> None:
+    """A directory uploaded under a prefix downloads to the same tree."""
+    (tmp_path / "up/logs").mkdir(parents=True)
+    (tmp_path / "up/logs/metrics.parquet").write_bytes(b"PAR1")
+    (tmp_path / "up/evidence.json").write_text("{}")
+    upload_directory(store, tmp_path / "up", "evidence/x")
+    download_prefix(store, "evidence/x/", tmp_path / "down")
+    assert (tmp_path / "down/logs/metrics.parquet").read_bytes() == b"PAR1"
+    assert (tmp_path / "down/evidence.json").read_text() == "{}"
+
+
+def test_s3_uri_names_bucket_and_prefix(moto_endpoint: str) -> None:
+    """The URI of a key is s3://<bucket>/<prefix>/<key>."""
+    assert (
+        S3Store(_client(moto_endpoint), "b", "p/").uri("reports/x.json")
+        == "s3://b/p/reports/x.json"
+    )
+
+
+def test_unreachable_s3_is_an_infrastructure_fault(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A store that cannot be reached raises InfrastructureError after its retries."""
+    monkeypatch.setattr("worker.store.wait_exponential_jitter", lambda **_: lambda _state: 0)
+    client = boto3.client(
+        "s3",
+        endpoint_url=f"http://127.0.0.1:{_free_port()}",
+        region_name="us-east-1",
+        aws_access_key_id="t",
+        aws_secret_access_key="t",
+        config=boto3.session.Config(retries={"max_attempts": 1}, connect_timeout=0.2),
+    )
+    with pytest.raises(InfrastructureError):
+        S3Store(client, "bucket", "").get("x")

@@ -1,0 +1,244 @@
+"""`rl-health alert | ingest | worker | verdicts | replay`: the pipeline's commands (CONTRACT.md).
+
+Connections come from settings: RLHEALTH_REDIS_URL, RLHEALTH_S3_ENDPOINT_URL, RLHEALTH_S3_BUCKET,
+RLHEALTH_S3_PREFIX, RLHEALTH_BUNDLE_ROOT, RLHEALTH_STREAM_PREFIX, RLHEALTH_COALESCE_S.
+"""
+
+from __future__ import annotations
+
+import logging
+import signal
+import sys
+from datetime import UTC, datetime
+from typing import TYPE_CHECKING, Any
+
+import click
+
+from shared.models import Event, Mode, VerdictEntry
+from shared.settings import Settings
+from worker.cli.options import ISO_DATETIME
+
+if TYPE_CHECKING:
+    from worker.pipeline import Pipeline
+
+__all__ = [
+    "alert_command",
+    "ingest_command",
+    "replay_command",
+    "verdicts_command",
+    "worker_command",
+]
+
+MODES = [m.value for m in Mode if m is not Mode.UNDECLARED]
+
+
+def _redis(settings: Settings) -> Any:
+    import redis
+
+    return redis.Redis.from_url(settings.redis_url, health_check_interval=30)
+
+
+def _pipeline(settings: Settings) -> Pipeline:
+    from worker.pipeline import Pipeline
+    from worker.store import store_from_settings
+
+    store = store_from_settings(settings)
+    if settings.s3_endpoint_url:  # a local S3 (moto, MinIO): make the bucket on first use
+        store.ensure_bucket()
+    return Pipeline(settings, store, _redis(settings))
+
+
+def _fail(message: str, code: int = 2) -> None:
+    click.echo(f"rl-health: {message}", err=True)
+    sys.exit(code)
+
+
+def _entry_line(entry: VerdictEntry, as_json: bool) -> str:
+    if as_json:
+        return entry.model_dump_json()
+    more = f" (+{len(entry.event_ids) - 1} coalesced)" if len(entry.event_ids) > 1 else ""
+    return (
+        f"{entry.model_dump(mode='json')['captured_at']}  {entry.verdict.value:<7} "
+        f"{entry.confidence.value:<6} {entry.job_id}  {entry.event_id}{more}  {entry.report_uri}"
+    )
+
+
+# --- alert ----------------------------------------------------------------------------------------
+
+
+@click.command("alert")
+@click.argument("job_dir")
+@click.option("--reason", default="", help="Why the watcher suspects the job.")
+@click.option("--mode", type=click.Choice(MODES), help="Declare the mode explicitly.")
+@click.option("--probes", help="A recorded probe directory under the bundle root.")
+@click.option("--now", type=ISO_DATETIME, help="Judge the evidence as of this time.")
+def alert_command(
+    job_dir: str, reason: str, mode: str | None, probes: str | None, now: datetime | None
+) -> None:
+    """Publish a suspect-job event for JOB_DIR and print its event id.
+
+    JOB_DIR is resolved against RLHEALTH_BUNDLE_ROOT when relative, and must stay inside it.
+    """
+    from shared.alerts import OutsideBundleRootError, confine, publish_alert
+
+    settings = Settings()
+    try:
+        for path in (job_dir, probes):
+            if path and not (settings.bundle_root / confine(settings.bundle_root, path)).is_dir():
+                _fail(f"{path} is not a directory under the bundle root {settings.bundle_root}")
+    except OutsideBundleRootError as exc:
+        _fail(str(exc))
+    kwargs: dict[str, Any] = {"reason": reason, "mode": mode, "probes": probes, "now": now}
+    click.echo(publish_alert(_redis(settings), job_dir, settings=settings, **kwargs))
+
+
+# --- ingest ---------------------------------------------------------------------------------------
+
+
+@click.command("ingest")
+@click.option("--once", is_flag=True, help="Handle the alerts waiting now, then exit.")
+@click.option("--max-events", type=click.IntRange(min=1), help="Exit after this many alerts.")
+@click.option("--consumer", help="Consumer name in the `ingest` group (default: the host name).")
+def ingest_command(once: bool, max_events: int | None, consumer: str | None) -> None:
+    """Consume the alert stream and start one diagnosis per job in need (until interrupted)."""
+    from worker.ingest import Ingest
+    from worker.tasks import dispatch
+
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
+    stopping: list[int] = []
+    signal.signal(signal.SIGTERM, lambda signum, _frame: stopping.append(signum))
+    ingest = Ingest(_pipeline(Settings()), dispatch, consumer=consumer)
+    try:
+        handled = ingest.run(stop=lambda: bool(stopping), max_events=max_events, until_idle=once)
+    except KeyboardInterrupt:
+        handled = sum(ingest.outcomes.values())
+    summary = ", ".join(f"{n} {outcome}" for outcome, n in sorted(ingest.outcomes.items()))
+    click.echo(f"ingest: {handled} alert(s) handled ({summary or 'none'})", err=True)
+
+
+# --- worker ---------------------------------------------------------------------------------------
+
+
+@click.command("worker")
+@click.option("--concurrency", type=click.IntRange(min=1), default=2, show_default=True)
+@click.option(
+    "--pool",
+    type=click.Choice(["prefork", "solo", "threads"]),
+    default="prefork",
+    show_default=True,
+)
+@click.option("--loglevel", default="INFO", show_default=True)
+@click.option("--hostname", help="Celery node name (default: rlhealth@<host>).")
+def worker_command(concurrency: int, pool: str, loglevel: str, hostname: str | None) -> None:
+    """Start a Celery worker running the diagnosis tasks."""
+    import worker.tasks  # noqa: F401 - registers the tasks
+    from shared.streams import StreamNames
+    from worker.app import app
+
+    settings = Settings()
+    if settings.s3_endpoint_url:
+        _pipeline(settings)  # makes the bucket of a local S3 before the first task
+    argv = [
+        "worker",
+        f"--concurrency={concurrency}",
+        f"--pool={pool}",
+        f"--loglevel={loglevel}",
+        f"--queues={StreamNames(settings.stream_prefix).task_queue}",
+        f"--hostname={hostname or 'rlhealth@%h'}",
+    ]
+    app.worker_main(argv)
+
+
+# --- verdicts -------------------------------------------------------------------------------------
+
+
+@click.command("verdicts")
+@click.option("--follow", is_flag=True, help="Wait for new verdicts and print them as they come.")
+@click.option("--count", type=click.IntRange(min=1), help="Stop after N verdicts (default: 10).")
+@click.option("--timeout", type=click.FloatRange(min=0), help="Stop following after SECONDS.")
+@click.option("--json", "as_json", is_flag=True, help="One verdict entry per line, as JSON.")
+@click.option("--group", help="Read as this consumer group: each verdict once per group, acked.")
+def verdicts_command(
+    follow: bool, count: int | None, timeout: float | None, as_json: bool, group: str | None
+) -> None:
+    """Read verdicts (the supervisor side): the latest ones, or new ones with --follow."""
+    from shared.supervisor import VerdictReader
+
+    settings = Settings()
+    reader = VerdictReader(_redis(settings), settings, group=group)
+    if follow or group:
+        if group and not follow and timeout is None:
+            timeout = 1.0  # a group read without --follow takes what is waiting
+        entries = reader.follow(count=count, timeout_s=timeout)
+    else:
+        entries = iter(reader.recent(count or 10))
+    for entry in entries:
+        click.echo(_entry_line(entry, as_json))
+
+
+# --- replay ---------------------------------------------------------------------------------------
+
+
+def _replay_event(pipeline: Pipeline, original: Event, fresh: bool) -> tuple[Event, str | None]:
+    """The replay event and the evidence id it judges (None: a fresh capture)."""
+    from shared.alerts import new_event_id
+    from worker.pipeline import frozen_now
+    from worker.store import ObjectMissingError
+
+    evidence_id, now = None, None
+    if not fresh:
+        lead = pipeline.redis.get(pipeline.names.event(original.event_id))
+        evidence_id = lead.decode() if lead else original.event_id
+        try:
+            now = frozen_now(pipeline.store, evidence_id)
+        except ObjectMissingError:
+            _fail(f"no frozen evidence for {original.event_id}; try --fresh")
+    how = "with a fresh capture" if fresh else f"on the frozen evidence of {evidence_id}"
+    event = Event(
+        event_id=new_event_id(),
+        job_dir=original.job_dir,
+        reason=f"replay of {original.event_id} {how}",
+        published_at=datetime.now(UTC),
+        mode=original.mode,
+        probes=original.probes,
+        now=now,
+        replay_of=original.event_id,
+    )
+    return event, evidence_id
+
+
+@click.command("replay")
+@click.argument("event_id")
+@click.option("--fresh", is_flag=True, help="Capture the job directory again instead.")
+@click.option("--timeout", type=click.FloatRange(min=1), default=120, show_default=True)
+@click.option("--json", "as_json", is_flag=True, help="Print the verdict entry as JSON.")
+def replay_command(event_id: str, fresh: bool, timeout: float, as_json: bool) -> None:
+    """Re-diagnose an archived event, on its frozen evidence unless --fresh; prints the verdict.
+
+    The replay is an event of its own (with `replay_of`), archived and answered on the verdict
+    stream like any other, but never coalesced with the job's live alerts.
+    """
+    from shared.alerts import confine
+    from shared.supervisor import VerdictReader
+    from worker.store import ObjectMissingError
+    from worker.tasks import dispatch
+
+    settings = Settings()
+    pipeline = _pipeline(settings)
+    try:
+        original = pipeline.load_event(event_id)
+    except ObjectMissingError:
+        _fail(f"no archived event {event_id}")
+    replay, evidence_id = _replay_event(pipeline, original, fresh)
+    reader = VerdictReader(pipeline.redis, settings)
+    reader.recent(1)  # follow from the newest entry on
+    pipeline.archive(replay)
+    dispatch(
+        replay.event_id, confine(settings.bundle_root, replay.job_dir), evidence_id=evidence_id
+    )
+    click.echo(f"replay {replay.event_id} of {event_id}", err=True)
+    for entry in reader.follow(timeout_s=timeout):
+        if entry.event_id == replay.event_id:
+            click.echo(_entry_line(entry, as_json))
+            return
+    _fail(f"no verdict for {replay.event_id} within {timeout:g}s (are workers running?)", 1)

@@ -1,0 +1,181 @@
+"""One chunk of lines in, table rows out, the parser state advanced.
+
+A chunk is cut before the first multi-line construct still open near its end (a dict or traceback
+that may close in the next chunk); those lines are read again with the next chunk. The last chunk of
+a file (`final`) is read whole and open constructs there are malformed or kept as they are.
+"""
+
+from __future__ import annotations
+
+from typing import Final
+
+import polars as pl
+
+from worker.evidence import schema
+from worker.evidence.logs import batches, context, detect, engines, errors, records, timers
+from worker.evidence.logs.lines import byte_offset_of_line, split_lines
+from worker.evidence.logs.state import MAX_EXAMPLES, ParserState
+
+__all__ = ["RAW_METRICS", "TABLES", "conform", "parse_chunk"]
+
+TABLES: Final = ("metrics", "timers", "engines", "progress", "batches", "errors", "resumes")
+RAW_METRICS: Final[dict[str, pl.DataType]] = dict(schema.METRICS)
+SCHEMAS: Final[dict[str, dict[str, pl.DataType]]] = {
+    "metrics": RAW_METRICS,
+    "timers": schema.TIMERS,
+    "engines": schema.ENGINES,
+    "progress": schema.PROGRESS,
+    "batches": schema.BATCHES,
+    "errors": schema.ERRORS,
+    "resumes": schema.RESUMES,
+}
+_HEAD_LINES: Final = 5
+_EXAMPLE_CHARS: Final = 200
+
+
+def conform(frame: pl.DataFrame, table: str, source: str | None = None) -> pl.DataFrame:
+    """`frame` with exactly the columns and types of `table`'s schema."""
+    if "ts" in frame.columns:
+        frame = frame.rename({"ts": "timestamp"})
+    if source is not None:
+        frame = frame.with_columns(source=pl.lit(source))
+    wanted = SCHEMAS[table]
+    return frame.select(pl.col(name).cast(dtype) for name, dtype in wanted.items())
+
+
+def _note_head(lines: pl.Series, state: ParserState) -> None:
+    if len(state.head) >= _HEAD_LINES:
+        return
+    first = detect.strip_sgr(pl.col("line")).str.strip_chars()
+    head = lines.head(1000).to_frame().select(first).filter(pl.col("line").str.len_bytes() > 0)
+    state.head.extend(head.get_column("line").head(_HEAD_LINES - len(state.head)).to_list())
+
+
+def _note_first_content(lines: pl.Series, state: ParserState) -> None:
+    if state.first_content is not None:
+        return
+    blank = lines.str.strip_chars().str.len_bytes() == 0
+    found = (~blank).arg_true()
+    if len(found):
+        state.first_content = state.line + int(found[0]) + 1
+
+
+def _cut(ev: pl.DataFrame, blocks: pl.DataFrame, n_lines: int) -> int:
+    starts = pl.concat([records.open_blocks(blocks, n_lines), errors.open_tracebacks(ev, n_lines)])
+    return int(starts.min()) if len(starts) else n_lines  # type: ignore[arg-type]
+
+
+def _set_steps(ev: pl.DataFrame, mirrors: pl.DataFrame, blocks: pl.DataFrame) -> pl.DataFrame:
+    train = mirrors.filter(pl.col("ok") & (pl.col("mkind") == "train"))
+    parts = [
+        train.select("idx", set_step="mstep"),
+        blocks.filter(pl.col("gstep").is_not_null()).select("idx", set_step="gstep"),
+        timers.progress_steps(ev),
+        timers.resume_steps(ev),
+    ]
+    steps = pl.concat([p.cast({"idx": pl.UInt32, "set_step": pl.Int64}) for p in parts])
+    steps = steps.unique("idx", keep="last")
+    return ev.join(steps, on="idx", how="left", maintain_order="left")
+
+
+def _malformed(
+    mirrors: pl.DataFrame, blocks: pl.DataFrame, state: ParserState, source: str
+) -> None:
+    bad_mirrors = mirrors.filter(~pl.col("ok")).select("line", "text")
+    bad_blocks = blocks.filter(~pl.col("closed") & pl.col("hint")).select("line", "text")
+    bad = pl.concat([bad_mirrors, bad_blocks]).sort("line")
+    if bad.is_empty():
+        return
+    state.malformed += bad.height
+    room = max(MAX_EXAMPLES - len(state.malformed_examples), 0)
+    state.malformed_examples.extend(
+        f"{source}:{line}: {text[:_EXAMPLE_CHARS]}" for line, text in bad.head(room).iter_rows()
+    )
+
+
+def _with_context(ev: pl.DataFrame, state: ParserState) -> pl.DataFrame:
+    ev = context.add_attempts(ev, state)
+    ev = context.add_step_context(ev, state)
+    return context.add_timestamps(ev, state)
+
+
+def _block_context(blocks: pl.DataFrame, ev: pl.DataFrame) -> pl.DataFrame:
+    cols = ev.select("idx", "line", "ts", "attempt", "step_ctx")
+    return blocks.join(cols, on="idx", how="left")
+
+
+def _count(state: ParserState, tables: dict[str, pl.DataFrame]) -> None:
+    state.count("timer", tables["timers"].height)
+    state.count("vllm_stats", tables["engines"].height)
+    state.count("batch", tables["batches"].height)
+    state.count("error", tables["errors"].height)
+    progress = tables["progress"].get_column("kind")
+    state.count("training_step_progress", int((progress == "training_step").sum()))
+    state.count("generation_buffer", int((progress == "generation_buffer").sum()))
+
+
+def _metrics(
+    ev: pl.DataFrame, mirrors: pl.DataFrame, blocks: pl.DataFrame, state: ParserState
+) -> pl.DataFrame:
+    console, policy = records.dict_metrics(blocks)
+    closed = blocks.filter(pl.col("closed"))
+    state.count("wandb_mirror", int(mirrors.get_column("ok").sum()))
+    state.count("console_dict", int(closed.get_column("gstep").is_not_null().sum()))
+    policy_blocks = closed.filter(pl.col("gstep").is_null() & pl.col("is_policy"))
+    state.count("policy_dict", policy_blocks.height)
+    rewards = records.reward_metrics(ev)
+    state.count("reward_line", rewards.get_column("line").n_unique())
+    parts = [records.mirror_metrics(mirrors), console, policy, rewards]
+    return pl.concat([conform(p, "metrics", "") for p in parts])
+
+
+def parse_chunk(
+    raw: bytes, state: ParserState, source: str, *, final: bool
+) -> tuple[dict[str, pl.DataFrame], int]:
+    """The rows of the committed lines of `raw` and the bytes committed; `state` is advanced."""
+    lines = split_lines(raw)
+    n_lines = len(lines)
+    _note_head(lines, state)
+    _note_first_content(lines, state)
+    ev = errors.with_traceback_ends(detect.evidence_lines(lines))
+    del lines
+    blocks = records.block_steps(records.dict_blocks(ev))
+    cut = n_lines if final else _cut(ev, blocks, n_lines)
+    ev = ev.filter(pl.col("idx") < cut).with_columns(
+        line=pl.col("idx").cast(pl.Int64) + state.line + 1
+    )
+    blocks = blocks.filter(pl.col("idx") < cut)
+    mirrors = records.mirror_records(ev)
+    ev = _with_context(_set_steps(ev, mirrors, blocks), state)
+    mirrors = mirrors.select("idx", "mkind", "mstep", "json", "ok", "text").join(
+        ev.select("idx", "line", "ts", "attempt"), on="idx"
+    )
+    blocks = _block_context(blocks, ev)
+    tables = _tables(ev, mirrors, blocks, state, source)
+    _malformed(mirrors, blocks, state, source)
+    context.advance_state(ev, state)
+    consumed = len(raw) if cut >= n_lines else byte_offset_of_line(raw, n_lines, cut)
+    state.line += cut
+    state.offset += consumed
+    return tables, consumed
+
+
+def _tables(
+    ev: pl.DataFrame,
+    mirrors: pl.DataFrame,
+    blocks: pl.DataFrame,
+    state: ParserState,
+    source: str,
+) -> dict[str, pl.DataFrame]:
+    metrics = _metrics(ev, mirrors, blocks, state).with_columns(source=pl.lit(source))
+    tables = {
+        "metrics": metrics,
+        "timers": conform(timers.timer_rows(ev), "timers", source),
+        "engines": conform(engines.engine_rows(ev, source), "engines", source),
+        "progress": conform(timers.progress_rows(ev), "progress", source),
+        "batches": conform(batches.batch_rows(ev, state), "batches", source),
+        "errors": conform(errors.error_rows(ev), "errors", source),
+        "resumes": conform(timers.resume_rows(ev), "resumes", source),
+    }
+    _count(state, tables)
+    return tables

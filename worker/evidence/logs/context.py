@@ -1,0 +1,148 @@
+"""What a line inherits from the lines before it: attempt, step context and timestamp.
+
+All three are cumulative expressions over the classified lines of a chunk, seeded from the carried
+`ParserState`, so a chunked or incremental parse gives the same answer as one pass.
+
+Step context: explicit markers set the completed-step count (a train record or console dict of step
+N, `Resuming from global_step: N`, `Training Step Progress: N / M` set N; `No checkpoint found` and
+an attempt boundary set 0) and each `Finished: 'step'` adds one. A line belongs to step
+completed + 1, except between `Finished: 'step'` and the next `Started: 'step'`, where it belongs to
+the step just finished. The step timer lines themselves always belong to completed + 1.
+
+Attempts: a boundary `[iris setup] step 1/2` of the first Iris task seen with one starts a new
+attempt, unless no non-blank line precedes it (a file that starts with a boundary is attempt 0).
+
+Timestamps: loguru's full timestamp; else vLLM's `MM-DD HH:MM:SS` with the year of the date anchor;
+else Iris's time of day on the anchor date, plus one day for each time the time of day goes back by
+more than twelve hours. The anchor is the date of the last line with a full timestamp (for an
+Iris-prefixed line, the date its time of day falls on), or `reference_date` before any.
+"""
+
+from __future__ import annotations
+
+from datetime import date, datetime
+from typing import Final
+
+import polars as pl
+
+from worker.evidence.logs.state import ParserState
+
+__all__ = ["add_attempts", "add_step_context", "add_timestamps", "advance_state"]
+
+_HALF_DAY: Final = 43_200
+_STEP_MARKERS: Final = ("Started: 'step'", "Finished: 'step'")
+
+
+def add_attempts(frame: pl.DataFrame, state: ParserState) -> pl.DataFrame:
+    """Add `attempt` (Int32)."""
+    boundary = pl.col("kind") == "boundary"
+    if state.attempt_task is None:
+        tasks = frame.filter(boundary).get_column("task")
+        if len(tasks):
+            state.attempt_task = tasks[0] or ""
+    first = state.first_content if state.first_content is not None else 0
+    bump = (
+        boundary
+        & (pl.col("task").fill_null("") == (state.attempt_task or ""))
+        & (pl.col("line") > first)
+    )
+    attempt = pl.lit(state.attempt) + bump.fill_null(False).cast(pl.Int32).cum_sum()
+    return frame.with_columns(attempt=attempt.cast(pl.Int32))
+
+
+def add_step_context(frame: pl.DataFrame, state: ParserState) -> pl.DataFrame:
+    """Add `step_ctx`: the step an undated-step line belongs to (needs `set_step`)."""
+    msg = pl.col("msg")
+    timer = pl.col("kind") == "timer"
+    finished = timer & msg.str.starts_with("Finished: 'step'")
+    started = timer & msg.str.starts_with("Started: 'step'")
+    add = finished.cast(pl.Int64).cum_sum()
+    is_set = pl.col("set_step").is_not_null()
+    base = pl.col("set_step").forward_fill()
+    add_at = pl.when(is_set).then(add).forward_fill()
+    after = pl.when(base.is_null()).then(state.completed + add).otherwise(base + add - add_at)
+    before = after.shift(1).fill_null(state.completed)
+    post = (
+        pl.when(finished)
+        .then(True)
+        .when(started | (pl.col("kind") == "boundary"))
+        .then(False)
+        .otherwise(None)
+    )
+    post_before = post.forward_fill().shift(1).fill_null(state.post_finish)
+    marker = started | finished
+    step = pl.when(marker | ~post_before).then(before + 1).otherwise(before)
+    return frame.with_columns(
+        step_ctx=step, _completed=after, _post=post.forward_fill().fill_null(state.post_finish)
+    )
+
+
+def _anchor_day() -> pl.Expr:
+    ldt = pl.col("ldt")
+    shifted = ldt - pl.duration(seconds=pl.col("tod")) + pl.duration(hours=12)
+    with_tod = shifted.dt.truncate("1d").dt.date()
+    return pl.when(pl.col("tod").is_not_null()).then(with_tod).otherwise(ldt.dt.date())
+
+
+def add_timestamps(frame: pl.DataFrame, state: ParserState) -> pl.DataFrame:
+    """Add `ts` (UTC) and the helper columns `_day`, `_aday`, `_rolls`, `_anchor_rolls`."""
+    tod = pl.col("tod")
+    prev = tod.forward_fill().shift(1)
+    if state.last_tod is not None:
+        prev = prev.fill_null(state.last_tod)
+    roll = (tod < prev - _HALF_DAY).fill_null(False).cast(pl.Int32).cum_sum()
+    anchor = pl.col("ldt").is_not_null()
+    frame = frame.with_columns(_rolls=roll)
+    anchor_rolls = pl.when(anchor).then(pl.col("_rolls")).forward_fill()
+    seed_day = pl.lit(state.anchor_day, dtype=pl.Date)
+    seeded = seed_day + pl.duration(days=pl.col("_rolls") + state.rolls)
+    frame = frame.with_columns(_aday=_anchor_day().forward_fill(), _anchor_rolls=anchor_rolls)
+    later = pl.col("_aday") + pl.duration(days=pl.col("_rolls") - pl.col("_anchor_rolls"))
+    day = pl.when(pl.col("_anchor_rolls").is_null()).then(seeded).otherwise(later)
+    frame = frame.with_columns(_day=day.cast(pl.Date))
+    return frame.with_columns(ts=_timestamp())
+
+
+def _timestamp() -> pl.Expr:
+    day = pl.col("_day")
+    iris = day.cast(pl.Datetime("us")) + pl.duration(seconds=pl.col("tod"))
+    vllm_text = pl.concat_str(day.dt.year().cast(pl.String), pl.lit("-"), pl.col("vts"))
+    vllm = vllm_text.str.to_datetime("%Y-%m-%d %H:%M:%S", strict=False, time_unit="us")
+    naive = pl.coalesce(vllm, iris).dt.replace_time_zone("UTC")
+    return pl.coalesce(pl.col("ldt"), naive)
+
+
+def _last(frame: pl.DataFrame, column: str) -> object:
+    values = frame.get_column(column).drop_nulls()
+    return values[-1] if len(values) else None
+
+
+def advance_state(frame: pl.DataFrame, state: ParserState) -> None:
+    """Move the carried context past the rows of `frame` (as built by the functions above)."""
+    if frame.is_empty():
+        return
+    state.attempt = int(frame.get_column("attempt")[-1])
+    state.completed = int(frame.get_column("_completed")[-1])
+    state.post_finish = bool(frame.get_column("_post")[-1])
+    last_tod = _last(frame, "tod")
+    state.last_tod = int(last_tod) if isinstance(last_tod, int) else state.last_tod
+    rolls = int(frame.get_column("_rolls")[-1])
+    anchor_rolls = _last(frame, "_anchor_rolls")
+    anchor_day = _last(frame, "_aday")
+    if isinstance(anchor_rolls, int) and isinstance(anchor_day, date):
+        state.anchor_day = anchor_day
+        state.rolls = rolls - anchor_rolls
+    else:
+        state.rolls += rolls
+    _advance_timestamps(frame, state)
+
+
+def _advance_timestamps(frame: pl.DataFrame, state: ParserState) -> None:
+    ts = frame.get_column("ts").drop_nulls()
+    if ts.is_empty():
+        return
+    low, high = ts.min(), ts.max()
+    if isinstance(low, datetime) and (state.first_ts is None or low < state.first_ts):
+        state.first_ts = low
+    if isinstance(high, datetime) and (state.last_ts is None or high > state.last_ts):
+        state.last_ts = high

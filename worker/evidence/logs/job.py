@@ -1,0 +1,119 @@
+"""The logs of a watcher job directory, read together.
+
+`finelog.log` is the source. `pod_logs/*.log` are read only to fill what it lacks: with no usable
+finelog they are the source; otherwise they add only engine and error rows the finelog does not
+have. `ray_vllm_logs/**/worker-*.out|.err` add engine stat lines and error lines (actor deaths) not
+already present. Every listing goes through `BundleFiles`, so nothing outside the job is read.
+"""
+
+from __future__ import annotations
+
+from datetime import date, datetime
+from pathlib import Path
+from typing import Final
+
+import polars as pl
+
+from worker.evidence.logs.incremental import LogCache
+from worker.evidence.logs.reader import FileRows, parse_file_rows
+from worker.evidence.logs.stitch import build_tables
+from worker.evidence.model import LogTables, ParseSummary
+from worker.evidence.paths import BundleFiles
+
+__all__ = ["parse_job_logs"]
+
+FINELOG: Final = "finelog.log"
+_FILL_TABLES: Final = {"engines": ["engine", "timestamp"], "errors": ["kind", "text"]}
+_USABLE: Final = ("metrics", "timers", "engines", "progress", "batches")
+_MAX_EXAMPLES: Final = 5
+
+
+def _usable(found: FileRows) -> bool:
+    return any(name in found.rows and found.rows[name].height for name in _USABLE)
+
+
+def _fill(base: dict[str, pl.DataFrame], extra: FileRows) -> dict[str, pl.DataFrame]:
+    merged = dict(base)
+    for name, keys in _FILL_TABLES.items():
+        rows = extra.rows.get(name)
+        if rows is None or rows.is_empty():
+            continue
+        have = merged.get(name)
+        if have is None or have.is_empty():
+            merged[name] = rows
+            continue
+        new = rows.join(have.select(keys).unique(), on=keys, how="anti", nulls_equal=True)
+        merged[name] = pl.concat([have, new])
+    return merged
+
+
+def _union(parts: list[FileRows]) -> dict[str, pl.DataFrame]:
+    names = {name for p in parts for name in p.rows}
+    return {name: pl.concat([p.rows[name] for p in parts if name in p.rows]) for name in names}
+
+
+def _merge_summaries(parts: list[FileRows]) -> ParseSummary:
+    summaries = [p.summary for p in parts]
+    records: dict[str, int] = {}
+    for summary in summaries:
+        for name, count in summary.records.items():
+            records[name] = records.get(name, 0) + count
+    firsts = [s.first_timestamp for s in summaries if s.first_timestamp is not None]
+    lasts = [s.last_timestamp for s in summaries if s.last_timestamp is not None]
+    examples = tuple(e for s in summaries for e in s.malformed_examples)[:_MAX_EXAMPLES]
+    return ParseSummary(
+        files=tuple(f for s in summaries for f in s.files),
+        lines=sum(s.lines for s in summaries),
+        bytes=sum(s.bytes for s in summaries),
+        records=dict(sorted(records.items())),
+        malformed=sum(s.malformed for s in summaries),
+        malformed_examples=examples,
+        serializations=tuple(sorted(k for k, v in records.items() if v)),
+        first_timestamp=min(firsts, default=None),
+        last_timestamp=_latest(lasts),
+        head=next((s.head for s in summaries if s.head), ()),
+    )
+
+
+def _latest(stamps: list[datetime]) -> datetime | None:
+    return max(stamps, default=None)
+
+
+def _parse_all(
+    files: BundleFiles, paths: list[Path], reference_date: date | None, cache: LogCache | None
+) -> list[FileRows]:
+    return [
+        parse_file_rows(path, files.relative(path), reference_date=reference_date, cache=cache)
+        for path in paths
+    ]
+
+
+def _ray_worker_logs(files: BundleFiles) -> list[Path]:
+    found = files.walk("ray_vllm_logs", "worker-*")
+    return [p for p in found if p.suffix in {".out", ".err"}]
+
+
+def parse_job_logs(
+    job_dir: Path,
+    *,
+    reference_date: date | None = None,
+    files: BundleFiles | None = None,
+    cache: LogCache | None = None,
+) -> LogTables | None:
+    """The tables of a job directory's logs, or None when it holds no log file at all."""
+    files = files or BundleFiles(job_dir)
+    finelog = files.open_path(FINELOG)
+    main = [finelog] if finelog is not None and finelog.is_file() else []
+    pods = list(files.walk("pod_logs", "*.log"))
+    rays = _ray_worker_logs(files)
+    if not (main or pods or rays):
+        return None
+    primary = _parse_all(files, main, reference_date, cache)
+    secondary = _parse_all(files, pods, reference_date, cache)
+    extras = _parse_all(files, rays, reference_date, cache)
+    if not (primary and _usable(primary[0])):
+        primary, secondary = primary + secondary, []
+    rows = _union(primary) if primary else {}
+    for extra in secondary + extras:
+        rows = _fill(rows, extra)
+    return build_tables(rows, _merge_summaries(primary + secondary + extras))

@@ -1,0 +1,161 @@
+"""Metric records: WANDB_MIRROR JSON, console dicts (one line or pprint-ed), policy dicts, rewards.
+
+Key/value pairs are pulled out with `str.extract_all` and exploded, never parsed per line. Values
+that are not numbers (strings, booleans, null) are dropped; quoted numbers and bare NaN/Infinity are
+cast. A multi-line dict is joined from its lines of one actor (each continuation line carries its
+own prefix) and must close within WINDOW_LINES lines.
+"""
+
+from __future__ import annotations
+
+from typing import Final
+
+import polars as pl
+
+from worker.evidence.logs.lines import WINDOW_LINES
+
+__all__ = [
+    "block_steps",
+    "dict_blocks",
+    "dict_metrics",
+    "mirror_metrics",
+    "mirror_records",
+    "open_blocks",
+    "reward_metrics",
+]
+
+_MIRROR: Final = r"WANDB_MIRROR kind=(\w+) step=(-?\d+) metrics=(\{.*\})\s*$"
+_JSON_PAIR: Final = r'"(?:[^"\\]|\\.)*"\s*:\s*(?:"(?:[^"\\]|\\.)*"|[^,}\s]+)'
+_JSON_KEY: Final = r'^"((?:[^"\\]|\\.)*)"'
+_PY_PAIR: Final = r"'(?:[^'\\]|\\.)*'\s*:\s*(?:'(?:[^'\\]|\\.)*'|[^,}]+)"
+_PY_KEY: Final = r"^'((?:[^'\\]|\\.)*)'"
+_REWARD_PAIR: Final = r"(?:reward/[^\s:,]+|avg_final_rewards|avg_response_length): [^\s,]+"
+_GLOBAL_STEP: Final = r"'trainer/global_step':\s*'?(-?\d+)"
+_METRIC_HINT: Final = ("'trainer/", "'reward/", "'policy", "'timing/", "'final_loss'")
+_KEEP: Final = ("step", "key", "value", "line", "ts", "attempt")
+
+
+def _values(token: pl.Expr) -> pl.Expr:
+    """A value token as a float: quotes and wrappers like `np.float64(...)` removed."""
+    bare = token.str.strip_chars().str.strip_chars("'\"")
+    unwrapped = bare.str.replace(r"^[A-Za-z_][\w.]*\((.*)\)$", "$1")
+    return unwrapped.str.strip_chars("'\" ").cast(pl.Float64, strict=False)
+
+
+def _explode_pairs(frame: pl.DataFrame, text: str, pair: str, key: str) -> pl.DataFrame:
+    """One row per `key: value` pair of column `text` with a numeric value."""
+    pairs = frame.with_columns(_pair=pl.col(text).str.extract_all(pair)).explode("_pair")
+    pairs = pairs.filter(pl.col("_pair").is_not_null())
+    token = pl.col("_pair").str.replace(r"^" + key.removeprefix("^") + r"\s*:\s*", "")
+    pairs = pairs.with_columns(key=pl.col("_pair").str.extract(key, 1), value=_values(token))
+    return pairs.filter(pl.col("value").is_not_null() & pl.col("key").is_not_null())
+
+
+def mirror_records(ev: pl.DataFrame) -> pl.DataFrame:
+    """Every WANDB_MIRROR line: `mkind`, `mstep`, `json` and `ok` (false: malformed)."""
+    rows = ev.filter(pl.col("kind") == "mirror")
+    parsed = pl.col("msg").str.extract_groups(_MIRROR).struct
+    rows = rows.with_columns(
+        mkind=parsed.field("1"),
+        mstep=parsed.field("2").cast(pl.Int64, strict=False),
+        json=parsed.field("3"),
+    )
+    return rows.with_columns(ok=pl.col("json").is_not_null() & pl.col("mstep").is_not_null())
+
+
+def mirror_metrics(records: pl.DataFrame) -> pl.DataFrame:
+    """METRICS rows (before stitching) of the well-formed train records."""
+    train = records.filter(pl.col("ok") & (pl.col("mkind") == "train"))
+    pairs = _explode_pairs(train, "json", _JSON_PAIR, _JSON_KEY)
+    return (
+        pairs.with_columns(step=pl.col("mstep"))
+        .select(*_KEEP)
+        .with_columns(origin=pl.lit("mirror"))
+    )
+
+
+def dict_blocks(ev: pl.DataFrame) -> pl.DataFrame:
+    """Dicts printed on one line or over several lines of one actor, joined.
+
+    Columns: idx (of the first line), actor, text, closed, last_idx, hint (has metric-like keys).
+    """
+    rows = ev.filter(pl.col("kind").is_in(["dict_start", "dict_cont"]))
+    if rows.is_empty():
+        return pl.DataFrame(
+            schema={
+                "idx": pl.UInt32,
+                "actor": pl.String,
+                "text": pl.String,
+                "closed": pl.Boolean,
+                "last_idx": pl.UInt32,
+                "hint": pl.Boolean,
+            }
+        )
+    body = pl.when(pl.col("kind") == "dict_start").then(pl.col("msg")).otherwise(pl.col("text"))
+    rows = rows.with_columns(body=body.str.strip_chars_end())
+    close = pl.col("body").str.ends_with("}")
+    start = pl.col("kind") == "dict_start"
+    prev_closed = close.shift(1).over("actor").fill_null(True)
+    new_seg = start | prev_closed
+    seg = pl.when(new_seg).then(pl.col("idx")).forward_fill().over("actor")
+    rows = rows.with_columns(seg=seg).filter(pl.col("idx") - pl.col("seg") <= WINDOW_LINES)
+    blocks = rows.group_by("actor", "seg", maintain_order=True).agg(
+        first_start=start.first(),
+        closed=close.last(),
+        last_idx=pl.col("idx").last(),
+        text=pl.col("body").str.join(" "),
+    )
+    blocks = blocks.filter(pl.col("first_start")).rename({"seg": "idx"})
+    hint = pl.col("text").str.contains_any(list(_METRIC_HINT))
+    return blocks.select("idx", "actor", "text", "closed", "last_idx", hint=hint)
+
+
+def open_blocks(blocks: pl.DataFrame, n_lines: int) -> pl.Series:
+    """First-line indices of dicts still open at the end of a chunk of `n_lines` lines."""
+    still = ~pl.col("closed") & (pl.col("idx") >= n_lines - 1 - WINDOW_LINES)
+    return blocks.filter(still).get_column("idx")
+
+
+def dict_metrics(blocks: pl.DataFrame) -> tuple[pl.DataFrame, pl.DataFrame]:
+    """METRICS rows of console dicts (`trainer/global_step`) and of unprefixed policy dicts.
+
+    `blocks` must carry `step` (console) and the provenance of its first line.
+    """
+    closed = blocks.filter(pl.col("closed"))
+    console = closed.filter(pl.col("gstep").is_not_null())
+    console_pairs = _explode_pairs(console, "text", _PY_PAIR, _PY_KEY)
+    console_rows = console_pairs.with_columns(step=pl.col("gstep")).select(*_KEEP)
+    policy = closed.filter(pl.col("gstep").is_null() & pl.col("is_policy"))
+    policy_pairs = _explode_pairs(policy, "text", _PY_PAIR, _PY_KEY)
+    policy_rows = policy_pairs.with_columns(
+        step=pl.col("step_ctx"), key=pl.lit("policy/") + pl.col("key")
+    ).select(*_KEEP)
+    return (
+        console_rows.with_columns(origin=pl.lit("console")),
+        policy_rows.with_columns(origin=pl.lit("policy_dict")),
+    )
+
+
+def reward_metrics(ev: pl.DataFrame) -> pl.DataFrame:
+    """METRICS rows of `reward/...: X` and `avg_final_rewards: X` lines (step from context)."""
+    rows = ev.filter(pl.col("kind") == "reward")
+    pairs = rows.with_columns(_pair=pl.col("msg").str.extract_all(_REWARD_PAIR)).explode("_pair")
+    pairs = pairs.filter(pl.col("_pair").is_not_null())
+    parts = pl.col("_pair").str.split_exact(": ", 1).struct
+    name = parts.field("field_0")
+    key = pl.when(name.str.starts_with("reward/")).then(name).otherwise(pl.lit("loss/") + name)
+    pairs = pairs.with_columns(key=key, value=_values(parts.field("field_1")))
+    pairs = pairs.filter(pl.col("value").is_not_null()).with_columns(step=pl.col("step_ctx"))
+    return pairs.select(*_KEEP).with_columns(origin=pl.lit("reward_line"))
+
+
+def block_steps(blocks: pl.DataFrame) -> pl.DataFrame:
+    """Add `gstep` (the console dict's global step) and `is_policy` to `blocks`."""
+    text = pl.col("text")
+    return blocks.with_columns(
+        gstep=pl.when(pl.col("closed"))
+        .then(text.str.extract(_GLOBAL_STEP, 1).cast(pl.Int64, strict=False))
+        .otherwise(None),
+        is_policy=text.str.contains("'policy_loss'", literal=True)
+        | text.str.contains("'final_loss'", literal=True),
+    )

@@ -1,0 +1,55 @@
+"""Writing the tables as `<table>.csv` or `<table>.parquet`, each only when it has rows."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Final, Literal
+
+import polars as pl
+
+from worker.evidence.model import LogTables
+
+__all__ = ["TABLE_NAMES", "write_tables"]
+
+TABLE_NAMES: Final = (
+    "metrics",
+    "phases",
+    "engines",
+    "errors",
+    "timers",
+    "progress",
+    "batches",
+    "resumes",
+)
+ISO_UTC: Final = "%Y-%m-%dT%H:%M:%S%.6fZ"
+
+
+def _frames(tables: LogTables) -> dict[str, pl.DataFrame]:
+    frames = {name: getattr(tables, name) for name in TABLE_NAMES}
+    frames["metrics"] = tables.metrics_wide()
+    return frames
+
+
+def _iso(frame: pl.DataFrame) -> pl.DataFrame:
+    stamps = [n for n, t in frame.schema.items() if isinstance(t, pl.Datetime)]
+    return frame.with_columns(
+        pl.col(n).dt.convert_time_zone("UTC").dt.strftime(ISO_UTC) for n in stamps
+    )
+
+
+def write_tables(
+    tables: LogTables, out_dir: Path, fmt: Literal["csv", "parquet"] = "csv"
+) -> list[Path]:
+    """Write every table with rows into `out_dir`; the paths written."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    written: list[Path] = []
+    for name, frame in _frames(tables).items():
+        if frame.is_empty():
+            continue
+        path = out_dir / f"{name}.{fmt}"
+        if fmt == "csv":
+            _iso(frame).write_csv(path)
+        else:
+            frame.write_parquet(path)
+        written.append(path)
+    return written

@@ -1,0 +1,601 @@
+"""Liveness: pair the controller's state with the newest step or phase advancement.
+
+Reads the controller state (`probes.controller`, quoted as `probes/controller.json`, when a probe
+captured it within MAX_EVIDENCE_AGE_S; else the manifest's `job.state`, quoted as `manifest.json`
+with its age), the attempt history (`probes.attempts`, for the terminal time), the manifest's
+`pod_logs` status, the log tables (TIMERS `Started:`/`Finished:` rows and train METRICS rows are
+the only advancement; ERRORS death lines; PROGRESS step totals; ENGINES only to say they prove
+nothing) and live stacks (`probes.stacks`, interpreted by `worker.gates.stacks`).
+
+Rules, first match wins (quiet = now - newest advancement; threshold = max(STALL_FLOOR_S,
+STALL_FACTOR x p90 of the open phase's past durations, or of the step's when no phase is open)):
+
+1. ERROR when no controller state is known, or when the manifest is older than MAX_EVIDENCE_AGE_S,
+   no fresh controller probe exists and the log's newest line is older too (stale evidence).
+2. ERROR when the state is terminal (succeeded, failed, killed, worker_failed) but the log advanced
+   after the terminal time (newest attempt `finished_at_ms`, else the manifest's `finished_at`,
+   else when the state was observed).
+3. PASS when the newest global step reached the PROGRESS total (max_steps): the run is complete
+   and its tail errors are noise.
+4. Terminal states: succeeded PASS ("job completed"); killed FAIL; failed / worker_failed FAIL,
+   with hard_failure only when both the controller's error and a hard error line of the newest
+   attempt are quoted (a `Could not override` line adds a configuration handoff).
+5. ERROR when the controller says running but the manifest's `pod_logs` says no pod (a waiting
+   status or 0 pods) and the job was submitted more than STALL_FLOOR_S ago.
+6. pending / building / assigned / unschedulable: PASS initialising within INIT_GRACE_S of
+   submission, else FAIL (not scheduled; not a hard failure).
+7. ERROR without a trainer log. PASS with initializing=True while the newest attempt has finished
+   no step and is within INIT_GRACE_S of its start (flip: no `Finished: 'step'` by the deadline).
+8. PASS when quiet <= threshold. When the quiet time exceeds it:
+   - ERROR when the finelog class is stale in the bundle (the quiet time cannot be judged);
+   - FAIL hard when, after the newest advancement, an `actor_died`/`worker_crashed` line or an NCCL
+     watchdog timeout followed by a death line (traceback, actor death, train loop failed) is
+     logged (a lone watchdog line proves nothing);
+   - FAIL hard when two dumps of the same process taken at different times prove a stall
+     (`worker.gates.stacks.judge_stacks`);
+   - otherwise ERROR: "stall suspected, live stacks needed" (or: the stacks do not prove a stall).
+   Fresh vLLM engine stat lines never count as advancement; when they are fresher than the trainer
+   the summary says so (colocated engines can stay busy while the policy mesh is wedged).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import polars as pl
+
+from shared.models import GateResult, GateStatus, Handoff, Quote
+from worker.evidence.model import ArtifactState, Evidence, LogTables
+from worker.evidence.quotes import quote, quote_rows
+from worker.gates.base import error, passed
+from worker.gates.progress import initialization, minute_utc, newest_attempt, started_at
+from worker.gates.stacks import StackFinding, judge_stacks
+
+__all__ = ["check"]
+
+TERMINAL = frozenset({"succeeded", "failed", "killed", "worker_failed"})
+WAITING = frozenset({"pending", "building", "assigned", "unschedulable"})
+_DEATH_KINDS = ("actor_died", "worker_crashed")
+_AFTER_WATCHDOG = ("actor_died", "worker_crashed", "traceback", "train_loop_failed")
+_HARD_KINDS = (
+    "traceback",
+    "cuda_oom",
+    "cuda_error",
+    "internal_assert",
+    "ray_task_error",
+    *_DEATH_KINDS,
+    "train_loop_failed",
+    "config_override",
+    "nccl_watchdog_timeout",
+)
+STACKS_NEEDED = "py-spy stacks captured while the job exists"
+
+
+# --- small readings ------------------------------------------------------------------------------
+
+
+def _duration(seconds: float) -> str:
+    if seconds < 120:
+        return f"{seconds:.0f}s"
+    if seconds < 7200:
+        return f"{seconds / 60:.0f} min"
+    return f"{seconds / 3600:.1f} h"
+
+
+def _p90(values: list[float]) -> float | None:
+    if not values:
+        return None
+    ordered = sorted(values)
+    return ordered[max(0, math.ceil(0.9 * len(ordered)) - 1)]
+
+
+def _newest(frame: pl.DataFrame) -> dict[str, Any] | None:
+    rows = frame.filter(pl.col("timestamp").is_not_null())
+    if rows.is_empty():
+        return None
+    return rows.sort(["timestamp", "line"]).row(-1, named=True)
+
+
+@dataclass(frozen=True)
+class ControllerState:
+    state: str | None
+    source: str
+    observed_at: datetime | None
+    live: bool  # a controller probe captured within MAX_EVIDENCE_AGE_S
+    quote: Quote | None
+
+
+def _controller(evidence: Evidence) -> ControllerState:
+    probes, limit = evidence.probes, evidence.thresholds.max_evidence_age_s
+    if probes and probes.controller and probes.captured_at is not None:
+        age = (evidence.now - probes.captured_at).total_seconds()
+        if age <= limit:
+            view = probes.controller
+            text = f"state={view.state} failure_count={view.failure_count} error={view.error or ''}"
+            q = quote("probes/controller.json", text, timestamp=probes.captured_at)
+            return ControllerState(view.state.lower(), q.source, probes.captured_at, True, q)
+    bundle = evidence.bundle
+    state = bundle.state.lower() if bundle.state else None
+    synced = bundle.synced_at
+    aged = f" (synced {_duration((evidence.now - synced).total_seconds())} ago)" if synced else ""
+    aged = aged or " (sync time unknown)"
+    q = quote("manifest.json", f"job.state={bundle.state}{aged}", timestamp=bundle.synced_at)
+    return ControllerState(state, "manifest.json", bundle.synced_at, False, q)
+
+
+@dataclass(frozen=True)
+class Advancement:
+    at: datetime
+    quote: Quote
+
+
+def _timer_text(row: dict[str, Any]) -> str:
+    if row["event"] == "finished":
+        return f"Finished: '{row['phase']}', time cost: {row['seconds']}s (step {row['step']})"
+    return f"Started: '{row['phase']}' (step {row['step']})"
+
+
+def _row_advancement(row: dict[str, Any], text: str) -> Advancement:
+    q = quote(str(row["source"]), text, line=row["line"], timestamp=row["timestamp"])
+    return Advancement(row["timestamp"], q)
+
+
+def _advancement(logs: LogTables) -> Advancement | None:
+    found: list[Advancement] = []
+    timer = _newest(logs.timers)
+    if timer:
+        found.append(_row_advancement(timer, _timer_text(timer)))
+    metric = _newest(logs.metrics)
+    if metric:
+        text = f"train metrics step {metric['step']}: {metric['key']}={metric['value']}"
+        found.append(_row_advancement(metric, text))
+    return max(found, key=lambda a: a.at, default=None)
+
+
+def _engine_quote(logs: LogTables) -> Quote | None:
+    row = _newest(logs.engines)
+    if row is None:
+        return None
+    text = (
+        f"Engine {row['engine']}: Running: {row['running']} reqs, Waiting: {row['waiting']} reqs, "
+        f"GPU KV cache usage: {row['kv_cache_pct']}%, "
+        f"Avg generation throughput: {row['generation_tokens_per_s']} tokens/s"
+    )
+    return quote(str(row["source"]), text, line=row["line"], timestamp=row["timestamp"])
+
+
+# --- the run's cadence --------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Cadence:
+    phase: str
+    open: bool
+    p90_s: float | None
+    samples: int
+    threshold_s: float
+
+    def describe(self, floor: float, factor: float) -> str:
+        """How the threshold was reached, e.g. `max(STALL_FLOOR_S 600s, 4 x p90 60s of 8 step)`."""
+        which = f"open phase '{self.phase}'" if self.open else "step"
+        if self.p90_s is None:
+            return f"STALL_FLOOR_S {floor:g}s; no past durations of the {which}"
+        spread = (
+            f"{factor:g} x p90 {_duration(self.p90_s)} of {self.samples} past {which} durations"
+        )
+        return f"max(STALL_FLOOR_S {floor:g}s, {spread})"
+
+
+def _open_phase(logs: LogTables) -> str | None:
+    timers = logs.timers.filter(pl.col("attempt") == newest_attempt(logs))
+    last = timers.group_by("phase", "event").agg(pl.col("line").max())
+    started = {r["phase"]: r["line"] for r in last.iter_rows(named=True) if r["event"] == "started"}
+    finished = {
+        r["phase"]: r["line"] for r in last.iter_rows(named=True) if r["event"] == "finished"
+    }
+    open_phases = [(line, p) for p, line in started.items() if line > finished.get(p, -1)]
+    return max(open_phases)[1] if open_phases else None
+
+
+def _durations(logs: LogTables, phase: str) -> list[float]:
+    timed = logs.timers.filter(
+        (pl.col("event") == "finished")
+        & (pl.col("phase") == phase)
+        & pl.col("seconds").is_not_null()
+    )
+    if timed.is_empty():
+        timed = logs.phases.filter((pl.col("phase") == phase) & pl.col("seconds").is_not_null())
+    values = [float(v) for v in timed["seconds"].to_list()]
+    if values or phase != "step":
+        return values
+    stamps = logs.metrics.group_by("step").agg(pl.col("timestamp").min()).sort("step")
+    gaps = stamps["timestamp"].drop_nulls().diff().drop_nulls()
+    return [g.total_seconds() for g in gaps.to_list() if g.total_seconds() > 0]
+
+
+def _cadence(evidence: Evidence, logs: LogTables) -> Cadence:
+    open_phase = _open_phase(logs)
+    phase = open_phase or "step"
+    values = _durations(logs, phase)
+    p90 = _p90(values)
+    t = evidence.thresholds
+    threshold = max(t.stall_floor_s, t.stall_factor * p90) if p90 is not None else t.stall_floor_s
+    return Cadence(phase, open_phase is not None, p90, len(values), threshold)
+
+
+# --- the rules -----------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Context:
+    evidence: Evidence
+    controller: ControllerState
+    logs: LogTables | None
+    advancement: Advancement | None
+
+    @property
+    def now(self) -> datetime:
+        return self.evidence.now
+
+    def base_quotes(self) -> tuple[Quote, ...]:
+        found = [self.controller.quote, self.advancement.quote if self.advancement else None]
+        return tuple(q for q in found if q is not None)
+
+    def log_last(self) -> datetime | None:
+        stamps = [self.advancement.at if self.advancement else None]
+        stamps.append(self.logs.summary.last_timestamp if self.logs else None)
+        return max((s for s in stamps if s is not None), default=None)
+
+
+Rule = Callable[[Context], GateResult | None]
+
+
+def _unknown_state(ctx: Context) -> GateResult | None:
+    if ctx.controller.state is not None:
+        return None
+    return error(
+        "controller state unknown: no probes/controller.json and no job.state in the manifest",
+        missing=("the controller state of the job",),
+        evidence=ctx.base_quotes() or (quote("manifest.json", "job.state missing"),),
+    )
+
+
+def _stale(ctx: Context) -> GateResult | None:
+    limit = ctx.evidence.thresholds.max_evidence_age_s
+    synced = ctx.evidence.bundle.synced_at
+    if ctx.controller.live or (synced and (ctx.now - synced).total_seconds() <= limit):
+        return None
+    last = ctx.log_last()
+    if last is not None and (ctx.now - last).total_seconds() <= limit:
+        return None
+    age = f"{_duration((ctx.now - synced).total_seconds())} ago" if synced else "at an unknown time"
+    newest = f"{_duration((ctx.now - last).total_seconds())} ago" if last else "never"
+    return error(
+        f"stale evidence: manifest synced {age}, no live controller probe, newest log line {newest}"
+        f" (MAX_EVIDENCE_AGE_S {limit:g}s)",
+        missing=("a fresh watcher sync or a live controller probe",),
+        evidence=ctx.base_quotes(),
+        next_action="Refresh the bundle (a targeted watcher sync) or probe the controller; rerun.",
+    )
+
+
+def _terminal_at(ctx: Context) -> datetime:
+    probes = ctx.evidence.probes
+    ends = [a.finished_at_ms for a in (probes.attempts or ()) if a.finished_at_ms] if probes else []
+    if ends:
+        return datetime.fromtimestamp(max(ends) / 1000, tz=UTC)
+    fallback = ctx.evidence.bundle.finished_at or ctx.controller.observed_at
+    return fallback or ctx.now
+
+
+def _terminal_disagrees(ctx: Context) -> GateResult | None:
+    if ctx.controller.state not in TERMINAL or ctx.advancement is None:
+        return None
+    ended = _terminal_at(ctx)
+    if ctx.advancement.at <= ended:
+        return None
+    return error(
+        f"sources disagree: controller says {ctx.controller.state} since {minute_utc(ended)} but "
+        f"the log advanced at {minute_utc(ctx.advancement.at)}",
+        missing=("a controller state that agrees with the log",),
+        evidence=ctx.base_quotes(),
+        next_action="Re-probe the controller and the pods; a relaunch may be writing to this log.",
+    )
+
+
+def _global_step(logs: LogTables) -> int | None:
+    progress = logs.progress.filter(pl.col("kind") == "training_step")["done"]
+    found = [
+        s.drop_nulls().max()
+        for s in (progress, logs.timers["step"], logs.metrics["step"])
+        if s.drop_nulls().len()
+    ]
+    return max((int(v) for v in found if isinstance(v, int)), default=None)
+
+
+def _complete(ctx: Context) -> GateResult | None:
+    if ctx.logs is None:
+        return None
+    rows = ctx.logs.progress.filter(
+        (pl.col("kind") == "training_step") & pl.col("total").is_not_null()
+    )
+    step = _global_step(ctx.logs)
+    if rows.is_empty() or step is None:
+        return None
+    total = int(rows["total"].max())  # type: ignore[arg-type]
+    if step < total:
+        return None
+    newest = rows.sort("line").tail(1)
+    return passed(
+        f"run complete: global step {step} reached max_steps {total}; later errors are tail noise "
+        f"(controller: {ctx.controller.state})",
+        evidence=quote_rows(newest, text_column="kind") + ctx.base_quotes(),
+    )
+
+
+def _newest_hard_error(ctx: Context) -> pl.DataFrame:
+    if ctx.logs is None:
+        return pl.DataFrame()
+    attempt = newest_attempt(ctx.logs)
+    errors = ctx.logs.errors.filter(
+        (pl.col("attempt") == attempt) & pl.col("kind").is_in(_HARD_KINDS)
+    )
+    return errors.sort("line").head(1)
+
+
+def _config_handoff(row: pl.DataFrame, quotes: tuple[Quote, ...]) -> Handoff | None:
+    if row.is_empty() or row["kind"][0] != "config_override":
+        return None
+    text = str(row["text"][0])
+    return Handoff(
+        evidence=quotes,
+        likely_cause=f"the launcher passes an override the config schema does not hold: {text}",
+        component="the launch configuration key named in the override (Hydra struct config)",
+        proposed_behavior="drop or rename the key, or add it to the config schema",
+        test="compose the launched overrides with the config schema and assert it parses",
+    )
+
+
+def _terminal(ctx: Context) -> GateResult | None:
+    state = ctx.controller.state
+    if state not in TERMINAL:
+        return None
+    if state == "succeeded":
+        return passed(f"job completed (state succeeded, {ctx.controller.source})")
+    log_error = _newest_hard_error(ctx)
+    quotes = ctx.base_quotes() + quote_rows(log_error)
+    probes = ctx.evidence.probes
+    controller_error = probes.controller.error if probes and probes.controller else None
+    hard = state != "killed" and bool(controller_error) and not log_error.is_empty()
+    cause = str(log_error["text"][0]) if not log_error.is_empty() else controller_error or state
+    return GateResult(
+        status=GateStatus.FAIL,
+        summary=f"job is {state}; the log stopped with it: {cause}",
+        evidence=quotes,
+        hard_failure=hard,
+        mechanism=f"job terminated ({state}): {cause}",
+        next_action="No job action: the job is already terminal; fix the cause before relaunching.",
+        flip_signal="a new attempt that finishes a `Finished: 'step'` line in finelog.log",
+        handoff=_config_handoff(log_error, quotes),
+    )
+
+
+def _no_pods(ctx: Context) -> GateResult | None:
+    status = ctx.evidence.bundle.statuses.get("pod_logs")
+    if ctx.controller.state != "running" or status is None:
+        return None
+    podless = status.state is ArtifactState.WAITING or (
+        status.state is ArtifactState.PRESENT and status.count == 0
+    )
+    submitted = ctx.evidence.bundle.submitted_at
+    floor = ctx.evidence.thresholds.stall_floor_s
+    if not podless or (submitted and (ctx.now - submitted).total_seconds() <= floor):
+        return None
+    return error(
+        f"sources disagree: controller says running but the manifest's pod_logs says "
+        f"'{status.raw}'",
+        missing=("the pods of a job the controller calls running",),
+        evidence=(*ctx.base_quotes(), quote("manifest.json", f"artifacts.pod_logs={status.raw}")),
+        next_action="Query the controller and kubectl for the job's pods, then rerun.",
+    )
+
+
+def _waiting(ctx: Context) -> GateResult | None:
+    if ctx.controller.state not in WAITING:
+        return None
+    since = ctx.evidence.bundle.submitted_at or started_at(ctx.evidence)
+    grace = ctx.evidence.thresholds.init_grace_s
+    if since is None or ctx.now <= since + timedelta(seconds=grace):
+        deadline = minute_utc(since + timedelta(seconds=grace)) if since else "unknown"
+        return passed(
+            f"job is {ctx.controller.state}, within INIT_GRACE_S of submission",
+            initializing=True,
+            evidence=ctx.base_quotes(),
+            flip_signal=f"the job still not running by {deadline}",
+        )
+    return GateResult(
+        status=GateStatus.FAIL,
+        summary=f"job still {ctx.controller.state} {_duration((ctx.now - since).total_seconds())} "
+        "after submission, beyond INIT_GRACE_S",
+        evidence=ctx.base_quotes(),
+        mechanism="not scheduled",
+        next_action="Check queue admission (Kueue) and capacity; the job has not started.",
+        flip_signal="the controller state turning running",
+    )
+
+
+RULES: tuple[Rule, ...] = (
+    _unknown_state,
+    _stale,
+    _terminal_disagrees,
+    _complete,
+    _terminal,
+    _no_pods,
+    _waiting,
+)
+
+
+# --- quiet time ----------------------------------------------------------------------------------
+
+
+def _initialising(ctx: Context) -> GateResult | None:
+    init = initialization(ctx.evidence)
+    if init is None:
+        return None
+    newest = ctx.advancement.quote.text if ctx.advancement else "no phase line yet"
+    deadline = minute_utc(init.deadline)
+    return passed(
+        f"initialising: no step finished yet in the newest attempt (started "
+        f"{minute_utc(init.since)}); newest advancement: {newest}; first step due by {deadline}",
+        initializing=True,
+        evidence=ctx.base_quotes(),
+        flip_signal=f"no `Finished: 'step'` line in finelog.log by {deadline} (INIT_GRACE_S)",
+    )
+
+
+def _engine_note(ctx: Context) -> tuple[str, tuple[Quote, ...]]:
+    engine = _engine_quote(ctx.logs) if ctx.logs else None
+    if engine is None or engine.timestamp is None or ctx.advancement is None:
+        return "", ()
+    if engine.timestamp <= ctx.advancement.at:
+        return "", ()
+    age = _duration((ctx.now - engine.timestamp).total_seconds())
+    note = (
+        f"; vLLM engine stats are fresh ({age} ago) but prove nothing about the policy "
+        "(colocated engines stay busy while the trainer is wedged)"
+    )
+    return note, (engine,)
+
+
+def _death(ctx: Context) -> pl.DataFrame:
+    assert ctx.logs is not None and ctx.advancement is not None
+    after = ctx.logs.errors.filter(
+        (pl.col("attempt") == newest_attempt(ctx.logs))
+        & (pl.col("timestamp") >= ctx.advancement.at)
+    ).sort("line")
+    deaths = after.filter(pl.col("kind").is_in(_DEATH_KINDS))
+    if not deaths.is_empty():
+        return deaths.head(2)
+    watchdog = after.filter(pl.col("kind") == "nccl_watchdog_timeout").head(1)
+    if watchdog.is_empty():
+        return watchdog
+    later = after.filter(
+        (pl.col("line") > watchdog["line"][0]) & pl.col("kind").is_in(_AFTER_WATCHDOG)
+    )
+    return pl.concat([watchdog, later.head(1)]) if not later.is_empty() else later
+
+
+def _dead(ctx: Context, quiet: str) -> GateResult:
+    rows = _death(ctx)
+    return GateResult(
+        status=GateStatus.FAIL,
+        summary=f"trainer dead: {rows['kind'][0]} logged after the newest advancement; "
+        f"quiet {quiet} while the controller says {ctx.controller.state}",
+        evidence=ctx.base_quotes() + quote_rows(rows),
+        hard_failure=True,
+        mechanism=f"trainer process death ({', '.join(rows['kind'].to_list())})",
+        next_action="Supervisor: kill the job; its trainer died and it will not advance again.",
+        flip_signal=f"a `Started:` or `Finished:` line in finelog.log after {minute_utc(ctx.now)}",
+    )
+
+
+def _stalled(ctx: Context, finding: StackFinding, quiet: str, cadence: str) -> GateResult:
+    return GateResult(
+        status=GateStatus.FAIL,
+        summary=f"stalled: quiet {quiet} beyond {cadence}; live stacks: {finding.summary}",
+        evidence=ctx.base_quotes() + finding.quotes,
+        hard_failure=True,
+        mechanism=finding.mechanism,
+        next_action="Supervisor: kill the job; it is wedged and will not resume by itself. "
+        "Relaunch from the newest checkpoint.",
+        flip_signal=f"a `Started:` or `Finished:` line in finelog.log after {minute_utc(ctx.now)}",
+    )
+
+
+def _unproven(ctx: Context, finding: StackFinding | None, quiet: str, cadence: str) -> GateResult:
+    note, engine = _engine_note(ctx)
+    if finding is None or not finding.processes:
+        summary = f"stall suspected, live stacks needed: quiet {quiet} beyond {cadence}{note}"
+        missing: tuple[str, ...] = (STACKS_NEEDED,)
+    else:
+        summary = f"quiet {quiet} beyond {cadence}, but the stacks do not prove a stall: "
+        summary += f"{finding.summary}{note}"
+        missing = ("two py-spy dumps per policy rank showing it parked in one place",)
+    return error(
+        summary,
+        missing=missing,
+        evidence=ctx.base_quotes() + engine + (finding.quotes if finding else ()),
+        next_action="Capture `py-spy dump --pid <pid>` of every policy rank twice, some seconds "
+        "apart (iris task exec <task> -- ...), while the job exists; then rerun.",
+        flip_signal=f"a `Finished:` line in finelog.log after {minute_utc(ctx.now)} (PASS), or two "
+        "dumps parked in one collective frame (KILL)",
+    )
+
+
+def _quiet_verdict(ctx: Context, quiet_s: float, cadence: Cadence) -> GateResult:
+    quiet = _duration(quiet_s)
+    t = ctx.evidence.thresholds
+    limit = (
+        f"{_duration(cadence.threshold_s)} = {cadence.describe(t.stall_floor_s, t.stall_factor)}"
+    )
+    finelog = ctx.evidence.bundle.freshness.get("finelog")
+    if finelog is not None and finelog.stale:
+        return error(
+            f"quiet {quiet} beyond {limit}, but finelog is stale ({finelog.reason or 'old sync'})",
+            missing=("a fresh finelog sync",),
+            evidence=ctx.base_quotes(),
+        )
+    if not _death(ctx).is_empty():
+        return _dead(ctx, quiet)
+    stacks = ctx.evidence.probes.stacks if ctx.evidence.probes else ()
+    finding = judge_stacks(stacks) if stacks else None
+    if finding is not None and finding.proven:
+        return _stalled(ctx, finding, quiet, limit)
+    return _unproven(ctx, finding, quiet, limit)
+
+
+def _judge_quiet(ctx: Context) -> GateResult:
+    if ctx.logs is None:
+        return error(
+            "no trainer log: finelog.log (and pod logs) missing",
+            missing=("the trainer log",),
+            evidence=ctx.base_quotes(),
+        )
+    early = _initialising(ctx)
+    if early is not None:
+        return early
+    if ctx.advancement is None:
+        return error(
+            "no `Started:`/`Finished:` timer line or train metrics in the trainer log",
+            missing=("phase timer lines or train metrics in the trainer log",),
+            evidence=ctx.base_quotes()
+            + tuple(quote("finelog.log", h) for h in ctx.logs.summary.head[:2]),
+        )
+    cadence = _cadence(ctx.evidence, ctx.logs)
+    quiet_s = (ctx.now - ctx.advancement.at).total_seconds()
+    if quiet_s > cadence.threshold_s:
+        return _quiet_verdict(ctx, quiet_s, cadence)
+    deadline = minute_utc(ctx.advancement.at + timedelta(seconds=cadence.threshold_s))
+    t = ctx.evidence.thresholds
+    limit = cadence.describe(t.stall_floor_s, t.stall_factor)
+    return passed(
+        f"advancing: newest {ctx.advancement.quote.text} {_duration(quiet_s)} ago, within "
+        f"{_duration(cadence.threshold_s)} ({limit}); controller {ctx.controller.state}",
+        evidence=ctx.base_quotes(),
+        flip_signal=f"no `Started:`/`Finished:` line in finelog.log by {deadline}",
+    )
+
+
+def check(evidence: Evidence) -> GateResult:
+    """Judge whether the job is alive, as of `evidence.now`."""
+    logs = evidence.logs
+    ctx = Context(evidence, _controller(evidence), logs, _advancement(logs) if logs else None)
+    for rule in RULES:
+        result = rule(ctx)
+        if result is not None:
+            return result
+    return _judge_quiet(ctx)
