@@ -6,7 +6,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 DEMO_BUNDLE := examples/jobs/cw-rno2a/ops/rl-gsm8k-stalled
 DEMO_PROBES := examples/probes/rl-gsm8k-stalled
-DEMO_NOW := 2026-07-30T19:23:00Z
+DEMO_NOW := 2026-07-30T19:17:00Z
 
 .PHONY: demo test lint typecheck unit system-deps venv bench clean
 

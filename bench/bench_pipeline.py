@@ -184,6 +184,7 @@ def storm(base: Path, jobs: int, alerts: int, window_s: float, budget_s: float) 
         for entry in watcher.entries:
             latest[entry.event_id] = entry
         answered_by_latest = {i for entry in latest.values() for i in entry.event_ids}
+        peak = _peak_in_flight(stack)
     return {
         "jobs": jobs,
         "alerts": alerts,
@@ -192,7 +193,7 @@ def storm(base: Path, jobs: int, alerts: int, window_s: float, budget_s: float) 
         "answered": len(set(ids) & answered_by_latest),
         "verdicts": len(latest),
         "stream_entries": len(watcher.entries),
-        "peak_in_flight_per_job": _peak_in_flight(stack),
+        "peak_in_flight_per_job": peak,
         "last_answer_after_s": round(elapsed, 2),
     }
 

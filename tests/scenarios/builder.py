@@ -244,8 +244,8 @@ class JobBuilder:
             "artifacts": {
                 "errors": [],
                 "finelog": f"{len(self.lines):,} lines",
-                "pod_logs": "4 pod(s), 4 Running",
-                "ray_logs": "1,318 files",
+                "pod_logs": "1 pod(s), 1 Running",
+                "ray_logs": "not requested",
                 "slurm_logs": "not applicable",
                 "trace_completed": len(self.trials),
                 "trace_selected": len(self.trials),
@@ -297,6 +297,10 @@ class JobBuilder:
         job = self.job_dir
         job.mkdir(parents=True, exist_ok=True)
         (job / "finelog.log").write_text("\n".join(self.lines) + "\n", encoding="utf-8")
+        pods = job / "pod_logs"
+        pods.mkdir(exist_ok=True)
+        pod_tail = [line.split(" | ", 1)[-1] for line in self.lines[-20:]]
+        (pods / f"iris-{self.user}-{self.name}-0.log").write_text("\n".join(pod_tail) + "\n")
         for name, result in self.trials:
             trial = job / "trace_jobs" / name
             trial.mkdir(parents=True, exist_ok=True)

@@ -190,7 +190,8 @@ class Cadence:
         return f"max(STALL_FLOOR_S {floor:g}s, {spread})"
 
 
-def _open_phase(logs: LogTables) -> str | None:
+def _open_phases(logs: LogTables) -> list[str]:
+    """Phases started and not finished in the newest attempt, innermost (latest started) first."""
     timers = logs.timers.filter(pl.col("attempt") == newest_attempt(logs))
     last = timers.group_by("phase", "event").agg(pl.col("line").max())
     started = {r["phase"]: r["line"] for r in last.iter_rows(named=True) if r["event"] == "started"}
@@ -198,7 +199,7 @@ def _open_phase(logs: LogTables) -> str | None:
         r["phase"]: r["line"] for r in last.iter_rows(named=True) if r["event"] == "finished"
     }
     open_phases = [(line, p) for p, line in started.items() if line > finished.get(p, -1)]
-    return max(open_phases)[1] if open_phases else None
+    return [phase for _, phase in sorted(open_phases, reverse=True)]
 
 
 def _durations(logs: LogTables, phase: str) -> list[float]:
@@ -218,13 +219,18 @@ def _durations(logs: LogTables, phase: str) -> list[float]:
 
 
 def _cadence(evidence: Evidence, logs: LogTables) -> Cadence:
-    open_phase = _open_phase(logs)
-    phase = open_phase or "step"
-    values = _durations(logs, phase)
+    """The quiet-time threshold from the innermost open phase with a history: a nested phase
+    seen for the first time (`policy_train`) falls back to its enclosing phase, then the step."""
+    open_phases = _open_phases(logs)
+    candidates = [*open_phases, "step"] if "step" not in open_phases else open_phases
+    phase, values = next(
+        ((p, v) for p in candidates if (v := _durations(logs, p))),
+        (open_phases[0] if open_phases else "step", []),
+    )
     p90 = _p90(values)
     t = evidence.thresholds
     threshold = max(t.stall_floor_s, t.stall_factor * p90) if p90 is not None else t.stall_floor_s
-    return Cadence(phase, open_phase is not None, p90, len(values), threshold)
+    return Cadence(phase, phase in open_phases and phase != "step", p90, len(values), threshold)
 
 
 # --- the rules -----------------------------------------------------------------------------------

@@ -39,7 +39,7 @@ from worker.evidence.model import Evidence, LogTables, ProbeEvidence
 from worker.evidence.quotes import quote, quote_rows
 from worker.gates import engines as eng
 from worker.gates.base import error, passed
-from worker.gates.progress import initialization, newest_attempt
+from worker.gates.progress import initialization, minute_utc, newest_attempt
 
 __all__ = ["DOMINANT_SHARE", "check"]
 
@@ -459,6 +459,20 @@ def _supply_handoff(
     )
 
 
+def _staleness(evidence: Evidence, judged: pl.DataFrame) -> str:
+    """A note when the newest stat line is older than the window: the judgement is of the past."""
+    newest = judged["timestamp"].max()
+    if not isinstance(newest, datetime):
+        return ""
+    age = (evidence.now - newest).total_seconds()
+    if age <= evidence.thresholds.starved_window_s:
+        return ""
+    return (
+        f"; as of the newest stat line, {age / 60:.0f} min before the capture "
+        f"(engines silent since {minute_utc(newest)})"
+    )
+
+
 def _active_fleet(
     evidence: Evidence, logs: LogTables, judged: pl.DataFrame, states: pl.DataFrame
 ) -> GateResult:
@@ -480,7 +494,7 @@ def _active_fleet(
     if share is not None and share >= t.buffer_wait_share:
         head += "; under-fed: the trainer waits on generation"
     return passed(
-        f"{head}; {wait_text}; {fleet}",
+        f"{head}; {wait_text}; {fleet}{_staleness(evidence, judged)}",
         evidence=_engine_quotes(judged),
         details=_details(evidence, states),
     )

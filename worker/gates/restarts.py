@@ -163,12 +163,26 @@ def _ms(value: int | None) -> datetime | None:
     return datetime.fromtimestamp(value / 1000, tz=UTC) if value is not None else None
 
 
+def _attempt_source(logs: LogTables) -> str | None:
+    """The file whose attempt numbering the gate follows: the one with attempt boundaries, else
+    the finelog. Attempt indices of different files (a pod log holds only the newest attempt)
+    do not line up, so errors are read from this one file."""
+    boundaries = logs.resumes.filter(pl.col("kind") == "attempt_boundary")
+    if not boundaries.is_empty():
+        return str(boundaries["source"].mode().sort()[0])
+    sources = set(logs.errors["source"].unique().to_list())
+    return "finelog.log" if "finelog.log" in sources else None
+
+
 def _first_hard_errors(logs: LogTables | None, attempt: int) -> pl.DataFrame:
     if logs is None or logs.errors.is_empty():
         return pl.DataFrame()
     rows = logs.errors.filter(
         (pl.col("attempt") == attempt) & pl.col("kind").is_in(HARD_ERROR_KINDS)
     )
+    source = _attempt_source(logs)
+    if source is not None:
+        rows = rows.filter(pl.col("source") == source)
     return rows.sort("line").head(1)
 
 

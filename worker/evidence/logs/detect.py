@@ -7,6 +7,7 @@ subset. Prefixes removed: SGR colour codes, Iris's `[HH:MM:SS] task=/u/j/t | `, 
 
 from __future__ import annotations
 
+import re
 from typing import Final
 
 import polars as pl
@@ -17,11 +18,12 @@ __all__ = ["ERROR_RULES", "KIND_RULES", "evidence_lines", "strip_sgr"]
 
 SGR: Final = r"\x1b\[[0-9;]*m"
 # Whole-match patterns (group 0 only, so the regex engine can use its fast path).
-_IRIS: Final = r"^\[\d\d:\d\d:\d\d\] task=\S+ \| ?"
-_RAY: Final = r"^\((?:[^\s()]+ )?pid=\d+(?:, ip=[^\s()]+)?\) ?"
-_LOGURU: Final = r"^\d{4}-\d\d-\d\d \d\d:\d\d:\d\d(?:\.\d+)? \| *[A-Z]+ *\| \S+ - ?"
-_VLLM: Final = (
-    r"^(?:INFO|WARNING|ERROR|DEBUG|CRITICAL) \d\d-\d\d \d\d:\d\d:\d\d(?:\.\d+)? \[[^\]]*\] ?"
+_OUTER: Final = (
+    r"^(?:\[\d\d:\d\d:\d\d\] task=\S+ \| ?)?(?:\((?:[^\s()]+ )?pid=\d+(?:, ip=[^\s()]+)?\) ?)?"
+)
+_HEADER: Final = (
+    r"^(?:\d{4}-\d\d-\d\d \d\d:\d\d:\d\d(?:\.\d+)? \| *[A-Z]+ *\| \S+ - ?"
+    r"|(?:INFO|WARNING|ERROR|DEBUG|CRITICAL) \d\d-\d\d \d\d:\d\d:\d\d(?:\.\d+)? \[[^\]]*\] ?)"
 )
 _REPEATED: Final = r"\[repeated \d+x across cluster\]\s*$"
 TRACEBACK: Final = "Traceback (most recent call last)"
@@ -58,7 +60,7 @@ ERROR_RULES: Final[tuple[tuple[str, str], ...]] = (
     ("ray_task_error", "RayTaskError"),
     ("train_loop_failed", "Train loop failed"),
     ("config_override", "Could not override '"),
-    ("trajectory_failed", "failed: "),
+    ("trajectory_failed", "Trajectory "),
     ("shm_broadcast", "No available shared memory broadcast block"),
     ("image_pull_backoff", "ImagePullBackOff"),
     ("sandbox_error", "Failed to create sandbox"),
@@ -72,8 +74,8 @@ ERROR_RULES: Final[tuple[tuple[str, str], ...]] = (
 
 _INTEREST: Final[list[str]] = sorted(
     {lit for _, lit, _ in KIND_RULES}
-    | {lit for _, lit in ERROR_RULES if lit != "failed: "}
-    | {"': ", "Trajectory ", TRACEBACK}
+    | {lit for _, lit in ERROR_RULES}
+    | {"': ", TRACEBACK}
 )
 
 
@@ -95,65 +97,74 @@ def _flags(lines: pl.Series) -> pl.DataFrame:
     return frame.select("interest", window=window.fill_null(False))
 
 
-def _cut(frame: pl.DataFrame, column: str, pattern: str, into: str) -> pl.DataFrame:
-    """Move the match of `pattern` at the start of `column` into `into` (null when absent)."""
-    found = pl.col(column).str.extract(pattern, 0)
-    frame = frame.with_columns(found.alias(into))
-    rest = pl.col(column).str.slice(pl.col(into).str.len_chars().fill_null(0))
-    return frame.with_columns(rest.alias(column))
-
-
-def _strip_prefixes(frame: pl.DataFrame) -> pl.DataFrame:
-    text = strip_sgr(pl.col("raw")).str.replace(_REPEATED, "").str.strip_chars_end()
-    frame = _cut(frame.with_columns(text=text), "text", _IRIS, "_iris")
-    frame = _cut(frame, "text", _RAY, "_ray")
-    frame = _cut(frame.with_columns(msg=pl.col("text")), "msg", _LOGURU, "_loguru")
-    frame = _cut(frame, "msg", _VLLM, "_vllm")
-    iris, ray = pl.col("_iris"), pl.col("_ray")
+def _prefix_fields(outer: pl.Expr, header: pl.Expr) -> dict[str, pl.Expr]:
+    iris = outer.str.extract(r"^\[(\d\d:\d\d:\d\d)\] task=(\S+) ", 0)
 
     def clock(start: int) -> pl.Expr:
         return iris.str.slice(start, 2).cast(pl.Int32, strict=False)
 
-    ldt = pl.col("_loguru").str.extract(r"^[\d-]+ [\d:.]+", 0)
-    return frame.select(
-        "idx",
-        "window_only",
-        "text",
-        "msg",
-        task=iris.str.extract(r"task=(\S+)", 1),
-        tod=clock(1) * 3600 + clock(4) * 60 + clock(7),
-        pid=ray.str.extract(r"pid=(\d+)", 1),
-        ip=ray.str.extract(r"ip=([^\s()]+)", 1),
-        ldt=ldt.str.to_datetime(
+    loguru = header.str.extract(r"^\d{4}-\d\d-\d\d \d\d:\d\d:\d\d(?:\.\d+)?", 0)
+    return {
+        "task": iris.str.extract(r"task=(\S+)", 1),
+        "tod": clock(1) * 3600 + clock(4) * 60 + clock(7),
+        "pid": outer.str.extract(r"pid=(\d+)", 1),
+        "ip": outer.str.extract(r"ip=([^\s()]+)", 1),
+        "ldt": loguru.str.to_datetime(
             "%Y-%m-%d %H:%M:%S%.f", strict=False, time_unit="us", time_zone="UTC"
         ),
-        vts=pl.col("_vllm").str.extract(r"\d\d-\d\d \d\d:\d\d:\d\d", 0),
-    )
+        "vts": header.str.extract(r"^[A-Z]+ (\d\d-\d\d \d\d:\d\d:\d\d)", 1),
+    }
 
 
-def _first_match(rules: list[tuple[pl.Expr, str]]) -> pl.Expr:
-    """The label of the first rule whose test holds, else null."""
-    return pl.coalesce([pl.when(test).then(pl.lit(label)) for test, label in rules])
+def _strip_prefixes(frame: pl.DataFrame) -> pl.DataFrame:
+    line = strip_sgr(pl.col("raw")).str.replace(_REPEATED, "")
+    frame = frame.select("idx", "window_only", line=line)
+    frame = frame.with_columns(_outer=pl.col("line").str.extract(_OUTER, 0))
+    text = pl.col("line").str.slice(pl.col("_outer").str.len_chars())
+    frame = frame.with_columns(text=text).drop("line")
+    frame = frame.with_columns(_header=pl.col("text").str.extract(_HEADER, 0))
+    skip = pl.col("_header").str.len_chars().fill_null(0)
+    fields = _prefix_fields(pl.col("_outer"), pl.col("_header"))
+    return frame.select("idx", "window_only", "text", msg=pl.col("text").str.slice(skip), **fields)
+
+
+def _alternation(literals: list[tuple[str, bool]]) -> str:
+    """One regex matching any literal (anchored when it must start the message), longest first."""
+    ordered = sorted(set(literals), key=lambda item: len(item[0]), reverse=True)
+    return "|".join(("^" if anchored else "") + re.escape(lit) for lit, anchored in ordered)
+
+
+_KIND_OF: Final = {lit: kind for kind, lit, _ in KIND_RULES}
+_KIND_ALT: Final = _alternation([(lit, starts) for _, lit, starts in KIND_RULES])
+_ERROR_RULES_PLAIN: Final = [(k, lit) for k, lit in ERROR_RULES if k != "trajectory_failed"]
+_ERROR_RANK: Final = {lit: rank for rank, (_, lit) in enumerate(_ERROR_RULES_PLAIN)}
+_ERROR_BY_RANK: Final = {rank: kind for rank, (kind, _) in enumerate(_ERROR_RULES_PLAIN)}
+_ERROR_ALT: Final = _alternation([(lit, False) for _, lit in _ERROR_RULES_PLAIN])
+_TRAJECTORY: Final = r"Trajectory \S+ attempt \d+/\d+ failed"
 
 
 def _kind_expr() -> pl.Expr:
     msg = pl.col("msg")
     cont = pl.col("text").str.starts_with(" '") & (msg == pl.col("text"))
-    rules = [(cont, "dict_cont")]
-    for kind, literal, starts in KIND_RULES:
-        test = msg.str.starts_with(literal) if starts else msg.str.contains(literal, literal=True)
-        rules.append((test, kind))
-    return _first_match(rules)
+    found = msg.str.extract(_KIND_ALT, 0).replace_strict(_KIND_OF, default=None)
+    return pl.when(cont).then(pl.lit("dict_cont")).otherwise(found)
 
 
 def _error_expr() -> pl.Expr:
     msg = pl.col("msg")
-    traj = msg.str.contains(r"Trajectory \S+ attempt \d+/\d+ failed")
-    rules = [(msg.str.starts_with(TRACEBACK), "traceback")]
-    for kind, literal in ERROR_RULES:
-        test = traj if kind == "trajectory_failed" else msg.str.contains(literal, literal=True)
-        rules.append((test, kind))
-    return _first_match(rules)
+    ranks = msg.str.extract_all(_ERROR_ALT).list.eval(
+        pl.element().replace_strict(_ERROR_RANK, default=None, return_dtype=pl.Int32)
+    )
+    best = ranks.list.min().replace_strict(_ERROR_BY_RANK, default=None, return_dtype=pl.String)
+    return (
+        pl.when(msg.str.starts_with(TRACEBACK))
+        .then(pl.lit("traceback"))
+        .when(best.is_not_null())
+        .then(best)
+        .when(msg.str.contains(_TRAJECTORY))
+        .then(pl.lit("trajectory_failed"))
+        .otherwise(pl.lit(None, dtype=pl.String))
+    )
 
 
 def _classify(frame: pl.DataFrame) -> pl.DataFrame:

@@ -1,0 +1,182 @@
+"""Kubernetes (CoreWeave) through `kubectl`: pods of the job, their restarts, a log tail, and
+`kubectl exec` for ps, py-spy and nvidia-smi.
+
+Pods are found with a label selector (default `job-name=<job leaf name>`). The pods map onto the
+controller view of CONTRACT.md: one task per pod, job state from the pod phases; every container
+termination kubectl still remembers (`lastState.terminated`) becomes an attempt.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Final
+
+from worker.backends.base import JobRef, Recorder, safe_name
+from worker.backends.iris import GPU_QUERY
+from worker.backends.processes import PS_ARGV, python_pids
+from worker.evidence.model import AttemptRecord, ControllerView
+
+__all__ = ["KubernetesBackend", "attempts_from_pods", "controller_from_pods"]
+
+_PHASES: Final = {
+    "Pending": "pending",
+    "Running": "running",
+    "Succeeded": "succeeded",
+    "Failed": "failed",
+    "Unknown": "unknown",
+}
+_TOOL: Final = "kubectl"
+
+
+def _pods(data: Mapping[str, Any]) -> list[Mapping[str, Any]]:
+    items = data.get("items")
+    return [p for p in items if isinstance(p, Mapping)] if isinstance(items, list) else []
+
+
+def _statuses(pod: Mapping[str, Any]) -> list[Mapping[str, Any]]:
+    found = pod.get("status", {}).get("containerStatuses") or []
+    return [s for s in found if isinstance(s, Mapping)]
+
+
+def _job_state(states: Sequence[str]) -> str:
+    for state in ("failed", "running", "pending"):
+        if state in states:
+            return state
+    if states and all(s == "succeeded" for s in states):
+        return "succeeded"
+    return "unknown" if states else "missing"
+
+
+def _task(pod: Mapping[str, Any]) -> dict[str, Any]:
+    terminated = [s.get("state", {}).get("terminated") for s in _statuses(pod)]
+    exit_code = next((t.get("exitCode") for t in terminated if t), None)
+    return {
+        "task_id": pod.get("metadata", {}).get("name", ""),
+        "state": _PHASES.get(str(pod.get("status", {}).get("phase")), "unknown"),
+        "exit_code": exit_code,
+        "restart_count": sum(int(s.get("restartCount") or 0) for s in _statuses(pod)),
+        "worker_id": pod.get("spec", {}).get("nodeName"),
+        "error": pod.get("status", {}).get("reason") or "",
+    }
+
+
+def controller_from_pods(job_id: str, data: Mapping[str, Any]) -> ControllerView:
+    """`kubectl get pods -o json` mapped onto the keys of `iris job summary --json`."""
+    tasks = [_task(pod) for pod in _pods(data)]
+    states = [str(t["state"]) for t in tasks]
+    counts: dict[str, int] = {}
+    for state in states:
+        counts[state] = counts.get(state, 0) + 1
+    return ControllerView(
+        job_id=job_id,
+        state=_job_state(states),
+        failure_count=sum(int(t["restart_count"]) for t in tasks),
+        task_count=len(tasks),
+        completed_count=counts.get("succeeded", 0),
+        task_state_counts=counts,
+        tasks=tuple(tasks),
+    )
+
+
+def _pod_attempts(pod: Mapping[str, Any]) -> list[AttemptRecord]:
+    name = str(pod.get("metadata", {}).get("name", ""))
+    node = pod.get("spec", {}).get("nodeName")
+    records: list[AttemptRecord] = []
+    for status in _statuses(pod):
+        last = (status.get("lastState") or {}).get("terminated")
+        restarts = int(status.get("restartCount") or 0)
+        if last:
+            records.append(_attempt(name, node, restarts - 1, last, "failed"))
+        current = (status.get("state") or {}).get("terminated")
+        state = "succeeded" if current and current.get("exitCode") == 0 else "failed"
+        records.append(_attempt(name, node, restarts, current or {}, state if current else None))
+    return records
+
+
+def _attempt(
+    pod: str, node: object, number: int, term: Mapping[str, Any], state: str | None
+) -> AttemptRecord:
+    return AttemptRecord(
+        task_id=pod,
+        attempt_id=max(number, 0),
+        state=state or "running",
+        exit_code=term.get("exitCode"),
+        error=term.get("message") or term.get("reason"),
+        pod_name=pod,
+        node_name=str(node) if node else None,
+        terminal_reason=term.get("reason"),
+    )
+
+
+def attempts_from_pods(data: Mapping[str, Any]) -> tuple[AttemptRecord, ...]:
+    """The terminations kubectl remembers (the last one per container) and the current runs."""
+    return tuple(record for pod in _pods(data) for record in _pod_attempts(pod))
+
+
+@dataclass
+class KubernetesBackend:
+    """Read-only probes of the pods of one job."""
+
+    job: JobRef
+    selector: str | None = None
+    log_since: str = "1h"
+    log_lines: int = 2000
+    name: str = "kubernetes"
+    _pods: dict[str, Any] | None = field(default=None, repr=False)
+
+    def _argv(self, *args: str) -> tuple[str, ...]:
+        options: list[str] = []
+        if self.job.kubeconfig:
+            options.append(f"--kubeconfig={self.job.kubeconfig}")
+        if self.job.kube_context:
+            options.append(f"--context={self.job.kube_context}")
+        if self.job.namespace:
+            options.append(f"--namespace={self.job.namespace}")
+        return ("kubectl", *options, *args)
+
+    def _run(self, rec: Recorder, output: str, *args: str) -> str | None:
+        result = rec.run(self._argv(*args), output, tool=_TOOL)
+        return result.stdout if result.ok else None
+
+    def controller(self, rec: Recorder) -> ControllerView | None:
+        selector = self.selector or f"job-name={self.job.name}"
+        text = self._run(rec, "raw/pods.json", "get", "pods", "-l", selector, "-o", "json")
+        try:
+            self._pods = json.loads(text) if text is not None else None
+        except ValueError as exc:
+            rec.note(f"`kubectl get pods -o json` output does not parse: {exc}")
+            self._pods = None
+        if not isinstance(self._pods, dict):
+            return None
+        return controller_from_pods(self.job.job_id, self._pods)
+
+    def attempts(
+        self, rec: Recorder, controller: ControllerView | None
+    ) -> tuple[AttemptRecord, ...] | None:
+        return attempts_from_pods(self._pods) if self._pods is not None else None
+
+    def logs_tail(self, rec: Recorder, controller: ControllerView | None) -> None:
+        for pod in self._all_pods(controller):
+            since, lines = f"--since={self.log_since}", f"--tail={self.log_lines}"
+            self._run(rec, f"logs/{safe_name(pod)}.log", "logs", pod, since, lines)
+
+    def _all_pods(self, controller: ControllerView | None) -> tuple[str, ...]:
+        tasks = controller.tasks if controller else ()
+        return tuple(str(t["task_id"]) for t in tasks if t.get("task_id"))
+
+    def targets(self, controller: ControllerView | None) -> tuple[str, ...]:
+        tasks = controller.tasks if controller else ()
+        return tuple(str(t["task_id"]) for t in tasks if t.get("state") == "running")
+
+    def pids(self, rec: Recorder, target: str) -> tuple[int, ...]:
+        text = self._run(rec, f"raw/ps-{safe_name(target)}.txt", "exec", target, "--", *PS_ARGV)
+        return python_pids(text, self.job.process_match) if text is not None else ()
+
+    def stack(self, rec: Recorder, target: str, pid: int, n: int) -> None:
+        output = f"stacks/{safe_name(target)}-pid{pid}-{n}.txt"
+        self._run(rec, output, "exec", target, "--", "py-spy", "dump", "--pid", str(pid))
+
+    def gpus(self, rec: Recorder, target: str) -> None:
+        self._run(rec, f"gpus/{safe_name(target)}.csv", "exec", target, "--", *GPU_QUERY)

@@ -1,0 +1,72 @@
+"""Pick the Python processes of a task or pod from `ps -eo pid,ppid,args` run inside it.
+
+Inside a container every process belongs to the task. A local Iris worker runs tasks as children
+of its own process, so the listing holds the whole machine: the task's processes are then the
+descendants of the probe's parent (the worker), minus the probe and the CLI that carries it; an
+optional regex on the command line narrows them to the trainer.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable
+from dataclasses import dataclass
+from pathlib import PurePath
+from typing import Final
+
+__all__ = ["PS_ARGV", "PsRow", "parse_ps", "python_pids"]
+
+PS_ARGV: Final = ("ps", "-eo", "pid,ppid,args")
+_PROBE_TEXT: Final = " ".join(PS_ARGV)
+_ROW: Final = re.compile(r"^\s*(\d+)\s+(\d+)\s+(.*)$")
+_PYTHON: Final = re.compile(r"^python[\d.]*$")
+
+
+@dataclass(frozen=True)
+class PsRow:
+    pid: int
+    ppid: int
+    args: str
+
+    @property
+    def is_python(self) -> bool:
+        first = self.args.split(None, 1)[0] if self.args.strip() else ""
+        return bool(_PYTHON.match(PurePath(first).name))
+
+
+def parse_ps(text: str) -> tuple[PsRow, ...]:
+    """Rows of `ps -eo pid,ppid,args` (the header and odd lines skipped)."""
+    rows = (_ROW.match(line) for line in text.splitlines())
+    return tuple(PsRow(int(m[1]), int(m[2]), m[3]) for m in rows if m)
+
+
+def _descendants(rows: Iterable[PsRow], root: int) -> set[int]:
+    children: dict[int, list[int]] = {}
+    for row in rows:
+        children.setdefault(row.ppid, []).append(row.pid)
+    found: set[int] = set()
+    todo = list(children.get(root, ()))
+    while todo:
+        pid = todo.pop()
+        if pid not in found and pid != root:
+            found.add(pid)
+            todo.extend(children.get(pid, ()))
+    return found
+
+
+def python_pids(text: str, match: str | None = None) -> tuple[int, ...]:
+    """The Python processes of the task the listing was taken in, optionally matching `match`."""
+    rows = parse_ps(text)
+    probe = next((r for r in rows if r.args.strip() == _PROBE_TEXT), None)
+    scope = _descendants(rows, probe.ppid) if probe else {r.pid for r in rows}
+    pattern = re.compile(match) if match else None
+    return tuple(
+        sorted(
+            r.pid
+            for r in rows
+            if r.pid in scope
+            and r.is_python
+            and _PROBE_TEXT not in r.args
+            and (pattern is None or pattern.search(r.args))
+        )
+    )
