@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import ast
 import json
-import math
 import re
 import sys
 from dataclasses import dataclass, field
@@ -22,7 +21,8 @@ __all__ = ["baseline_counts"]
 
 SGR = re.compile(r"\x1b\[[0-9;]*m")
 PREFIX = re.compile(
-    r"^(?:\[\d\d:\d\d:\d\d\] task=(\S+) \| ?)?(?:\((?:[^\s()]+ )?pid=(\d+)(?:, ip=([^\s()]+))?\) ?)?"
+    r"^(?:\[\d\d:\d\d:\d\d\] task=(\S+) \| ?)?"
+    r"(?:\((?:[^\s()]+ )?pid=(\d+)(?:, ip=([^\s()]+))?\) ?)?"
 )
 HEADER = re.compile(
     r"^(?:\d{4}-\d\d-\d\d \d\d:\d\d:\d\d(?:\.\d+)? \| *[A-Z]+ *\| \S+ - ?"
@@ -84,7 +84,6 @@ class _State:
             old = self.metrics.get((step, key))
             if old is None or rank >= old:
                 self.metrics[(step, key)] = rank
-            del number
 
     def inferred_step(self) -> int:
         return self.completed if self.post else self.completed + 1
@@ -139,13 +138,11 @@ def _markers(state: _State, msg: str) -> None:
         state.completed, state.post = 0, False
     elif "No checkpoint found" in msg:
         state.completed = 0
-    elif (match := RESUMED.search(msg)) is not None:
-        state.completed = int(match.group(1))
-    elif (match := PROGRESS.search(msg)) is not None:
+    elif (match := RESUMED.search(msg) or PROGRESS.search(msg)) is not None:
         state.completed = int(match.group(1))
 
 
-def _message(state: _State, actor: str, text: str, msg: str) -> None:
+def _message(state: _State, actor: str, msg: str) -> None:
     if msg.startswith("{'"):
         if msg.rstrip().endswith("}"):
             _dict(state, msg)
@@ -163,10 +160,8 @@ def _message(state: _State, actor: str, text: str, msg: str) -> None:
         _markers(state, msg)
     if msg.startswith("Traceback (most recent call last)"):
         state.tracebacks.add(actor)
+    if msg.startswith("Traceback (most recent call last)") or any(e in msg for e in ERRORS):
         state.errors += 1
-    elif any(e in msg for e in ERRORS):
-        state.errors += 1
-    del text
 
 
 def _rewards(msg: str) -> dict[str, Any]:
@@ -193,11 +188,11 @@ def _line(state: _State, raw: str) -> None:
     text = text[prefix.end() :] if prefix else text
     header = HEADER.match(text)
     msg = text[header.end() :] if header else text
-    if actor in state.tracebacks and text and not text[0].isspace():
-        if not text.startswith(NOT_ENDS):
-            state.tracebacks.discard(actor)
+    ends = text and not text[0].isspace() and not text.startswith(NOT_ENDS)
+    if actor in state.tracebacks and ends:
+        state.tracebacks.discard(actor)
     if not _continuation(state, actor, text):
-        _message(state, actor, text, msg)
+        _message(state, actor, msg)
     state.seen = state.seen or bool(raw.strip())
 
 
@@ -227,4 +222,3 @@ def baseline_counts(path: Path) -> dict[str, int]:
 
 if __name__ == "__main__":
     print(baseline_counts(Path(sys.argv[1])))
-    del math

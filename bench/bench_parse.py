@@ -126,7 +126,8 @@ def main() -> None:
     _row("re-parse after 1% growth / first parse", f"{again / first:.1%}", "<= 10%")
     if args.gb > 0:
         big = _log(args.gb * 1000)
-        _row(f"peak RSS parsing {big.stat().st_size / 1e9:.2f} GB (MB)", f"{_peak_rss_mb(big):.0f}", "<= 1500")
+        label = f"peak RSS parsing {big.stat().st_size / 1e9:.2f} GB (MB)"
+        _row(label, f"{_peak_rss_mb(big):.0f}", "<= 1500")
 
 
 if __name__ == "__main__":

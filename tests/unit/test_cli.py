@@ -20,7 +20,12 @@ LOGS = ROOT / "tests/fixtures/logs"
 
 def run(*args: str | Path, cwd: Path = ROOT) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [RL_HEALTH, *map(str, args)], capture_output=True, text=True, cwd=cwd, timeout=120
+        [RL_HEALTH, *map(str, args)],
+        capture_output=True,
+        text=True,
+        cwd=cwd,
+        timeout=120,
+        check=False,
     )
 
 
@@ -94,7 +99,7 @@ def test_parse_writes_tables(tmp_path: Path) -> None:
 
 
 def test_parse_without_metrics_exits_1_quoting_the_log(tmp_path: Path) -> None:
-    """A log with no usable metrics exits 1 and quotes what it looks like; other tables still land."""
+    """A log without usable metrics exits 1 and quotes what it looks like; other tables land."""
     log = tmp_path / "odd.log"
     log.write_text(
         'step 1 done, loss=0.1\nTraceback (most recent call last):\n  File "x.py"\nValueError: bad\n'

@@ -1,5 +1,5 @@
-"""A local process: `/proc/<pid>/status` and `cmdline`, its Python children, `py-spy dump`, and
-`nvidia-smi` on this host. The job id's leaf name is the pid of the job's main process.
+"""A local process: `/proc/<pid>/status` and `cmdline`, `py-spy dump` of it, and `nvidia-smi` on
+this host. The job id's leaf name is the pid of the job's main process.
 """
 
 from __future__ import annotations
@@ -64,9 +64,7 @@ class LocalBackend:
         return (self.target,) if running else ()
 
     def pids(self, rec: Recorder, target: str) -> tuple[int, ...]:
-        children = rec.run(("pgrep", "-P", self.pid), "raw/children.txt")
-        found = [int(p) for p in children.stdout.split() if p.isdigit()] if children.ok else []
-        return (int(self.pid), *found)
+        return (int(self.pid),)
 
     def stack(self, rec: Recorder, target: str, pid: int, n: int) -> None:
         rec.run(("py-spy", "dump", "--pid", str(pid)), f"stacks/{target}-pid{pid}-{n}.txt")

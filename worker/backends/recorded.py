@@ -1,0 +1,59 @@
+"""The recorded backend: a probe directory read back, and a runner that replays it.
+
+`read_recorded` gives the ProbeEvidence a replay judges (what the original diagnosis saw).
+`RecordedRunner` answers each command with the output recorded for the same argv, so a live
+backend can run its whole plan against recorded outputs (how preemption and worker loss, which a
+local cluster cannot stage, are tested) without spawning anything.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+
+from worker.backends.spawn import MISSING_EXIT_CODE, ProbeResult
+from worker.evidence.model import ProbeEvidence
+from worker.evidence.paths import resolve_inside
+from worker.evidence.probes import read_probes
+
+__all__ = ["RecordedRunner", "read_recorded"]
+
+
+def read_recorded(probe_dir: Path, source_prefix: str = "probes") -> ProbeEvidence:
+    """The probe directory as the gates see it."""
+    return read_probes(probe_dir, source_prefix)
+
+
+def _now() -> datetime:
+    return datetime.now(UTC)
+
+
+@dataclass
+class RecordedRunner:
+    """Replays the outputs of `probes.json` in `probe_dir`, matching commands by argv."""
+
+    probe_dir: Path
+    clock: Callable[[], datetime] = _now
+    calls: list[tuple[str, ...]] = field(default_factory=list)
+
+    def _recorded(self) -> dict[tuple[str, ...], dict[str, object]]:
+        data = json.loads((self.probe_dir / "probes.json").read_text(encoding="utf-8"))
+        return {tuple(c["argv"]): c for c in data.get("commands", [])}
+
+    def __call__(self, argv: Sequence[str], timeout_s: float) -> ProbeResult:
+        """The recorded result of `argv`; an unrecorded command fails as if not found."""
+        command = tuple(argv)
+        self.calls.append(command)
+        entry = self._recorded().get(command)
+        if entry is None:
+            return ProbeResult(command, self.clock(), MISSING_EXIT_CODE, "", "not recorded")
+        output = entry.get("output")
+        path = resolve_inside(self.probe_dir, str(output)) if output else None
+        text = path.read_text(encoding="utf-8") if path and path.is_file() else ""
+        code = entry.get("exit_code")
+        exit_code = code if isinstance(code, int) else None
+        stdout, stderr = (text, "") if exit_code == 0 else ("", text)
+        return ProbeResult(command, self.clock(), exit_code, stdout, stderr)
