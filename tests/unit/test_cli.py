@@ -102,7 +102,8 @@ def test_parse_without_metrics_exits_1_quoting_the_log(tmp_path: Path) -> None:
     """A log without usable metrics exits 1 and quotes what it looks like; other tables land."""
     log = tmp_path / "odd.log"
     log.write_text(
-        'step 1 done, loss=0.1\nTraceback (most recent call last):\n  File "x.py"\nValueError: bad\n'
+        "step 1 done, loss=0.1\nTraceback (most recent call last):\n"
+        '  File "x.py"\nValueError: bad\n'
     )
     result = run("parse", log, "--out", tmp_path / "out")
     assert result.returncode == 1
