@@ -140,11 +140,12 @@ def _lines(seed: int) -> Iterator[str]:
     w = _Writer(random.Random(seed))
     yield w.raw("[iris setup] step 1/2")
     yield w.trainer("No checkpoint found, starting training from scratch")
-    step = 0
+    step = done = 0
     while True:
         step += 1
+        done += 1
         yield from _step(w, step)
-        if step % 400 == 0:
+        if done % 400 == 0:  # a restart that resumes three steps back
             yield w.raw("[iris setup] step 1/2")
             yield w.trainer(f"Resuming from global_step: {step - 3}")
             step -= 3

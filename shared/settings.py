@@ -74,6 +74,7 @@ class Settings(BaseSettings):
     cache_dir: Path | None = None
     iris_controller_url: str | None = None
     iris_cluster: str | None = None
+    iris_command: str = "iris"  # the iris CLI as shell words, e.g. "uv run iris"
     kube_context: str | None = None
     refresh_command: str | None = None
     probe_timeout_s: float = Field(60, gt=0)

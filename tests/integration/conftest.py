@@ -7,7 +7,6 @@ its own job directories, so tests do not see each other's diagnoses.
 
 from __future__ import annotations
 
-import os
 import subprocess
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -90,11 +89,11 @@ def services(
     base = tmp_path_factory.mktemp("pipeline")
     env = service_env(redis_url, s3_endpoint, base / "bundles", base / "cache", COALESCE_S)
     (base / "bundles").mkdir()
-    for name, value in env.items():
-        if name.startswith(("RLHEALTH_", "AWS_")):
-            os.environ[name] = value  # the test process's own Settings() and boto3
     settings = settings_from(env)
-    store = store_from_settings(settings)
+    with pytest.MonkeyPatch.context() as patch:  # boto3 reads credentials from the environment
+        for name in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_DEFAULT_REGION"):
+            patch.setenv(name, env[name])
+        store = store_from_settings(settings)
     store.ensure_bucket()
     logs = base / "logs"
     logs.mkdir()
@@ -113,9 +112,12 @@ def services(
 
 
 @pytest.fixture
-def pipeline_services(services: Services) -> Services:
+def pipeline_services(services: Services, monkeypatch: pytest.MonkeyPatch) -> Services:
     """The session's services with this pipeline's state wiped (the alert stream is kept, since
-    the running ingest is blocked reading it)."""
+    the running ingest is blocked reading it), and their settings in this test's environment."""
+    for name, value in services.env.items():
+        if name.startswith(("RLHEALTH_", "AWS_")):
+            monkeypatch.setenv(name, value)
     keep = {services.names.alerts.encode()}
     for key in services.redis.scan_iter(match=f"{PREFIX}:*", count=1000):
         if key not in keep:

@@ -156,6 +156,20 @@ def test_vllm_stat_line_takes_its_year_from_the_reference_date(tmp_path: Path) -
     assert row["prompt_tokens_per_s"] == 23.1
 
 
+def test_literals_inside_an_iris_job_name_do_not_hide_lines(tmp_path: Path) -> None:
+    """A job named `...-reward/0` still has its engine stat lines and timers read."""
+    prefix = "[18:01:35] task=/ops/rl-zero-reward/0 | "
+    engine = (
+        "(AsyncVLLMInferenceEngine pid=7, ip=10.0.0.1) INFO 07-30 18:01:35 [loggers.py:248] "
+        "Engine 000: Avg prompt throughput: 1.0 tokens/s, Avg generation throughput: 2.0 tokens/s, "
+        "Running: 3 reqs, Waiting: 4 reqs, GPU KV cache usage: 5.0%, Prefix cache hit rate: 6.0%"
+    )
+    lines = [prefix + engine, prefix + "Finished: 'step', time cost: 2.00s"]
+    tables = parse_log_file(_write(tmp_path, lines), "f.log", reference_date=date(2026, 7, 30))
+    assert tables.engines.get_column("engine").to_list() == ["7@10.0.0.1/000"]
+    assert tables.phases.get_column("seconds").to_list() == [2.0]
+
+
 def test_error_kinds_are_recognised(tmp_path: Path) -> None:
     """Each notable error line gets its kind, with prefixes stripped from the text."""
     lines = [

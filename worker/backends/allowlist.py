@@ -11,8 +11,9 @@ Iris command prefix):
 - `kubectl` (after `--context`, `--kubeconfig`, `-n/--namespace`, `--request-timeout`):
   `get`, `logs`, `version`, `exec <pod> [-c C] -- <probe>`.
 - `squeue`, `sacct`, `sinfo`: any arguments (they only read).
-- probes, directly or after `exec ... --`: `py-spy dump ...`, `nvidia-smi --query-gpu=... --format=...`,
-  `ps`, `pgrep` and `cat /proc/<pid>/{status,cmdline,stat}`.
+- probes, directly or after `exec ... --`: `py-spy dump ...`,
+  `nvidia-smi --query-gpu=... --format=...`, `ps`, `pgrep` and
+  `cat /proc/<pid>/{status,cmdline,stat}`.
 
 A configured watcher refresh command is allowed by exact argv only (`Allowlist.with_exact`).
 """
@@ -64,7 +65,9 @@ _SQL_WRITES: Final = re.compile(
 )
 _SQL_LITERAL: Final = re.compile(r"'(?:[^']|'')*'|\"(?:[^\"]|\"\")*\"")
 _PROC_FILE: Final = re.compile(r"^/proc/(\d+|self)/(status|cmdline|stat)$")
-_PYSPY_FLAGS: Final = frozenset({"--nonblocking", "--native", "--locals", "--subprocesses", "--json"})
+_PYSPY_FLAGS: Final = frozenset(
+    {"--nonblocking", "--native", "--locals", "--subprocesses", "--json"}
+)
 _NVIDIA_ARG: Final = re.compile(r"^--(query-gpu|format)=[\w.,]+$")
 
 
@@ -105,13 +108,13 @@ def check_probe(argv: Sequence[str]) -> None:
     args = list(argv[1:])
     if tool == "py-spy" and args[:1] == ["dump"]:
         _check_pyspy(args[1:])
-    elif tool == "nvidia-smi" and args and all(_NVIDIA_ARG.match(a) for a in args):
         return
-    elif tool in {"ps", "pgrep"}:
-        return
-    elif tool == "cat" and args and all(_PROC_FILE.match(a) for a in args):
-        return
-    else:
+    allowed = (
+        tool in {"ps", "pgrep"}
+        or (tool == "nvidia-smi" and bool(args) and all(_NVIDIA_ARG.match(a) for a in args))
+        or (tool == "cat" and bool(args) and all(_PROC_FILE.match(a) for a in args))
+    )
+    if not allowed:
         verb = " ".join(argv[:2]) if argv else "(empty)"
         raise RefusedCommandError(tool or "exec", verb, "not an allowed read-only probe")
 

@@ -9,7 +9,6 @@ from the controller database: `iris query "SELECT ... FROM task_attempts WHERE t
 
 from __future__ import annotations
 
-import os
 import shlex
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -17,6 +16,7 @@ from typing import Final
 
 from pydantic import ValidationError
 
+from shared.settings import Settings
 from worker.backends.base import JobRef, Recorder, safe_name
 from worker.backends.processes import PS_ARGV, python_pids
 from worker.evidence.model import AttemptRecord, ControllerView
@@ -37,8 +37,8 @@ _TOOL: Final = "iris"
 
 
 def iris_command_from_env() -> tuple[str, ...]:
-    """The iris CLI argv prefix: `RLHEALTH_IRIS_COMMAND` (shell words) or plain `iris`."""
-    configured = os.environ.get("RLHEALTH_IRIS_COMMAND", "").strip()
+    """The iris CLI argv prefix: the `RLHEALTH_IRIS_COMMAND` setting (shell words), else `iris`."""
+    configured = Settings().iris_command.strip()
     return tuple(shlex.split(configured)) if configured else ("iris",)
 
 
@@ -68,7 +68,7 @@ class IrisBackend:
         command: Sequence[str] = ("iris",),
         exec_timeout_s: int = 60,
     ) -> IrisBackend:
-        """A backend using `--controller-url` when given, else `--cluster` (settings, then bundle)."""
+        """A backend on `--controller-url` when given, else `--cluster` (settings, then bundle)."""
         if controller_url:
             connection: tuple[str, ...] = (f"--controller-url={controller_url}",)
         elif cluster or job.cluster:
@@ -85,7 +85,7 @@ class IrisBackend:
         return result.stdout if result.ok else None
 
     def _uses_describe(self, rec: Recorder) -> bool:
-        """Feature detection: `job describe` (newer releases) or `job summary` (0.2.20 and older)."""
+        """Feature detection: `job describe` (newer releases) or `job summary` (up to 0.2.20)."""
         if self._describe is None:
             text = self._run(rec, "raw/iris-job-help.txt", "job", "--help") or ""
             commands = text.split("Commands:", 1)[-1]
@@ -118,8 +118,8 @@ class IrisBackend:
             return None
 
     def logs_tail(self, rec: Recorder, controller: ControllerView | None) -> None:
-        lines = str(self.log_lines)
-        self._run(rec, "logs/tail.log", "job", "logs", self.job.job_id, "--tail", "--max-lines", lines)
+        bound = ("--tail", "--max-lines", str(self.log_lines))
+        self._run(rec, "logs/tail.log", "job", "logs", self.job.job_id, *bound)
 
     def targets(self, controller: ControllerView | None) -> tuple[str, ...]:
         if controller is None:
@@ -141,4 +141,3 @@ class IrisBackend:
 
     def gpus(self, rec: Recorder, target: str) -> None:
         self._exec(rec, f"gpus/{safe_name(target)}.csv", target, *GPU_QUERY)
-

@@ -16,7 +16,7 @@ from typing import Final
 
 __all__ = ["PS_ARGV", "PsRow", "parse_ps", "python_pids"]
 
-PS_ARGV: Final = ("ps", "-eo", "pid,ppid,args")
+PS_ARGV: Final = ("ps", "-ww", "-eo", "pid,ppid,args")  # -ww: never cut the command line
 _PROBE_TEXT: Final = " ".join(PS_ARGV)
 _ROW: Final = re.compile(r"^\s*(\d+)\s+(\d+)\s+(.*)$")
 _PYTHON: Final = re.compile(r"^python[\d.]*$")

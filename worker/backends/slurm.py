@@ -85,10 +85,11 @@ class SlurmBackend:
 
     def controller(self, rec: Recorder) -> ControllerView | None:
         fields = ",".join(SACCT_FIELDS)
-        argv = ("sacct", "-j", self.job_number, "-P", "-n", "-X", "--duplicates", f"--format={fields}")
+        number = self.job_number
+        argv = ("sacct", "-j", number, "-P", "-n", "-X", "--duplicates", f"--format={fields}")
         result = rec.run(argv, "raw/sacct.txt")
         self._attempts = attempts_from_sacct(result.stdout) if result.ok else None
-        queue = rec.run(("squeue", "-j", self.job_number, "-h", "-o", "%i|%T|%N|%r"), "raw/squeue.txt")
+        queue = rec.run(("squeue", "-j", number, "-h", "-o", "%i|%T|%N|%r"), "raw/squeue.txt")
         return self._view(queue.stdout if queue.ok else "")
 
     def _view(self, squeue: str) -> ControllerView | None:

@@ -106,7 +106,6 @@ def _block_context(blocks: pl.DataFrame, ev: pl.DataFrame) -> pl.DataFrame:
 
 def _count(state: ParserState, tables: dict[str, pl.DataFrame]) -> None:
     state.count("timer", tables["timers"].height)
-    state.count("vllm_stats", tables["engines"].height)
     state.count("batch", tables["batches"].height)
     state.count("error", tables["errors"].height)
     progress = tables["progress"].get_column("kind")
@@ -137,7 +136,8 @@ def parse_chunk(
     n_lines = len(lines)
     _note_head(lines, state)
     _note_first_content(lines, state)
-    ev = errors.with_traceback_ends(detect.evidence_lines(lines))
+    ev, stats = detect.evidence_lines(lines)
+    ev = errors.with_traceback_ends(ev)
     del lines
     blocks = records.block_steps(records.dict_blocks(ev))
     cut = n_lines if final else _cut(ev, blocks, n_lines)
@@ -145,6 +145,7 @@ def parse_chunk(
         line=pl.col("idx").cast(pl.Int64) + state.line + 1
     )
     blocks = blocks.filter(pl.col("idx") < cut)
+    stats = stats.filter(pl.col("idx") < cut)
     mirrors = records.mirror_records(ev)
     ev = _with_context(_set_steps(ev, mirrors, blocks), state)
     mirrors = mirrors.select("idx", "mkind", "mstep", "json", "ok", "text").join(
@@ -152,8 +153,13 @@ def parse_chunk(
     )
     blocks = _block_context(blocks, ev)
     tables = _tables(ev, mirrors, blocks, state, source)
+    tables["engines"] = conform(
+        engines.engine_rows(stats, ev, state, state.line, source), "engines", source
+    )
+    state.count("vllm_stats", tables["engines"].height)
     _malformed(mirrors, blocks, state, source)
     context.advance_state(ev, state)
+    context.note_timestamps(tables["engines"].get_column("timestamp"), state)
     consumed = len(raw) if cut >= n_lines else byte_offset_of_line(raw, n_lines, cut)
     state.line += cut
     state.offset += consumed
@@ -171,7 +177,6 @@ def _tables(
     tables = {
         "metrics": metrics,
         "timers": conform(timers.timer_rows(ev), "timers", source),
-        "engines": conform(engines.engine_rows(ev, source), "engines", source),
         "progress": conform(timers.progress_rows(ev), "progress", source),
         "batches": conform(batches.batch_rows(ev, state), "batches", source),
         "errors": conform(errors.error_rows(ev), "errors", source),

@@ -27,7 +27,13 @@ import polars as pl
 
 from worker.evidence.logs.state import ParserState
 
-__all__ = ["add_attempts", "add_step_context", "add_timestamps", "advance_state"]
+__all__ = [
+    "add_attempts",
+    "add_step_context",
+    "add_timestamps",
+    "advance_state",
+    "note_timestamps",
+]
 
 _HALF_DAY: Final = 43_200
 _STEP_MARKERS: Final = ("Started: 'step'", "Finished: 'step'")
@@ -134,11 +140,12 @@ def advance_state(frame: pl.DataFrame, state: ParserState) -> None:
         state.rolls = rolls - anchor_rolls
     else:
         state.rolls += rolls
-    _advance_timestamps(frame, state)
+    note_timestamps(frame.get_column("ts"), state)
 
 
-def _advance_timestamps(frame: pl.DataFrame, state: ParserState) -> None:
-    ts = frame.get_column("ts").drop_nulls()
+def note_timestamps(stamps: pl.Series, state: ParserState) -> None:
+    """Widen the state's first/last timestamp to cover `stamps`."""
+    ts = stamps.drop_nulls()
     if ts.is_empty():
         return
     low, high = ts.min(), ts.max()

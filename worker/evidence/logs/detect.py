@@ -14,7 +14,7 @@ import polars as pl
 
 from worker.evidence.logs.lines import WINDOW_LINES
 
-__all__ = ["ERROR_RULES", "KIND_RULES", "evidence_lines", "strip_sgr"]
+__all__ = ["ENGINE_LITERAL", "ERROR_RULES", "KIND_RULES", "evidence_lines", "strip_sgr"]
 
 SGR: Final = r"\x1b\[[0-9;]*m"
 # Whole-match patterns (group 0 only, so the regex engine can use its fast path).
@@ -27,6 +27,7 @@ _HEADER: Final = (
 )
 _REPEATED: Final = r"\[repeated \d+x across cluster\]\s*$"
 TRACEBACK: Final = "Traceback (most recent call last)"
+ENGINE_LITERAL: Final = "Avg prompt throughput"
 
 # (kind, literal the message must start with or contain, starts_with?)
 KIND_RULES: Final[tuple[tuple[str, str, bool], ...]] = (
@@ -36,7 +37,6 @@ KIND_RULES: Final[tuple[tuple[str, str, bool], ...]] = (
     ("timer", "Finished: '", True),
     ("reward", "reward/", True),
     ("reward", "avg_final_rewards: ", False),
-    ("engine", "Avg prompt throughput", False),
     ("step_progress", "Training Step Progress", False),
     ("buffer_progress", "Generation Buffer Progress", False),
     ("breakdown", "Exception breakdown: ", False),
@@ -73,10 +73,11 @@ ERROR_RULES: Final[tuple[tuple[str, str], ...]] = (
 )
 
 _INTEREST: Final[list[str]] = sorted(
-    {lit for _, lit, _ in KIND_RULES}
-    | {lit for _, lit in ERROR_RULES}
-    | {"': ", TRACEBACK}
+    {lit for _, lit, _ in KIND_RULES} | {lit for _, lit in ERROR_RULES} | {"': ", TRACEBACK}
 )
+
+
+_ANY_LITERAL: Final = "|".join(re.escape(lit) for lit in sorted(_INTEREST, key=len, reverse=True))
 
 
 def strip_sgr(expr: pl.Expr) -> pl.Expr:
@@ -85,16 +86,19 @@ def strip_sgr(expr: pl.Expr) -> pl.Expr:
 
 
 def _flags(lines: pl.Series) -> pl.DataFrame:
-    interest = lines.str.contains_any(_INTEREST)
+    # A regex alternation (with its literal prefilter) is several times faster than
+    # `contains_any`; the engine and traceback flags need their own pass, since a literal can also
+    # occur earlier in a line (in an Iris job name, say).
+    engine = lines.str.contains(ENGINE_LITERAL, literal=True)
+    interest = lines.str.contains(_ANY_LITERAL) & ~engine
     tb = lines.str.contains(TRACEBACK, literal=True)
     if not tb.any():
-        return pl.DataFrame(
-            {"interest": interest, "window": pl.repeat(False, len(lines), eager=True)}
-        )
+        none = pl.repeat(False, len(lines), eager=True)
+        return pl.DataFrame({"interest": interest, "window": none, "engine": engine})
     idx = pl.int_range(pl.len(), dtype=pl.Int64)
     window = (idx - pl.when(pl.col("tb")).then(idx).forward_fill()) <= WINDOW_LINES
-    frame = pl.DataFrame({"interest": interest, "tb": tb})
-    return frame.select("interest", window=window.fill_null(False))
+    frame = pl.DataFrame({"interest": interest, "tb": tb, "engine": engine})
+    return frame.select("interest", "engine", window=window.fill_null(False))
 
 
 def _prefix_fields(outer: pl.Expr, header: pl.Expr) -> dict[str, pl.Expr]:
@@ -186,14 +190,15 @@ def _classify(frame: pl.DataFrame) -> pl.DataFrame:
     )
 
 
-def evidence_lines(lines: pl.Series) -> pl.DataFrame:
-    """The lines worth reading, with `idx` (0-based in `lines`), prefixes stripped and classified.
+def evidence_lines(lines: pl.Series) -> tuple[pl.DataFrame, pl.DataFrame]:
+    """The lines worth reading, prefixes stripped and classified, and the vLLM stat lines.
 
-    Columns: idx, window_only (kept only as a possible traceback end), text, task, tod, pid, ip,
-    ldt, vts, msg, kind, err, actor.
+    The first frame has idx (0-based in `lines`), window_only (kept only as a possible traceback
+    end), text, msg, task, tod, pid, ip, ldt, vts, kind, err, actor. The second has `idx` and `raw`
+    of the engine stat lines, which take a shorter path (they are most of a busy log).
     """
     frame = pl.DataFrame({"raw": lines}).with_row_index("idx").hstack(_flags(lines))
+    stats = frame.filter(pl.col("engine")).select("idx", "raw")
     frame = frame.filter(pl.col("interest") | pl.col("window"))
-    frame = frame.with_columns(window_only=~pl.col("interest")).drop("interest", "window")
-    frame = _strip_prefixes(frame)
-    return _classify(frame)
+    frame = frame.select("idx", "raw", window_only=~pl.col("interest"))
+    return _classify(_strip_prefixes(frame)), stats

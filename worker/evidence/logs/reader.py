@@ -53,14 +53,15 @@ def _run(path: Path, state: ParserState, source: str, chunk_bytes: int) -> _Run:
     with path.open("rb") as handle:
         handle.seek(state.offset)
         for data in iter_reads(handle, chunk_bytes):
-            buf = pending + data
-            end = buf.rfind(b"\n") + 1
+            end = data.rfind(b"\n") + 1
             if end == 0:
-                pending = buf
+                pending += data
                 continue
-            rows, used = parse_chunk(buf[:end], state, source, final=False)
+            # One copy: the carried bytes joined with the complete lines of this read.
+            raw = b"".join((pending, memoryview(data)[:end]))
+            rows, used = parse_chunk(raw, state, source, final=False)
             committed.append(rows)
-            pending = buf[used:]
+            pending = raw[used:] + data[end:]
     saved = state.copy()
     tail, _ = parse_chunk(pending, state, source, final=True)
     return _Run(committed, saved, tail, state, saved.offset + len(pending))

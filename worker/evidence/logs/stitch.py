@@ -19,18 +19,25 @@ from worker.evidence.model import LogTables, ParseSummary
 __all__ = ["EXPLICIT_ORIGINS", "build_tables", "phases", "stitch_metrics", "with_batch_metrics"]
 
 EXPLICIT_ORIGINS: Final = ("mirror", "console")
+_ATTEMPT_WEIGHT: Final = 2**40  # lines stay below this
+_EXPLICIT_WEIGHT: Final = 2**62
 
 
-def _newest(frame: pl.DataFrame, keys: list[str], rank: list[str]) -> pl.DataFrame:
-    ordered = frame.sort([*rank, "attempt", "line", "source"], nulls_last=False)
-    return ordered.unique(keys, keep="last", maintain_order=True)
+def _newest(frame: pl.DataFrame, keys: list[str], explicit: pl.Expr | None = None) -> pl.DataFrame:
+    """The row of each key with the highest (explicit, attempt, line); ties keep the later row."""
+    rank = pl.col("attempt").cast(pl.Int64) * _ATTEMPT_WEIGHT + pl.col("line")
+    if explicit is not None:
+        rank = rank + explicit.cast(pl.Int64) * _EXPLICIT_WEIGHT
+    ordered = frame.with_columns(_rank=rank).sort("_rank", maintain_order=True)
+    # `keep="last"` keeps the last row of each key in `ordered`, whatever the output order.
+    return ordered.unique(keys, keep="last", maintain_order=False).drop("_rank")
 
 
 def stitch_metrics(raw: pl.DataFrame) -> pl.DataFrame:
     """One row per (step, key), sorted by step and key."""
     known = raw.filter(pl.col("step").is_not_null())
-    ranked = known.with_columns(_explicit=pl.col("origin").is_in(list(EXPLICIT_ORIGINS)))
-    best = _newest(ranked, ["step", "key"], ["_explicit"]).drop("_explicit")
+    explicit = pl.col("origin").is_in(list(EXPLICIT_ORIGINS))
+    best = _newest(known, ["step", "key"], explicit)
     return best.sort("step", "key").select(list(schema.METRICS))
 
 
@@ -50,7 +57,7 @@ def phases(timers: pl.DataFrame, metrics: pl.DataFrame) -> pl.DataFrame:
         & pl.col("step").is_not_null()
         & pl.col("seconds").is_not_null()
     )
-    timed = _newest(finished, ["step", "phase"], []).select(list(schema.PHASES))
+    timed = _newest(finished, ["step", "phase"]).select(list(schema.PHASES))
     keyed = metrics.filter(pl.col("key").str.starts_with("timing/")).select(
         "step",
         phase=pl.col("key").str.strip_prefix("timing/"),
@@ -70,6 +77,9 @@ def _table(
     frame = rows.get(name)
     if frame is None or frame.is_empty():
         return schema.empty(columns)
+    single = frame.get_column("source").n_unique() == 1
+    if single and frame.get_column("line").is_sorted():
+        return frame
     return frame.sort("source", "line", maintain_order=True)
 
 

@@ -1,0 +1,167 @@
+"""The capture policy of the seed: the local bundle first, a targeted refresh when it is stale,
+live probes only when the rules call for them.
+
+1. The bundle is judged first. When its manifest is older than MAX_EVIDENCE_AGE_S (or has no
+   `synced_at`), the configured watcher refresh (`RLHEALTH_REFRESH_COMMAND`, with `{job_id}` and
+   `{cluster}`) runs through the spawn module, allowed for exactly that command; without one the
+   stale evidence stays stale and a note says so.
+2. `needs_live_probes` names the reasons to query the cluster: the manifest is missing or stale,
+   the trainer log is missing, the attempt history is not in hand (the bundle never holds it),
+   the controller state contradicts the log, or the trainer log has
+   been quiet beyond STALL_FLOOR_S while the job may still run (stacks and GPU state disappear
+   with the job). No reason, no probe.
+3. Stacks (two dumps of each process, `stack_interval_s` apart) and GPU state are taken only for
+   the quiet-log reason; every probe has the `probe_timeout_s` budget; a failed probe is recorded
+   in probes.json and explained in the notes.
+"""
+
+from __future__ import annotations
+
+import shlex
+import time
+from collections.abc import Callable
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Final
+
+from shared.settings import Settings
+from worker.backends import default_runner, job_ref, make_backend
+from worker.backends.allowlist import DEFAULT_ALLOWLIST
+from worker.backends.base import ProbePlan, Recorder, Runner, probe_job
+from worker.backends.spawn import run_probe
+from worker.evidence.model import Evidence
+from worker.evidence.probes import write_probes
+
+__all__ = ["capture_live", "needs_live_probes", "quiet_reason", "stale_reason"]
+
+TERMINAL: Final = frozenset({"succeeded", "failed", "killed", "worker_failed"})
+
+
+def _now() -> datetime:
+    return datetime.now(UTC)
+
+
+def stale_reason(evidence: Evidence) -> str | None:
+    """Why the bundle is stale (manifest older than MAX_EVIDENCE_AGE_S), or None when fresh."""
+    bundle, limit = evidence.bundle, evidence.thresholds.max_evidence_age_s
+    if bundle.manifest is None:
+        return None
+    if bundle.synced_at is None:
+        return "bundle stale: the manifest has no synced_at"
+    age = (evidence.now - bundle.synced_at).total_seconds()
+    if age <= limit:
+        return None
+    return f"bundle stale: manifest synced_at is {age:.0f} s old (> MAX_EVIDENCE_AGE_S={limit:g})"
+
+
+def quiet_reason(evidence: Evidence) -> str | None:
+    """Why live stacks are needed: the trainer log is quiet beyond STALL_FLOOR_S, job not over."""
+    if evidence.bundle.state in TERMINAL or evidence.logs is None:
+        return None
+    last = evidence.logs.summary.last_timestamp
+    floor = evidence.thresholds.stall_floor_s
+    if last is None:
+        return None
+    quiet = (evidence.now - last).total_seconds()
+    if quiet <= floor:
+        return None
+    return (
+        f"trainer log quiet for {quiet:.0f} s (> STALL_FLOOR_S={floor:g}): stacks and GPU state "
+        "disappear with the job"
+    )
+
+
+def _missing_reasons(evidence: Evidence) -> list[str]:
+    bundle, found = evidence.bundle, []
+    if bundle.manifest is None:
+        found.append(f"manifest missing: {bundle.manifest_error or 'no manifest.json'}")
+    if evidence.logs is None or evidence.logs.summary.lines == 0:
+        found.append("trainer log missing or empty")
+    return found
+
+
+def _contradiction(evidence: Evidence) -> str | None:
+    bundle = evidence.bundle
+    last = evidence.logs.summary.last_timestamp if evidence.logs else None
+    if bundle.state in TERMINAL and bundle.finished_at and last and last > bundle.finished_at:
+        finished, advanced = bundle.finished_at.isoformat(), last.isoformat()
+        return (
+            f"contradictory: controller state {bundle.state} (finished {finished}) but the log "
+            f"advanced at {advanced}"
+        )
+    if bundle.state not in TERMINAL and bundle.state and bundle.finished_at:
+        return f"contradictory: controller state {bundle.state} but a finished_at is recorded"
+    return None
+
+
+def _attempts_reason(evidence: Evidence) -> str | None:
+    """The bundle never holds the attempt history the restarts gate needs: the controller does."""
+    if evidence.probes is not None and evidence.probes.attempts is not None:
+        return None
+    return "attempt history unavailable locally: the restarts gate needs the controller's"
+
+
+def needs_live_probes(evidence: Evidence) -> tuple[str, ...]:
+    """The reasons to query the cluster (empty: the bundle suffices). Pure."""
+    reasons = [*_missing_reasons(evidence), stale_reason(evidence), _contradiction(evidence)]
+    reasons.append(_attempts_reason(evidence))
+    reasons.append(quiet_reason(evidence))
+    return tuple(r for r in reasons if r)
+
+
+def _refresh_argv(template: str, evidence: Evidence) -> tuple[str, ...]:
+    """The refresh command's words, each formatted (a job id cannot add or split words)."""
+    values = {"job_id": evidence.job_id, "cluster": evidence.bundle.cluster or ""}
+    return tuple(word.format(**values) for word in shlex.split(template))
+
+
+def _refresh(evidence: Evidence, settings: Settings, clock: Callable[[], datetime]) -> str:
+    """Run the watcher refresh for a stale bundle; a note saying what happened."""
+    template = settings.refresh_command
+    if not template:
+        return "evidence stale and no RLHEALTH_REFRESH_COMMAND configured: it stays stale"
+    argv = _refresh_argv(template, evidence)
+    allowlist = DEFAULT_ALLOWLIST.with_exact(argv)
+    result = run_probe(argv, settings.probe_timeout_s, allowlist=allowlist, clock=clock)
+    if result.ok:
+        return f"watcher refresh ran: `{shlex.join(argv)}`"
+    return f"watcher refresh failed: `{shlex.join(argv)}` {result.why()}"
+
+
+def _reread(evidence: Evidence, clock: Callable[[], datetime]) -> Evidence:
+    """The bundle read again after a refresh."""
+    from worker.diagnosis import collect_evidence
+
+    return collect_evidence(Path(evidence.job_dir), now=clock(), thresholds=evidence.thresholds)
+
+
+def capture_live(
+    evidence: Evidence,
+    backend: str,
+    out_dir: Path,
+    settings: Settings,
+    *,
+    clock: Callable[[], datetime] = _now,
+    runner: Runner | None = None,
+    stack_interval_s: float = 5.0,
+    sleep: Callable[[float], None] = time.sleep,
+    process_match: str | None = None,
+) -> tuple[Path | None, tuple[str, ...]]:
+    """Apply the capture policy: the probe directory written (None: no probe needed), notes."""
+    notes: list[str] = []
+    if stale_reason(evidence) is not None:
+        notes.append(_refresh(evidence, settings, clock))
+        if notes[-1].startswith("watcher refresh ran"):
+            evidence = _reread(evidence, clock)
+    reasons = needs_live_probes(evidence)
+    if not reasons:
+        return None, (*notes, "no live probe needed: the bundle is fresh and consistent")
+    notes.extend(f"live probes: {reason}" for reason in reasons)
+    job = job_ref(evidence.bundle, settings, process_match)
+    chosen = make_backend(backend, job, settings)
+    plan = ProbePlan(stacks=quiet_reason(evidence) is not None, interval_s=stack_interval_s)
+    rec = Recorder(runner or default_runner(), settings.probe_timeout_s)
+    probes = probe_job(chosen, rec, plan, job_id=job.job_id, clock=clock, sleep=sleep)
+    write_probes(probes, rec.outputs, out_dir)
+    notes.extend(f"probe failed: {failure}" for failure in rec.failures)
+    return out_dir, tuple(notes)
