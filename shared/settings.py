@@ -78,6 +78,8 @@ class Settings(BaseSettings):
     kube_context: str | None = None
     refresh_command: str | None = None
     probe_timeout_s: float = Field(60, gt=0)
+    probe_interval_s: float = Field(5, gt=0)  # between the two py-spy dumps of one process
+    probe_process_match: str | None = None  # regex picking the trainer's processes for py-spy
 
 
 def _read_campaign(path: Path) -> dict[str, Any]:

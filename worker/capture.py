@@ -143,7 +143,7 @@ def capture_live(
     *,
     clock: Callable[[], datetime] = _now,
     runner: Runner | None = None,
-    stack_interval_s: float = 5.0,
+    stack_interval_s: float | None = None,
     sleep: Callable[[float], None] = time.sleep,
     process_match: str | None = None,
 ) -> tuple[Path | None, tuple[str, ...]]:
@@ -159,7 +159,8 @@ def capture_live(
     notes.extend(f"live probes: {reason}" for reason in reasons)
     job = job_ref(evidence.bundle, settings, process_match)
     chosen = make_backend(backend, job, settings)
-    plan = ProbePlan(stacks=quiet_reason(evidence) is not None, interval_s=stack_interval_s)
+    interval = stack_interval_s if stack_interval_s is not None else settings.probe_interval_s
+    plan = ProbePlan(stacks=quiet_reason(evidence) is not None, interval_s=interval)
     rec = Recorder(runner or default_runner(), settings.probe_timeout_s)
     probes = probe_job(chosen, rec, plan, job_id=job.job_id, clock=clock, sleep=sleep)
     write_probes(probes, rec.outputs, out_dir)

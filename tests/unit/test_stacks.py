@@ -199,3 +199,29 @@ def test_unreadable_dump_blocks_the_proof() -> None:
     finding = judge_stacks([dump("Error: Permission denied", n=1, seconds_ago=9), dump("", n=2)])
     assert not finding.proven
     assert finding.processes[0].state is ProcessState.UNREADABLE
+
+
+IDLE_HELPER = """\
+Process 888: python -m ray._private.workers.default_worker
+Python v3.12.3 (/usr/bin/python3.12)
+
+Thread 888 (idle): "MainThread"
+    select (selectors.py:468)
+    main_loop (ray/_private/worker.py:880)
+"""
+
+
+def test_idle_helper_process_does_not_block_the_proof() -> None:
+    """A helper whose stack is unchanged outside any collective shows no progress: still proven."""
+    dumps = [
+        dump(rank(100), pid=100, n=1, seconds_ago=30),
+        dump(rank(100), pid=100, n=2, seconds_ago=20),
+        dump(IDLE_HELPER, pid=888, n=1, seconds_ago=30),
+        dump(IDLE_HELPER, pid=888, n=2, seconds_ago=20),
+    ]
+    finding = judge_stacks(dumps)
+    assert finding.proven
+    assert {p.pid: p.state for p in finding.processes} == {
+        100: ProcessState.PARKED,
+        888: ProcessState.STILL,
+    }

@@ -64,7 +64,7 @@ def job_ref(bundle: BundleInfo, settings: Settings, process_match: str | None = 
         cluster=settings.iris_cluster or bundle.cluster,
         kube_context=kube.get("context") or settings.kube_context,
         kubeconfig=kube.get("kubeconfig"),
-        process_match=process_match,
+        process_match=process_match or settings.probe_process_match,
     )
 
 

@@ -20,6 +20,7 @@ from typing import Any, Final
 from shared.settings import Thresholds
 from worker.evidence.model import ArtifactState, ArtifactStatus, BundleInfo, ClassFreshness
 from worker.evidence.paths import BundleFiles
+from worker.evidence.values import integer, text
 
 __all__ = [
     "ARTIFACT_CLASSES",
@@ -75,20 +76,6 @@ def _dig(data: object, *keys: str) -> object:
             return _MISSING
         data = data[key]
     return data
-
-
-def _text(value: object) -> str | None:
-    return value if isinstance(value, str) and value else None
-
-
-def _int(value: object) -> int | None:
-    if isinstance(value, bool):
-        return None
-    if isinstance(value, int):
-        return value
-    if isinstance(value, float) and value.is_integer():
-        return int(value)
-    return None
 
 
 def _count(text: str | None) -> int | None:
@@ -236,7 +223,7 @@ def detect_generation(manifest: Mapping[str, Any]) -> str:
         return "newest"
     if "finished_at_ms" in job_keys:
         return "intermediate"
-    traces = _text(_dig(artifacts, "traces"))
+    traces = text(_dig(artifacts, "traces"))
     if (traces and _OLDEST_TRACES_RE.match(traces)) or job_keys:
         return "oldest"
     return "unknown"
@@ -267,9 +254,9 @@ def _state_text(value: object) -> str | None:
 
 
 def _identity(manifest: Mapping[str, Any]) -> dict[str, Any]:
-    job_id = _text(manifest.get("job_id")) or _text(_dig(manifest, "job", "job_id"))
+    job_id = text(manifest.get("job_id")) or text(_dig(manifest, "job", "job_id"))
     user, job_name = _split_job_id(job_id)
-    cluster = _text(manifest.get("cluster")) or _text(_dig(manifest, "job", "cluster", "name"))
+    cluster = text(manifest.get("cluster")) or text(_dig(manifest, "job", "cluster", "name"))
     return {"job_id": job_id, "user": user, "job_name": job_name, "cluster": cluster}
 
 
@@ -281,7 +268,7 @@ def _job_fields(manifest: Mapping[str, Any]) -> dict[str, Any]:
         "submitted_at": _from_ms(_dig(manifest, "job", "submitted_at_ms")),
         "finished_at": _from_ms(_dig(manifest, "job", "finished_at_ms")),
         "entrypoint": _entrypoint(_dig(manifest, "job", "entrypoint")),
-        "trials_uri": _text(manifest.get("trials_uri")),
+        "trials_uri": text(manifest.get("trials_uri")),
     }
 
 
@@ -299,9 +286,9 @@ def _artifact_fields(manifest: Mapping[str, Any]) -> dict[str, Any]:
         "statuses": {
             name: parse_artifact_status(name, _dig(artifacts, name)) for name in ARTIFACT_CLASSES
         },
-        "trace_started": _int(_dig(artifacts, "trace_started")),
-        "trace_completed": _int(_dig(artifacts, "trace_completed")),
-        "trace_selected": _int(_dig(artifacts, "trace_selected")),
+        "trace_started": integer(_dig(artifacts, "trace_started")),
+        "trace_completed": integer(_dig(artifacts, "trace_completed")),
+        "trace_selected": integer(_dig(artifacts, "trace_selected")),
         "errors": _errors(_dig(artifacts, "errors")),
     }
 

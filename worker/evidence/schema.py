@@ -30,6 +30,7 @@ __all__ = [
     "ENGINES",
     "ERRORS",
     "ERROR_KINDS",
+    "HARD_ERROR_KINDS",
     "METRICS",
     "PHASES",
     "PROGRESS",
@@ -123,6 +124,20 @@ ERROR_KINDS: Final[tuple[str, ...]] = (
     "shm_broadcast",  # benign noise, kept so a gate can say it saw and discounted it
     "image_pull_backoff",  # benign when transient
 )
+
+HARD_ERROR_KINDS: Final[tuple[str, ...]] = (
+    "traceback",
+    "cuda_oom",
+    "cuda_error",
+    "internal_assert",
+    "ray_task_error",
+    "actor_died",
+    "worker_crashed",
+    "train_loop_failed",
+    "config_override",
+    "nccl_watchdog_timeout",
+)
+"""The kinds that can end a process: a failure signature is read from the first of them."""
 
 ERRORS: Final[dict[str, pl.DataType]] = {
     "source": pl.String(),

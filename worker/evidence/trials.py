@@ -22,6 +22,7 @@ from worker.evidence import schema
 from worker.evidence.bundle import parse_timestamp
 from worker.evidence.model import TrialTables
 from worker.evidence.paths import BundleFiles
+from worker.evidence.values import integer, number, text
 
 __all__ = ["harbor_row", "read_trials", "simple_row", "terminal_bench_row"]
 
@@ -48,21 +49,6 @@ def _dig(data: object, *keys: str) -> object:
     return data
 
 
-def _float(value: object) -> float | None:
-    if isinstance(value, bool) or not isinstance(value, int | float):
-        return None
-    return float(value)
-
-
-def _int(value: object) -> int | None:
-    number = _float(value)
-    return int(number) if number is not None and number.is_integer() else None
-
-
-def _str(value: object) -> str | None:
-    return value if isinstance(value, str) and value else None
-
-
 def _seconds(started: object, finished: object) -> float | None:
     start, end = parse_timestamp(started), parse_timestamp(finished)
     return (end - start).total_seconds() if start and end else None
@@ -71,7 +57,7 @@ def _seconds(started: object, finished: object) -> float | None:
 def _request_seconds(value: object) -> float | None:
     if not isinstance(value, list):
         return None
-    millis = [_float(item) for item in value]
+    millis = [number(item) for item in value]
     return sum(m for m in millis if m is not None) / 1000 if millis else None
 
 
@@ -82,8 +68,8 @@ def _harbor_exception(data: Mapping[str, Any], exception_text: str | None) -> di
     info = data.get("exception_info")
     if isinstance(info, Mapping) and (info.get("exception_type") or info.get("exception_message")):
         return {
-            "exception_type": _str(info.get("exception_type")),
-            "exception_message": _str(info.get("exception_message")),
+            "exception_type": text(info.get("exception_type")),
+            "exception_message": text(info.get("exception_message")),
         }
     return _exception_from_traceback(exception_text)
 
@@ -113,16 +99,16 @@ def harbor_row(data: Mapping[str, Any], trial_dir: str, exception_text: str | No
     """A TRIALS row from a Harbor `result.json` (and the trial's `exception.txt`, if any)."""
     agent = data.get("agent_result")
     return {
-        "trial_name": _str(data.get("trial_name")) or trial_dir,
-        "task_name": _str(data.get("task_name")),
+        "trial_name": text(data.get("trial_name")) or trial_dir,
+        "task_name": text(data.get("task_name")),
         "status": "finished",
-        "reward": _float(_dig(data, "verifier_result", "rewards", "reward")),
+        "reward": number(_dig(data, "verifier_result", "rewards", "reward")),
         **_harbor_exception(data, exception_text),
-        "n_turns": _int(_dig(agent, "metadata", "n_episodes")),
+        "n_turns": integer(_dig(agent, "metadata", "n_episodes")),
         **_harbor_phases(data),
         "llm_request_s": _request_seconds(_dig(agent, "metadata", "api_request_times_msec")),
-        "n_input_tokens": _int(_dig(agent, "n_input_tokens")),
-        "n_output_tokens": _int(_dig(agent, "n_output_tokens")),
+        "n_input_tokens": integer(_dig(agent, "n_input_tokens")),
+        "n_output_tokens": integer(_dig(agent, "n_output_tokens")),
         "started_at": parse_timestamp(data.get("started_at")),
         "finished_at": parse_timestamp(data.get("finished_at")),
         "format": "harbor",
@@ -133,10 +119,10 @@ def simple_row(data: Mapping[str, Any], trial_dir: str) -> Row:
     """A TRIALS row from the simple rollout shape (`result.reward`, `steps` as turns)."""
     steps = data.get("steps")
     return {
-        "trial_name": _str(data.get("trial_name")) or trial_dir,
-        "task_name": _str(data.get("task")) or _str(data.get("task_name")),
+        "trial_name": text(data.get("trial_name")) or trial_dir,
+        "task_name": text(data.get("task")) or text(data.get("task_name")),
         "status": "finished",
-        "reward": _float(_dig(data, "result", "reward")),
+        "reward": number(_dig(data, "result", "reward")),
         "n_turns": len(steps) if isinstance(steps, list) else None,
         "started_at": parse_timestamp(data.get("started_at")),
         "finished_at": parse_timestamp(data.get("finished_at")),
@@ -149,23 +135,23 @@ def _tb_reward(value: object) -> float | None:
 
 
 def _tb_exception(value: object) -> str | None:
-    mode = _str(value)
+    mode = text(value)
     return None if mode is None or mode.lower() in TB_CLEAN_MODES else mode
 
 
 def terminal_bench_row(data: Mapping[str, Any], trial_dir: str) -> Row:
     """A TRIALS row from a terminal-bench per-trial `results.json`."""
     return {
-        "trial_name": _str(data.get("trial_name")) or trial_dir,
-        "task_name": _str(data.get("task_id")),
+        "trial_name": text(data.get("trial_name")) or trial_dir,
+        "task_name": text(data.get("task_id")),
         "status": "finished",
         "reward": _tb_reward(data.get("is_resolved")),
         "exception_type": _tb_exception(data.get("failure_mode")),
         "environment_setup_s": _seconds(data.get("trial_started_at"), data.get("agent_started_at")),
         "agent_execution_s": _seconds(data.get("agent_started_at"), data.get("agent_ended_at")),
         "verifier_s": _seconds(data.get("test_started_at"), data.get("test_ended_at")),
-        "n_input_tokens": _int(data.get("total_input_tokens")),
-        "n_output_tokens": _int(data.get("total_output_tokens")),
+        "n_input_tokens": integer(data.get("total_input_tokens")),
+        "n_output_tokens": integer(data.get("total_output_tokens")),
         "started_at": parse_timestamp(data.get("trial_started_at")),
         "finished_at": parse_timestamp(data.get("trial_ended_at")),
         "format": "terminal-bench",

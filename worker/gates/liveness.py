@@ -51,6 +51,7 @@ import polars as pl
 from shared.models import GateResult, GateStatus, Handoff, Quote
 from worker.evidence.model import ArtifactState, Evidence, LogTables
 from worker.evidence.quotes import quote, quote_rows
+from worker.evidence.schema import HARD_ERROR_KINDS
 from worker.gates.base import error, passed
 from worker.gates.progress import initialization, minute_utc, newest_attempt, started_at
 from worker.gates.stacks import StackFinding, judge_stacks
@@ -61,17 +62,7 @@ TERMINAL = frozenset({"succeeded", "failed", "killed", "worker_failed"})
 WAITING = frozenset({"pending", "building", "assigned", "unschedulable"})
 _DEATH_KINDS = ("actor_died", "worker_crashed")
 _AFTER_WATCHDOG = ("actor_died", "worker_crashed", "traceback", "train_loop_failed")
-_HARD_KINDS = (
-    "traceback",
-    "cuda_oom",
-    "cuda_error",
-    "internal_assert",
-    "ray_task_error",
-    *_DEATH_KINDS,
-    "train_loop_failed",
-    "config_override",
-    "nccl_watchdog_timeout",
-)
+_HARD_KINDS = HARD_ERROR_KINDS
 STACKS_NEEDED = "py-spy stacks captured while the job exists"
 
 

@@ -43,25 +43,14 @@ import polars as pl
 from shared.models import Quote, RestartsResult
 from worker.evidence.model import AttemptRecord, ControllerView, Evidence, LogTables
 from worker.evidence.quotes import quote, quote_rows
+from worker.evidence.schema import HARD_ERROR_KINDS
 from worker.gates.progress import finished_steps, newest_attempt
 
-__all__ = ["HARD_ERROR_KINDS", "check", "failure_signature"]
+__all__ = ["check", "failure_signature"]
 
 ATTEMPTS_SOURCE = "probes/attempts.json"
 CONTROLLER_SOURCE = "probes/controller.json"
 
-HARD_ERROR_KINDS = (
-    "traceback",
-    "cuda_oom",
-    "cuda_error",
-    "internal_assert",
-    "ray_task_error",
-    "actor_died",
-    "worker_crashed",
-    "train_loop_failed",
-    "config_override",
-    "nccl_watchdog_timeout",
-)
 
 _IRIS_STATES = {
     "1": "pending",

@@ -27,9 +27,11 @@ else the first thread. Its *parking frame* is the innermost frame that waits on:
 `judge_stacks` pairs the dumps of each process (the earliest and the newest with different
 `captured_at`). The stall is **proven** when at least one process is parked in both dumps at the
 same frame and no other paired process disproves it: a process whose primary stack changed between
-dumps is *moving*; one whose stack is unchanged but not parked blocks the proof unless it is a vLLM
-engine (any frame in a `vllm` file), which is idle by design while the policy is wedged. A process
-dumped only once (or twice at the same instant) neither proves nor disproves anything.
+dumps is *moving* (possible progress: a slow rank the others wait for) and blocks the proof, as
+does one whose dumps cannot be read (unknown). A process whose stack is unchanged but not parked
+(*still*: an idle helper, a Ray worker, a vLLM engine idle by design while the policy is wedged)
+shows no progress and does not block it. A process dumped only once (or twice at the same
+instant) neither proves nor disproves anything.
 """
 
 from __future__ import annotations
@@ -327,7 +329,7 @@ def judge_stacks(dumps: Sequence[StackDump]) -> StackFinding:
     """Whether the dumps prove a stall, with the quotes of every paired process."""
     judgements = tuple(_judge_process(group) for group in _group(dumps))
     parked = [j for j in judgements if j.state is ProcessState.PARKED]
-    blocking = {ProcessState.MOVING, ProcessState.STILL, ProcessState.UNREADABLE}
+    blocking = {ProcessState.MOVING, ProcessState.UNREADABLE}
     proven = bool(parked) and not any(j.state in blocking for j in judgements)
     quotes = tuple(q for j in judgements for q in j.quotes)
     return StackFinding(
