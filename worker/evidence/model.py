@@ -119,6 +119,7 @@ class ParseSummary(_Frozen):
     first_timestamp: UtcDatetime | None = None
     last_timestamp: UtcDatetime | None = None  # newest timestamp of any line
     head: tuple[str, ...] = ()  # the first non-empty lines, to show what the log looks like
+    head_lines: tuple[int, ...] = ()  # their 1-based line numbers, when the parser kept them
 
 
 @dataclass(frozen=True)

@@ -9,8 +9,9 @@ from typing import Any
 import polars as pl
 
 from shared.models import Quote
+from worker.evidence.model import LogTables
 
-__all__ = ["quote", "quote_rows"]
+__all__ = ["log_head_quotes", "quote", "quote_rows"]
 
 MAX_QUOTE_CHARS = 400
 
@@ -38,3 +39,15 @@ def quote_rows(frame: pl.DataFrame, text_column: str = "text", limit: int = 3) -
     """Quotes for the first `limit` rows of a table with provenance columns."""
     rows: Iterable[dict[str, Any]] = frame.head(limit).iter_rows(named=True)
     return tuple(_row_quote(row, text_column) for row in rows)
+
+
+def log_head_quotes(logs: LogTables | None, limit: int = 3) -> tuple[Quote, ...]:
+    """The first lines of the log, quoted, to show what a log without usable records looks like."""
+    if logs is None or not logs.summary.head:
+        return ()
+    source = logs.summary.files[0] if logs.summary.files else "finelog.log"
+    numbers = logs.summary.head_lines
+    return tuple(
+        quote(source, text, line=numbers[i] if i < len(numbers) else None)
+        for i, text in enumerate(logs.summary.head[:limit])
+    )

@@ -72,7 +72,7 @@ import polars as pl
 from shared.models import GateResult, GateStatus, Handoff, Quote
 from shared.settings import Thresholds
 from worker.evidence.model import Evidence, LogTables
-from worker.evidence.quotes import quote
+from worker.evidence.quotes import log_head_quotes, quote
 from worker.gates.base import error, passed
 from worker.gates.metric_keys import (
     CANDIDATES,
@@ -985,7 +985,7 @@ def _no_usable_metrics(logs: LogTables) -> GateResult:
     """ERROR: a parser that returns no usable metrics is a failed probe; show what the log is."""
     summary, source = logs.summary, _log_source(logs)
     keys = sorted(present_keys(logs.metrics))
-    head = tuple(quote(source, line) for line in summary.head[:5] if line.strip())
+    head = log_head_quotes(logs, limit=5)
     evidence = (
         head
         + _malformed_quotes(logs)
@@ -1061,7 +1061,7 @@ def _no_step_yet(logs: LogTables) -> GateResult:
         "attempt's log, past its initialization grace: no dynamics to judge",
         missing=("trainer metrics (no step finished)",),
         evidence=_newest_timer_quotes(logs)
-        or tuple(quote(source, t) for t in logs.summary.head[-3:])
+        or log_head_quotes(logs)
         or (quote(source, f"{logs.summary.lines} line(s), no step"),),
         flip_signal="a finished step or a metric record appears",
         next_action="none from dynamics until a window exists",

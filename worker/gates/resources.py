@@ -36,7 +36,7 @@ import polars as pl
 
 from shared.models import GateResult, GateStatus, Handoff, Quote
 from worker.evidence.model import Evidence, LogTables, ProbeEvidence
-from worker.evidence.quotes import quote, quote_rows
+from worker.evidence.quotes import log_head_quotes, quote, quote_rows
 from worker.gates import engines as eng
 from worker.gates.base import error, passed
 from worker.gates.progress import initialization, minute_utc, newest_attempt
@@ -557,10 +557,9 @@ def _without_engine_lines(evidence: Evidence) -> GateResult:
 
 def _log_head(evidence: Evidence) -> tuple[Quote, ...]:
     """What the log looks like (its first lines), or the manifest's word on the log."""
-    logs = evidence.logs
-    if logs is not None and logs.summary.head:
-        source = logs.summary.files[0] if logs.summary.files else "finelog.log"
-        return tuple(quote(source, text) for text in logs.summary.head[:3])
+    head = log_head_quotes(evidence.logs)
+    if head:
+        return head
     status = evidence.bundle.statuses.get("finelog")
     raw = status.raw if status is not None else None
     return (quote("manifest.json", f"artifacts.finelog: {raw or 'missing'}"),)

@@ -46,7 +46,7 @@ import polars as pl
 
 from shared.models import GateResult, GateStatus, Handoff, Mode, Quote
 from worker.evidence.model import Evidence, LogTables
-from worker.evidence.quotes import quote, quote_rows
+from worker.evidence.quotes import log_head_quotes, quote, quote_rows
 from worker.gates import metric_keys as mk
 from worker.gates.base import error, passed
 from worker.gates.progress import initialization, newest_attempt
@@ -429,10 +429,7 @@ def _metric_quotes(rows: pl.DataFrame, limit: int = 2) -> tuple[Quote, ...]:
 def _no_rewards(evidence: Evidence) -> GateResult:
     if initialization(evidence) is not None:
         return passed("initialising: no step finished yet; no reward metric yet", initializing=True)
-    logs = evidence.logs
-    head = logs.summary.head[:3] if logs is not None else ()
-    source = logs.summary.files[0] if logs is not None and logs.summary.files else "finelog.log"
-    quotes = tuple(quote(source, text) for text in head) or (
+    quotes = log_head_quotes(evidence.logs) or (
         quote("manifest.json", "no trainer log with metrics in the bundle"),
     )
     return error(
