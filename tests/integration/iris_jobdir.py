@@ -25,10 +25,26 @@ from tests.integration.iris_cli_shim import patch_revision_date
 from worker.backends import allowlist_for
 from worker.backends.spawn import ProbeResult, run_probe
 
-__all__ = ["SHIM_COMMAND", "TOYS", "IrisTestCluster", "build_job_dir", "start_cluster"]
+__all__ = ["SHIM_COMMAND", "TOYS", "IrisTestCluster", "build_job_dir", "start_cluster", "toy_argv"]
 
 SHIM_COMMAND: tuple[str, ...] = (sys.executable, "-m", "tests.integration.iris_cli_shim")
 TOYS = Path(__file__).parent / "toys"
+
+# The LocalCluster maps container paths into each task's sandbox: any argv element that starts
+# with `/tmp` is rewritten to the task's own TMPDIR. A checkout (and its venv) under /tmp would
+# then vanish from the command, so toys run as `bash -c 'exec "$IRIS_PYTHON" -c "$0" "$@"'
+# SOURCE ARGS...`: the source travels as text (its first line `# toy: NAME` keeps the toy
+# findable in `ps`), the interpreter through IRIS_PYTHON (the LocalCluster sets it to this
+# interpreter), and the toy reads ARGS as sys.argv[1:].
+_TOY_LAUNCH = 'exec "$IRIS_PYTHON" -c "$0" "$@"'
+
+
+def toy_argv(name: str, *args: str) -> list[str]:
+    """The argv that runs `toys/<name>.py` with ARGS inside a LocalCluster task."""
+    source = (TOYS / f"{name}.py").read_text(encoding="utf-8")
+    return ["bash", "-c", _TOY_LAUNCH, f"# toy: {name}\n{source}", *args]
+
+
 REPO = Path(__file__).resolve().parents[2]
 TERMINAL_STATES = ("succeeded", "failed", "killed", "worker_failed")
 

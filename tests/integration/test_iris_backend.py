@@ -16,10 +16,10 @@ import pytest
 from shared.settings import Settings, Thresholds
 from tests.integration.iris_jobdir import (
     SHIM_COMMAND,
-    TOYS,
     IrisTestCluster,
     build_job_dir,
     start_cluster,
+    toy_argv,
 )
 from worker.backends import JobRef, Recorder, default_runner, make_backend
 from worker.backends.base import ProbePlan, probe_job
@@ -59,12 +59,12 @@ def jobs(iris_cluster: IrisTestCluster, marker_dir: Path) -> dict[str, str]:
     marker = marker_dir / "first-attempt"
     submit = iris_cluster.submit
     return {
-        "crash": submit("crashloop", [PY, str(TOYS / "crash_loop.py")], max_retries_failure=2),
+        "crash": submit("crashloop", toy_argv("crash_loop"), max_retries_failure=2),
         "transient": submit(
-            "transient", [PY, str(TOYS / "transient_once.py"), str(marker)], max_retries_failure=1
+            "transient", toy_argv("transient_once", str(marker)), max_retries_failure=1
         ),
-        "skyrl": submit("skyrl", [PY, str(TOYS / "skyrl_trainer.py"), "3"]),
-        "hung": submit("hung", [PY, str(TOYS / "hung_trainer.py")]),
+        "skyrl": submit("skyrl", toy_argv("skyrl_trainer", "3")),
+        "hung": submit("hung", toy_argv("hung_trainer")),
     }
 
 

@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 
 from shared.models import iso_utc
-from tests.integration.iris_jobdir import SHIM_COMMAND, TOYS, IrisTestCluster, build_job_dir
+from tests.integration.iris_jobdir import SHIM_COMMAND, IrisTestCluster, build_job_dir, toy_argv
 from tests.integration.test_iris_backend import iris_cluster  # noqa: F401  (module fixture)
 
 pytestmark = pytest.mark.integration
@@ -50,9 +50,7 @@ def test_crash_loop_is_killed_and_replay_agrees(
     tmp_path: Path,
 ) -> None:
     """`diagnose --backend iris` on a crash loop is KILL with same_failure; `--probes` agrees."""
-    job_id = iris_cluster.submit(
-        "e2e-crash", [PY, str(TOYS / "crash_loop.py")], max_retries_failure=2
-    )
+    job_id = iris_cluster.submit("e2e-crash", toy_argv("crash_loop"), max_retries_failure=2)
     iris_cluster.wait_for(job_id, ["failed", "succeeded"])
     job_dir = build_job_dir(iris_cluster, job_id, tmp_path, entrypoint=[PY, "crash_loop.py"])
     now, out = datetime.now(UTC), tmp_path / "out"
@@ -72,7 +70,7 @@ def test_hung_trainer_is_killed_on_live_stacks_and_replay_agrees(
 ) -> None:
     """`diagnose --backend iris` on a trainer hung in all_reduce (STALL_FLOOR_S lowered to suit
     its seconds-long steps) is KILL quoting two live stacks; replaying them with --probes agrees."""
-    job_id = iris_cluster.submit("e2e-hung", [PY, str(TOYS / "hung_trainer.py")])
+    job_id = iris_cluster.submit("e2e-hung", toy_argv("hung_trainer"))
     iris_cluster.wait_for(job_id, ["running"])
     deadline = datetime.now(UTC) + timedelta(seconds=90)
     while "Finished: 'step'" not in iris_cluster.cli("job", "logs", job_id).stdout:
