@@ -257,3 +257,13 @@ def test_write_tables_writes_wide_metrics_and_iso_timestamps(tmp_path: Path) -> 
     assert "2026-05-01T12:00:00.000000Z" in errors
     parquet = write_tables(tables, tmp_path / "pq", "parquet")
     assert pl.read_parquet(parquet[0]).columns == ["step", "r"]
+
+
+def test_lines_after_a_traceback_keep_their_step(tmp_path: Path) -> None:
+    """Traceback lines (read only as possible ends) do not blank the step of later lines."""
+    lines = ["Started: 'step'", "Traceback (most recent call last):", '  File "x.py", line 1']
+    lines += ["ValueError: bad", "Finished: 'step', time cost: 1.00s"]
+    tables = parse_log_file(_write(tmp_path, lines), "f.log")
+    assert tables.timers.get_column("step").to_list() == [1, 1]
+    ending = _write(tmp_path, ["Finished: 'step'Traceback (most recent call last)"])
+    assert parse_log_file(ending, "f.log", chunk_bytes=37).summary.lines == 1

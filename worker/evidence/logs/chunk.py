@@ -1,8 +1,9 @@
-"""One chunk of lines in, table rows out, the parser state advanced.
+"""One chunk of scanned lines in, table rows out, the parser state advanced.
 
 A chunk is cut before the first multi-line construct still open near its end (a dict or traceback
-that may close in the next chunk); those lines are read again with the next chunk. The last chunk of
-a file (`final`) is read whole and open constructs there are malformed or kept as they are.
+that may close in the next chunk); those lines are carried, already scanned, into the next chunk.
+The last chunk of a file (`final`) is read whole and open constructs there are malformed or kept as
+they are.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ import polars as pl
 
 from worker.evidence import schema
 from worker.evidence.logs import batches, context, detect, engines, errors, records, timers
-from worker.evidence.logs.lines import byte_offset_of_line, split_lines
+from worker.evidence.logs.scan import HEAD_LINES, HEAD_SCAN_LINES, Scan
 from worker.evidence.logs.state import MAX_EXAMPLES, ParserState
 
 __all__ = ["RAW_METRICS", "TABLES", "conform", "parse_chunk"]
@@ -29,7 +30,6 @@ SCHEMAS: Final[dict[str, dict[str, pl.DataType]]] = {
     "errors": schema.ERRORS,
     "resumes": schema.RESUMES,
 }
-_HEAD_LINES: Final = 5
 _EXAMPLE_CHARS: Final = 200
 
 
@@ -43,21 +43,19 @@ def conform(frame: pl.DataFrame, table: str, source: str | None = None) -> pl.Da
     return frame.select(pl.col(name).cast(dtype) for name, dtype in wanted.items())
 
 
-def _note_head(lines: pl.Series, state: ParserState) -> None:
-    if len(state.head) >= _HEAD_LINES:
-        return
-    first = detect.strip_sgr(pl.col("line")).str.strip_chars()
-    head = lines.head(1000).to_frame().select(first).filter(pl.col("line").str.len_bytes() > 0)
-    state.head.extend(head.get_column("line").head(_HEAD_LINES - len(state.head)).to_list())
+def _note_head(chunk: Scan, state: ParserState) -> None:
+    """The first non-empty lines among the file's first HEAD_SCAN_LINES lines, each seen once."""
+    if len(state.head) < HEAD_LINES and state.head_seen < HEAD_SCAN_LINES:
+        seen = pl.col("idx").cast(pl.Int64) + state.line
+        fresh = chunk.head.filter((seen >= state.head_seen) & (seen < HEAD_SCAN_LINES))
+        room = HEAD_LINES - len(state.head)
+        state.head.extend(fresh.get_column("text").head(room).to_list())
+    state.head_seen = max(state.head_seen, state.line + chunk.lines)
 
 
-def _note_first_content(lines: pl.Series, state: ParserState) -> None:
-    if state.first_content is not None:
-        return
-    blank = lines.str.strip_chars().str.len_bytes() == 0
-    found = (~blank).arg_true()
-    if len(found):
-        state.first_content = state.line + int(found[0]) + 1
+def _note_first_content(chunk: Scan, state: ParserState) -> None:
+    if state.first_content is None and chunk.first_content is not None:
+        state.first_content = state.line + chunk.first_content + 1
 
 
 def _cut(ev: pl.DataFrame, blocks: pl.DataFrame, n_lines: int) -> int:
@@ -129,23 +127,20 @@ def _metrics(
 
 
 def parse_chunk(
-    raw: bytes, state: ParserState, source: str, *, final: bool
-) -> tuple[dict[str, pl.DataFrame], int]:
-    """The rows of the committed lines of `raw` and the bytes committed; `state` is advanced."""
-    lines = split_lines(raw)
-    n_lines = len(lines)
-    _note_head(lines, state)
-    _note_first_content(lines, state)
-    ev, stats = detect.evidence_lines(lines)
-    ev = errors.with_traceback_ends(ev)
-    del lines
+    chunk: Scan, state: ParserState, source: str, *, final: bool
+) -> tuple[dict[str, pl.DataFrame], Scan | None]:
+    """The rows of the committed lines of `chunk` and the lines carried; `state` is advanced."""
+    n_lines = chunk.lines
+    _note_head(chunk, state)
+    _note_first_content(chunk, state)
+    ev = errors.with_traceback_ends(detect.in_windows(chunk.ev))
     blocks = records.block_steps(records.dict_blocks(ev))
     cut = n_lines if final else _cut(ev, blocks, n_lines)
     ev = ev.filter(pl.col("idx") < cut).with_columns(
         line=pl.col("idx").cast(pl.Int64) + state.line + 1
     )
     blocks = blocks.filter(pl.col("idx") < cut)
-    stats = stats.filter(pl.col("idx") < cut)
+    stats = chunk.stats.filter(pl.col("idx") < cut)
     mirrors = records.mirror_records(ev)
     ev = _with_context(_set_steps(ev, mirrors, blocks), state)
     mirrors = mirrors.select("idx", "mkind", "mstep", "json", "ok", "text").join(
@@ -160,10 +155,10 @@ def parse_chunk(
     _malformed(mirrors, blocks, state, source)
     context.advance_state(ev, state)
     context.note_timestamps(tables["engines"].get_column("timestamp"), state)
-    consumed = len(raw) if cut >= n_lines else byte_offset_of_line(raw, n_lines, cut)
+    carry = chunk.after(cut) if cut < n_lines else None
     state.line += cut
-    state.offset += consumed
-    return tables, consumed
+    state.offset += chunk.offset_of(cut)
+    return tables, carry
 
 
 def _tables(

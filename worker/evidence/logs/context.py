@@ -59,7 +59,7 @@ def add_attempts(frame: pl.DataFrame, state: ParserState) -> pl.DataFrame:
 def add_step_context(frame: pl.DataFrame, state: ParserState) -> pl.DataFrame:
     """Add `step_ctx`: the step an undated-step line belongs to (needs `set_step`)."""
     msg = pl.col("msg")
-    timer = pl.col("kind") == "timer"
+    timer = (pl.col("kind") == "timer").fill_null(False)  # window-only lines have no kind
     finished = timer & msg.str.starts_with("Finished: 'step'")
     started = timer & msg.str.starts_with("Started: 'step'")
     add = finished.cast(pl.Int64).cum_sum()

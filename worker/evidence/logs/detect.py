@@ -14,7 +14,14 @@ import polars as pl
 
 from worker.evidence.logs.lines import WINDOW_LINES
 
-__all__ = ["ENGINE_LITERAL", "ERROR_RULES", "KIND_RULES", "evidence_lines", "strip_sgr"]
+__all__ = [
+    "ENGINE_LITERAL",
+    "ERROR_RULES",
+    "KIND_RULES",
+    "evidence_lines",
+    "in_windows",
+    "strip_sgr",
+]
 
 SGR: Final = r"\x1b\[[0-9;]*m"
 # Whole-match patterns (group 0 only, so the regex engine can use its fast path).
@@ -85,20 +92,37 @@ def strip_sgr(expr: pl.Expr) -> pl.Expr:
     return expr.str.replace_all(SGR, "")
 
 
-def _flags(lines: pl.Series) -> pl.DataFrame:
+def _flagged(lines: pl.Series) -> pl.DataFrame:
     # A regex alternation (with its literal prefilter) is several times faster than
     # `contains_any`; the engine and traceback flags need their own pass, since a literal can also
-    # occur earlier in a line (in an Iris job name, say).
-    engine = lines.str.contains(ENGINE_LITERAL, literal=True)
-    interest = lines.str.contains(_ANY_LITERAL) & ~engine
-    tb = lines.str.contains(TRACEBACK, literal=True)
-    if not tb.any():
-        none = pl.repeat(False, len(lines), eager=True)
-        return pl.DataFrame({"interest": interest, "window": none, "engine": engine})
-    idx = pl.int_range(pl.len(), dtype=pl.Int64)
-    window = (idx - pl.when(pl.col("tb")).then(idx).forward_fill()) <= WINDOW_LINES
-    frame = pl.DataFrame({"interest": interest, "tb": tb, "engine": engine})
-    return frame.select("interest", "engine", window=window.fill_null(False))
+    # occur earlier in a line (in an Iris job name, say). The three run in parallel.
+    raw = pl.col("raw")
+    engine = raw.str.contains(ENGINE_LITERAL, literal=True)
+    frame = pl.DataFrame({"raw": lines}).with_row_index("idx")
+    return frame.with_columns(
+        engine=engine,
+        interest=raw.str.contains(_ANY_LITERAL) & ~engine,
+        tb=raw.str.contains(TRACEBACK, literal=True),
+    )
+
+
+def _candidates() -> pl.Expr:
+    """Interesting lines, lines up to WINDOW_LINES after a traceback, and the first WINDOW_LINES.
+
+    The first lines may close a traceback of an earlier read; `in_windows` drops those that do not.
+    """
+    idx = pl.col("idx").cast(pl.Int64)
+    since = idx - pl.when(pl.col("tb")).then(idx).forward_fill()
+    window = (since <= WINDOW_LINES).fill_null(False)
+    return pl.col("interest") | window | (idx < WINDOW_LINES)
+
+
+def in_windows(ev: pl.DataFrame) -> pl.DataFrame:
+    """`ev` without the window-only lines that follow no traceback within WINDOW_LINES lines."""
+    idx = pl.col("idx").cast(pl.Int64)
+    since = idx - pl.when(pl.col("tb")).then(idx).forward_fill()
+    keep = ~pl.col("window_only") | (since <= WINDOW_LINES).fill_null(False)
+    return ev.filter(keep)
 
 
 def _prefix_fields(outer: pl.Expr, header: pl.Expr) -> dict[str, pl.Expr]:
@@ -120,16 +144,17 @@ def _prefix_fields(outer: pl.Expr, header: pl.Expr) -> dict[str, pl.Expr]:
     }
 
 
-def _strip_prefixes(frame: pl.DataFrame) -> pl.DataFrame:
+def _strip_prefixes(frame: pl.LazyFrame) -> pl.LazyFrame:
     line = strip_sgr(pl.col("raw")).str.replace(_REPEATED, "")
-    frame = frame.select("idx", "window_only", line=line)
+    frame = frame.select("idx", "window_only", "tb", line=line)
     frame = frame.with_columns(_outer=pl.col("line").str.extract(_OUTER, 0))
     text = pl.col("line").str.slice(pl.col("_outer").str.len_chars())
     frame = frame.with_columns(text=text).drop("line")
     frame = frame.with_columns(_header=pl.col("text").str.extract(_HEADER, 0))
     skip = pl.col("_header").str.len_chars().fill_null(0)
     fields = _prefix_fields(pl.col("_outer"), pl.col("_header"))
-    return frame.select("idx", "window_only", "text", msg=pl.col("text").str.slice(skip), **fields)
+    msg = pl.col("text").str.slice(skip)
+    return frame.select("idx", "window_only", "tb", "text", msg=msg, **fields)
 
 
 def _alternation(literals: list[tuple[str, bool]]) -> str:
@@ -171,7 +196,7 @@ def _error_expr() -> pl.Expr:
     )
 
 
-def _classify(frame: pl.DataFrame) -> pl.DataFrame:
+def _classify(frame: pl.LazyFrame) -> pl.LazyFrame:
     only = pl.col("window_only")
     null_str = pl.lit(None, dtype=pl.String)
     return frame.with_columns(
@@ -190,15 +215,14 @@ def _classify(frame: pl.DataFrame) -> pl.DataFrame:
     )
 
 
-def evidence_lines(lines: pl.Series) -> tuple[pl.DataFrame, pl.DataFrame]:
-    """The lines worth reading, prefixes stripped and classified, and the vLLM stat lines.
+def evidence_lines(lines: pl.Series) -> tuple[pl.LazyFrame, pl.LazyFrame]:
+    """Queries for the lines worth reading, prefixes stripped and classified, and the stat lines.
 
-    The first frame has idx (0-based in `lines`), window_only (kept only as a possible traceback
-    end), text, msg, task, tod, pid, ip, ldt, vts, kind, err, actor. The second has `idx` and `raw`
-    of the engine stat lines, which take a shorter path (they are most of a busy log).
+    The first has idx (0-based in `lines`), window_only (kept only as a possible traceback end),
+    tb, text, msg, task, tod, pid, ip, ldt, vts, kind, err, actor. The second has `idx` and `raw`
+    of the vLLM engine stat lines, which take a shorter path (they are most of a busy log).
     """
-    frame = pl.DataFrame({"raw": lines}).with_row_index("idx").hstack(_flags(lines))
+    frame = _flagged(lines).lazy()
     stats = frame.filter(pl.col("engine")).select("idx", "raw")
-    frame = frame.filter(pl.col("interest") | pl.col("window"))
-    frame = frame.select("idx", "raw", window_only=~pl.col("interest"))
-    return _classify(_strip_prefixes(frame)), stats
+    picked = frame.filter(_candidates()).select("idx", "raw", "tb", window_only=~pl.col("interest"))
+    return _classify(_strip_prefixes(picked)), stats

@@ -14,13 +14,14 @@ import polars as pl
 
 from worker.evidence.logs.state import ParserState
 
-__all__ = ["engine_rows"]
+__all__ = ["engine_fields", "engine_rows"]
 
 _NUMBER: Final = r"\d+(?:\.\d+)?"
 _HALF_DAY: Final = 43_200
 
 
-def _fields(stats: pl.DataFrame) -> pl.DataFrame:
+def engine_fields(stats: pl.LazyFrame) -> pl.LazyFrame:
+    """The fields of each stat line (`idx`, `raw`): numbers, index, pid, ip, vLLM and Iris time."""
     parts = pl.col("raw").str.split_exact("Avg prompt throughput", 1).struct
     frame = stats.select("idx", _head=parts.field("field_0"), _tail=parts.field("field_1"))
     head, tail = pl.col("_head"), pl.col("_tail")
@@ -63,8 +64,9 @@ def _context(frame: pl.DataFrame, ev: pl.DataFrame, state: ParserState) -> pl.Da
 def engine_rows(
     stats: pl.DataFrame, ev: pl.DataFrame, state: ParserState, line_base: int, source: str
 ) -> pl.DataFrame:
-    """ENGINES rows; engine id `<pid>@<ip>/<index>`, `<pid>/<index>` or `<source>/<index>`."""
-    rows = _context(_fields(stats), ev, state)
+    """ENGINES rows of `engine_fields`; engine id `<pid>@<ip>/<index>`, `<pid>/<index>` or
+    `<source>/<index>`."""
+    rows = _context(stats, ev, state)
     owner = (
         pl.when(pl.col("pid").is_null())
         .then(pl.lit(source))

@@ -24,7 +24,7 @@ from worker.evidence.logs.state import ParserState
 __all__ = ["CacheEntry", "LogCache", "cache_key", "head_hash"]
 
 HEAD_BYTES: Final = 4096
-VERSION: Final = "1"
+VERSION: Final = "2"
 
 
 def cache_key(path: Path, source: str, reference_date: date | None) -> str:

@@ -1,26 +1,31 @@
 """Chunked reading of a log file into polars line series, split natively.
 
-A chunk is a run of complete lines (each ended by a newline) read by bytes; a partial last line is
-carried to the next read. Lines are split by polars' CSV reader with a separator byte that cannot
-occur (NUL bytes are blanked first), which is several times faster than `str.split` on one huge
-string. Invalid UTF-8 is replaced, never raised.
+A read is a run of complete lines (each ended by a newline); the file is sought back to the start
+of a partial last line, so no read is copied to be joined with the next. Lines are split by polars'
+CSV reader with a separator byte that cannot occur. The fast path (valid UTF-8, no NUL or CR byte)
+is checked by summing the line lengths; anything else takes the careful path (NUL blanked, invalid
+UTF-8 replaced, line count checked against the newlines), so nothing ever raises.
 """
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
-from typing import BinaryIO, Final
+from typing import BinaryIO, Final, Literal
 
 import polars as pl
 
 __all__ = [
     "CHUNK_BYTES",
     "WINDOW_LINES",
-    "byte_offset_of_line",
+    "Read",
     "iter_reads",
+    "line_start",
     "read_tail",
     "split_lines",
+    "split_read",
 ]
 
 CHUNK_BYTES: Final = 48 * 2**20
@@ -41,12 +46,7 @@ def _python_split(raw: bytes) -> pl.Series:
     return pl.Series("line", [p.removesuffix("\r") for p in parts], dtype=pl.String)
 
 
-def split_lines(raw: bytes) -> pl.Series:
-    """The lines of `raw` as a String series (newline and a trailing CR removed)."""
-    if not raw:
-        return pl.Series("line", [], dtype=pl.String)
-    if b"\x00" in raw:
-        raw = raw.replace(b"\x00", b" ")
+def _read_csv(raw: bytes, encoding: Literal["utf8", "utf8-lossy"]) -> pl.Series | None:
     try:
         frame = pl.read_csv(
             raw,
@@ -55,38 +55,91 @@ def split_lines(raw: bytes) -> pl.Series:
             quote_char=None,
             new_columns=["line"],
             infer_schema=False,
-            encoding="utf8-lossy",
+            encoding=encoding,
             truncate_ragged_lines=True,
         )
     except pl.exceptions.PolarsError:
+        return None
+    return frame.to_series().fill_null("").alias("line") if frame.width == 1 else None
+
+
+def split_lines(raw: bytes) -> pl.Series:
+    """The lines of `raw` as a String series (newline and a trailing CR removed)."""
+    if not raw:
+        return pl.Series("line", [], dtype=pl.String)
+    if b"\x00" in raw:
+        raw = raw.replace(b"\x00", b" ")
+    lines = _read_csv(raw, "utf8-lossy")
+    if lines is None or len(lines) != _count_lines(raw):
         return _python_split(raw)
-    if frame.width != 1 or frame.height != _count_lines(raw):
-        return _python_split(raw)
-    return frame.to_series().fill_null("").alias("line")
+    return lines
 
 
-def byte_offset_of_line(raw: bytes, n_lines: int, index: int) -> int:
-    """Byte offset in `raw` (ending with a newline) where line `index` of `n_lines` starts.
+def _split_fast(data: bytes, end: int) -> pl.Series | None:
+    """The lines of `data[:end]` when `data` is plain UTF-8 without NUL or CR, else None."""
+    if b"\x00" in data or b"\r" in data:
+        return None
+    lines = _read_csv(data, "utf8")
+    if lines is None:
+        return None
+    # `data[end:]` (no newline in it) is one more line when not empty.
+    n_lines = len(lines) - (1 if end < len(data) else 0)
+    lines = lines.head(n_lines)
+    newlines = n_lines - (0 if data[end - 1 : end] == b"\n" else 1)
+    total = lines.str.len_bytes().sum() + newlines
+    return lines if total == end else None
 
-    Counts newlines back from the end: the lines after a cut are few (bounded by WINDOW_LINES).
-    """
+
+def split_read(data: bytes, end: int) -> pl.Series:
+    """The lines of `data[:end]` (which is empty or ends with a newline, or ends the file)."""
+    if end <= 0:
+        return pl.Series("line", [], dtype=pl.String)
+    fast = _split_fast(data, end)
+    return fast if fast is not None else split_lines(data[:end])
+
+
+def line_start(raw: bytes, end: int, n_lines: int, index: int) -> int:
+    """Byte offset in `raw[:end]` (`n_lines` lines, ending with a newline) of line `index`."""
     if index <= 0:
         return 0
     if index >= n_lines:
-        return len(raw)
-    pos = len(raw)
+        return end
+    pos = end
     for _ in range(n_lines - index + 1):
         pos = raw.rfind(b"\n", 0, pos)
     return pos + 1
 
 
-def iter_reads(handle: BinaryIO, chunk_bytes: int) -> Iterator[bytes]:
-    """Successive reads of at most `chunk_bytes` until end of file."""
+@dataclass(frozen=True)
+class Read:
+    """One read: its complete lines are `data[:end]`; `final` is the rest of the file."""
+
+    data: bytes
+    end: int
+    final: bool
+
+
+def iter_reads(handle: BinaryIO, chunk_bytes: int) -> Iterator[Read]:
+    """Reads of complete lines (about `chunk_bytes` each), then one final read of the rest.
+
+    After a read the file is sought back to the start of its partial last line, which the next
+    read begins with; a line longer than a read is accumulated.
+    """
+    pending = b""
     while True:
         data = handle.read(chunk_bytes)
         if not data:
+            yield Read(pending, len(pending), final=True)
             return
-        yield data
+        if pending:
+            data, pending = pending + data, b""
+        end = data.rfind(b"\n") + 1
+        if end == 0:
+            pending = data
+            continue
+        if end < len(data):
+            handle.seek(end - len(data), os.SEEK_CUR)
+        yield Read(data, end, final=False)
 
 
 def read_tail(path: Path, size: int, tail_bytes: int = 65536) -> bytes:

@@ -1,7 +1,14 @@
-"""Reading one log file: chunks through the parser, with or without the incremental cache."""
+"""Reading one log file: chunks through the parser, with or without the incremental cache.
+
+Reads are scanned (split, classified, stat lines read) in worker threads, up to `PREFETCH` reads
+ahead, while the main thread parses the chunks in order; polars releases the GIL, so a scan and a
+parse run on two cores at once.
+"""
 
 from __future__ import annotations
 
+from collections import deque
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from datetime import date, datetime
 from pathlib import Path
@@ -13,6 +20,7 @@ from worker.evidence.logs import detect
 from worker.evidence.logs.chunk import TABLES, parse_chunk
 from worker.evidence.logs.incremental import HEAD_BYTES, CacheEntry, LogCache, cache_key, head_hash
 from worker.evidence.logs.lines import CHUNK_BYTES, iter_reads, read_tail, split_lines
+from worker.evidence.logs.scan import Scan, scan
 from worker.evidence.logs.state import ParserState
 from worker.evidence.logs.stitch import build_tables
 from worker.evidence.model import LogTables, ParseSummary
@@ -20,6 +28,8 @@ from worker.evidence.model import LogTables, ParseSummary
 __all__ = ["FileRows", "parse_file_rows", "parse_log_file"]
 
 _LOGURU_TS: Final = r"(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d(?:\.\d+)?) \|"
+PREFETCH: Final = 2
+_WORKERS: Final = 2
 
 
 @dataclass(frozen=True)
@@ -47,24 +57,41 @@ class _Run:
     bytes_read: int
 
 
+class _Chunks:
+    """Scans parsed in order; the lines after each cut are carried into the next chunk."""
+
+    def __init__(self, state: ParserState, source: str) -> None:
+        self.state = state
+        self.source = source
+        self.carry: Scan | None = None
+        self.committed: list[dict[str, pl.DataFrame]] = []
+
+    def add(self, piece: Scan) -> None:
+        chunk = self.carry.then(piece) if self.carry is not None else piece
+        rows, self.carry = parse_chunk(chunk, self.state, self.source, final=False)
+        self.committed.append(rows)
+
+    def finish(self, piece: Scan) -> _Run:
+        saved = self.state.copy()
+        chunk = self.carry.then(piece) if self.carry is not None else piece
+        tail, _ = parse_chunk(chunk, self.state, self.source, final=True)
+        return _Run(self.committed, saved, tail, self.state, saved.offset + chunk.size)
+
+
 def _run(path: Path, state: ParserState, source: str, chunk_bytes: int) -> _Run:
-    committed: list[dict[str, pl.DataFrame]] = []
-    pending = b""
-    with path.open("rb") as handle:
+    chunks = _Chunks(state, source)
+    pending: deque[Future[Scan]] = deque()
+    with path.open("rb") as handle, ThreadPoolExecutor(_WORKERS) as pool:
         handle.seek(state.offset)
-        for data in iter_reads(handle, chunk_bytes):
-            end = data.rfind(b"\n") + 1
-            if end == 0:
-                pending += data
-                continue
-            # One copy: the carried bytes joined with the complete lines of this read.
-            raw = b"".join((pending, memoryview(data)[:end]))
-            rows, used = parse_chunk(raw, state, source, final=False)
-            committed.append(rows)
-            pending = raw[used:] + data[end:]
-    saved = state.copy()
-    tail, _ = parse_chunk(pending, state, source, final=True)
-    return _Run(committed, saved, tail, state, saved.offset + len(pending))
+        for read in iter_reads(handle, chunk_bytes):
+            pending.append(pool.submit(scan, read))
+            if read.final:
+                break
+            if len(pending) > PREFETCH:
+                chunks.add(pending.popleft().result())
+        while len(pending) > 1:
+            chunks.add(pending.popleft().result())
+        return chunks.finish(pending.popleft().result())
 
 
 def _tail_timestamp(path: Path, size: int) -> datetime | None:

@@ -35,6 +35,7 @@ class ParserState:
     last_tod: int | None = None  # the last Iris time of day, in seconds
     breakdowns: dict[str, str] = field(default_factory=dict)  # actor -> pending breakdown
     head: list[str] = field(default_factory=list)
+    head_seen: int = 0  # lines looked at for `head`
     records: dict[str, int] = field(default_factory=dict)
     malformed: int = 0
     malformed_examples: list[str] = field(default_factory=list)

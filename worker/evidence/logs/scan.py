@@ -1,0 +1,122 @@
+"""The per-read work that needs no parser state: split, classify, read the stat lines.
+
+A `Scan` holds what a read of complete lines yields on its own (classified lines, engine stat
+fields, the first lines for the summary head, the bytes of its last lines for cut offsets), so the
+reader can scan the next reads in worker threads while the current chunk is parsed. Scans join in
+file order; the lines after a chunk's cut are carried, already scanned, into the next chunk.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Final
+
+import polars as pl
+
+from worker.evidence.logs import detect, engines
+from worker.evidence.logs.lines import WINDOW_LINES, Read, line_start, split_read
+
+__all__ = ["HEAD_LINES", "HEAD_SCAN_LINES", "Scan", "scan"]
+
+# The summary head: the first non-empty lines among the first HEAD_SCAN_LINES lines of the file.
+HEAD_SCAN_LINES: Final = 1000
+HEAD_LINES: Final = 5
+# A chunk is cut at most WINDOW_LINES + 1 lines before its end; its tail bytes must cover the cut.
+TAIL_LINES: Final = WINDOW_LINES + 2
+
+
+@dataclass(frozen=True)
+class Scan:
+    """Consecutive lines of a file, scanned; `idx` columns count from the first of them."""
+
+    lines: int
+    size: int  # bytes, newlines included
+    ev: pl.DataFrame  # detect.evidence_lines columns
+    stats: pl.DataFrame  # engines.engine_fields columns
+    head: pl.DataFrame  # idx, text: first non-empty lines among the first HEAD_SCAN_LINES
+    first_content: int | None  # idx of the first non-blank line
+    tail: bytes  # the bytes of the last `tail_lines` lines
+    tail_lines: int
+
+    def then(self, other: Scan) -> Scan:
+        """This scan followed by `other`."""
+        if other.tail_lines < other.lines:
+            tail, tail_lines = other.tail, other.tail_lines
+        else:
+            tail, tail_lines = self.tail + other.tail, self.tail_lines + other.tail_lines
+        first = other.first_content
+        return Scan(
+            lines=self.lines + other.lines,
+            size=self.size + other.size,
+            ev=pl.concat([self.ev, _shifted(other.ev, self.lines)]),
+            stats=pl.concat([self.stats, _shifted(other.stats, self.lines)]),
+            head=pl.concat([self.head, _shifted(other.head, self.lines)]),
+            first_content=self.first_content
+            if self.first_content is not None
+            else (None if first is None else first + self.lines),
+            tail=tail,
+            tail_lines=tail_lines,
+        )
+
+    def offset_of(self, index: int) -> int:
+        """Byte offset of line `index`, which must lie within the tail (or be the end)."""
+        if index >= self.lines:
+            return self.size
+        first = self.lines - self.tail_lines
+        if index < first:
+            raise ValueError(f"line {index} is before the scanned tail (line {first})")
+        within = line_start(self.tail, len(self.tail), self.tail_lines, index - first)
+        return self.size - len(self.tail) + within
+
+    def after(self, index: int) -> Scan:
+        """The lines from `index` on (within the tail), already scanned."""
+        start = self.offset_of(index)
+        cut = start - (self.size - len(self.tail))
+        return Scan(
+            lines=self.lines - index,
+            size=self.size - start,
+            ev=_shifted(self.ev.filter(pl.col("idx") >= index), -index),
+            stats=_shifted(self.stats.filter(pl.col("idx") >= index), -index),
+            head=self.head.clear(),
+            first_content=None,
+            tail=self.tail[cut:],
+            tail_lines=self.lines - index,
+        )
+
+
+def _shifted(frame: pl.DataFrame, by: int) -> pl.DataFrame:
+    if by == 0:
+        return frame
+    return frame.with_columns((pl.col("idx").cast(pl.Int64) + by).cast(pl.UInt32))
+
+
+def _head(lines: pl.Series) -> tuple[pl.DataFrame, int | None]:
+    first = lines.head(HEAD_SCAN_LINES)
+    text = detect.strip_sgr(pl.col("line")).str.strip_chars()
+    head = first.to_frame("line").with_row_index("idx").select("idx", text=text)
+    head = head.filter(pl.col("text").str.len_bytes() > 0).head(HEAD_LINES)
+    found = (first.str.strip_chars().str.len_bytes() > 0).arg_true()
+    if not len(found):
+        found = (lines.str.strip_chars().str.len_bytes() > 0).arg_true()
+    return head, int(found[0]) if len(found) else None
+
+
+def scan(read: Read) -> Scan:
+    """The scan of the complete lines of `read` (of all of it when final)."""
+    lines = split_read(read.data, read.end)
+    n_lines = len(lines)
+    ev_query, stats_query = detect.evidence_lines(lines)
+    ev, stats = pl.collect_all([ev_query, engines.engine_fields(stats_query)])
+    head, first_content = _head(lines)
+    tail_lines = min(n_lines, TAIL_LINES)
+    start = line_start(read.data, read.end, n_lines, n_lines - tail_lines)
+    return Scan(
+        lines=n_lines,
+        size=read.end,
+        ev=ev,
+        stats=stats,
+        head=head,
+        first_content=first_content,
+        tail=read.data[start : read.end],
+        tail_lines=tail_lines,
+    )
