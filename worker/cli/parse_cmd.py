@@ -30,16 +30,14 @@ def _read_trials(path: Path, trace_jobs_dir: Path | None) -> TrialTables | None:
     return None
 
 
-def _write_trials(trials: TrialTables | None, out: Path, fmt: str) -> list[Path]:
+def _write_trials(
+    trials: TrialTables | None, out: Path, fmt: Literal["csv", "parquet"]
+) -> list[Path]:
+    from worker.evidence.logs.write import write_frame
+
     if trials is None or trials.trials.is_empty():
         return []
-    target = out / f"trials.{fmt}"
-    frame = trials.trials
-    if fmt == "csv":
-        frame.write_csv(target)
-    else:
-        frame.write_parquet(target)
-    return [target]
+    return [write_frame(trials.trials, out, "trials", fmt)]
 
 
 def _summary_lines(logs: LogTables | None, trials: TrialTables | None) -> list[str]:

@@ -9,7 +9,7 @@ import polars as pl
 
 from worker.evidence.model import LogTables
 
-__all__ = ["TABLE_NAMES", "write_tables"]
+__all__ = ["TABLE_NAMES", "write_frame", "write_tables"]
 
 TABLE_NAMES: Final = (
     "metrics",
@@ -44,12 +44,18 @@ def write_tables(
     out_dir.mkdir(parents=True, exist_ok=True)
     written: list[Path] = []
     for name, frame in _frames(tables).items():
-        if frame.is_empty():
-            continue
-        path = out_dir / f"{name}.{fmt}"
-        if fmt == "csv":
-            _iso(frame).write_csv(path)
-        else:
-            frame.write_parquet(path)
-        written.append(path)
+        if not frame.is_empty():
+            written.append(write_frame(frame, out_dir, name, fmt))
     return written
+
+
+def write_frame(
+    frame: pl.DataFrame, out_dir: Path, name: str, fmt: Literal["csv", "parquet"] = "csv"
+) -> Path:
+    """Write one table as `<name>.csv` (datetimes as ISO-8601 UTC) or `<name>.parquet`."""
+    path = out_dir / f"{name}.{fmt}"
+    if fmt == "csv":
+        _iso(frame).write_csv(path)
+    else:
+        frame.write_parquet(path)
+    return path
