@@ -2,9 +2,10 @@
 
 An entry is keyed on the file's path, its source name and the reference date, and is valid while
 the file keeps its inode, has not shrunk, and still starts with the same bytes (a hash of its
-head). It holds the parser state at the last committed line and the rows read up to there; the
-lines after (an open construct, a partial last line) are read again on every parse. Entries live in
-an in-process LRU and, optionally, in a directory (state as JSON, rows as Parquet).
+head). It holds the parser state at the last committed line, the rows read up to there and (when
+made by `parse_log_file`) their stitched METRICS and PHASES; the lines after (an open construct, a
+partial last line) are read again on every parse. Entries live in an in-process LRU and,
+optionally, in a directory (state as JSON, rows and stitched tables as Parquet).
 """
 
 from __future__ import annotations
@@ -20,11 +21,13 @@ from typing import Final
 import polars as pl
 
 from worker.evidence.logs.state import ParserState
+from worker.evidence.logs.stitch import Stitched
 
 __all__ = ["CacheEntry", "LogCache", "cache_key", "head_hash"]
 
 HEAD_BYTES: Final = 4096
-VERSION: Final = "2"
+VERSION: Final = "3"
+_STITCHED: Final = ("metrics", "phases")
 
 
 def cache_key(path: Path, source: str, reference_date: date | None) -> str:
@@ -49,6 +52,7 @@ class CacheEntry:
     head_hash: str
     state: ParserState  # after the last committed line
     rows: dict[str, pl.DataFrame]  # rows of the committed lines
+    stitched: Stitched | None = None  # stitch(rows), when kept
 
     def matches(self, path: Path) -> bool:
         """True while `path` is the same file, grown or unchanged."""
@@ -103,6 +107,9 @@ class LogCache:
         folder.mkdir(parents=True, exist_ok=True)
         for name, frame in entry.rows.items():
             frame.write_parquet(folder / f"{name}.parquet")
+        if entry.stitched is not None:
+            for name in _STITCHED:
+                getattr(entry.stitched, name).write_parquet(folder / f"stitched_{name}.parquet")
         meta = {
             "key": key,
             "inode": entry.inode,
@@ -110,6 +117,7 @@ class LogCache:
             "head_len": entry.head_len,
             "head_hash": entry.head_hash,
             "tables": sorted(entry.rows),
+            "stitched": entry.stitched is not None,
         }
         (folder / "state.json").write_text(entry.state.to_json())
         (folder / "meta.json").write_text(json.dumps(meta))
@@ -124,8 +132,14 @@ class LogCache:
                 return None
             state = ParserState.from_json((folder / "state.json").read_text())
             rows = {name: pl.read_parquet(folder / f"{name}.parquet") for name in meta["tables"]}
+            stitched = _load_stitched(folder) if meta["stitched"] else None
         except (OSError, ValueError, KeyError, pl.exceptions.PolarsError):
             return None
         return CacheEntry(
-            meta["inode"], meta["size"], meta["head_len"], meta["head_hash"], state, rows
+            meta["inode"], meta["size"], meta["head_len"], meta["head_hash"], state, rows, stitched
         )
+
+
+def _load_stitched(folder: Path) -> Stitched:
+    frames = {name: pl.read_parquet(folder / f"stitched_{name}.parquet") for name in _STITCHED}
+    return Stitched(**frames)

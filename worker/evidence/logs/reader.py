@@ -22,7 +22,7 @@ from worker.evidence.logs.incremental import HEAD_BYTES, CacheEntry, LogCache, c
 from worker.evidence.logs.lines import CHUNK_BYTES, iter_reads, read_tail, split_lines
 from worker.evidence.logs.scan import Scan, scan
 from worker.evidence.logs.state import ParserState
-from worker.evidence.logs.stitch import build_tables
+from worker.evidence.logs.stitch import Stitched, build_tables, restitch, stitch
 from worker.evidence.model import LogTables, ParseSummary
 
 __all__ = ["FileRows", "parse_file_rows", "parse_log_file"]
@@ -121,20 +121,35 @@ def _summary(state: ParserState, source: str, size: int, tail_ts: datetime | Non
     )
 
 
-def parse_file_rows(
+def _stitch_committed(
+    hit: CacheEntry | None, committed: dict[str, pl.DataFrame], run: _Run
+) -> Stitched:
+    if hit is None or hit.stitched is None:
+        return stitch(committed)
+    return restitch(hit.stitched, committed, run.committed)
+
+
+def _read_file(
     path: Path,
     source: str,
+    reference_date: date | None,
+    cache: LogCache | None,
+    chunk_bytes: int,
     *,
-    reference_date: date | None = None,
-    cache: LogCache | None = None,
-    chunk_bytes: int = CHUNK_BYTES,
-) -> FileRows:
-    """The raw rows of one file, reusing and refreshing `cache` when given."""
+    stitched: bool,
+) -> tuple[FileRows, Stitched | None]:
+    """The raw rows of one file and, with a cache and `stitched`, their stitched tables.
+
+    The stitched tables of the committed rows are cached with them, so the next parse re-stitches
+    only the steps its new rows touch.
+    """
     key = cache_key(path, source, reference_date)
     hit = cache.lookup(key, path) if cache is not None else None
     state = hit.state.copy() if hit else ParserState.initial(reference_date)
     run = _run(path, state, source, chunk_bytes)
     committed = _concat(([hit.rows] if hit else []) + run.committed)
+    rows = _concat([committed, run.tail])
+    known = _stitch_committed(hit, committed, run) if cache is not None and stitched else None
     if cache is not None:
         head_len = min(HEAD_BYTES, run.bytes_read)
         entry = CacheEntry(
@@ -144,11 +159,24 @@ def parse_file_rows(
             head_hash=head_hash(path, head_len),
             state=run.committed_state,
             rows=committed,
+            stitched=known,
         )
         cache.store(key, entry)
-    rows = _concat([committed, run.tail])
+    final = restitch(known, rows, [run.tail]) if known is not None else None
     tail_ts = _tail_timestamp(path, run.bytes_read)
-    return FileRows(rows, _summary(run.state, source, run.bytes_read, tail_ts))
+    return FileRows(rows, _summary(run.state, source, run.bytes_read, tail_ts)), final
+
+
+def parse_file_rows(
+    path: Path,
+    source: str,
+    *,
+    reference_date: date | None = None,
+    cache: LogCache | None = None,
+    chunk_bytes: int = CHUNK_BYTES,
+) -> FileRows:
+    """The raw rows of one file, reusing and refreshing `cache` when given."""
+    return _read_file(path, source, reference_date, cache, chunk_bytes, stitched=False)[0]
 
 
 def parse_log_file(
@@ -160,7 +188,7 @@ def parse_log_file(
     chunk_bytes: int = CHUNK_BYTES,
 ) -> LogTables:
     """The tables of one log file; `source` is the name written in provenance columns."""
-    found = parse_file_rows(
-        path, source, reference_date=reference_date, cache=cache, chunk_bytes=chunk_bytes
+    found, stitched = _read_file(
+        path, source, reference_date, cache, chunk_bytes, stitched=cache is not None
     )
-    return build_tables(found.rows, found.summary)
+    return build_tables(found.rows, found.summary, stitched)

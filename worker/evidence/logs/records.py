@@ -24,7 +24,11 @@ __all__ = [
     "reward_metrics",
 ]
 
-_MIRROR: Final = r"WANDB_MIRROR kind=(\w+) step=(-?\d+) metrics=(\{.*\})\s*$"
+_MIRROR: Final = r"WANDB_MIRROR kind=\w+ step=-?\d+ metrics=\{.*\}\s*$"
+# The leftmost header of a line matching _MIRROR is where its match starts (`.*` spans the rest), so
+# the fields come from a short match and the JSON is what follows it: no capture over the JSON.
+_MIRROR_HEAD: Final = r"WANDB_MIRROR kind=(\w+) step=(-?\d+) metrics=\{"
+_BEFORE_JSON: Final = r"^.*?WANDB_MIRROR kind=\w+ step=-?\d+ metrics=\{"
 _JSON_PAIR: Final = r'"(?:[^"\\]|\\.)*"\s*:\s*(?:"(?:[^"\\]|\\.)*"|[^,}\s]+)'
 _JSON_KEY: Final = r'^"((?:[^"\\]|\\.)*)"'
 _PY_PAIR: Final = r"'(?:[^'\\]|\\.)*'\s*:\s*(?:'(?:[^'\\]|\\.)*'|[^,}]+)"
@@ -54,11 +58,14 @@ def _explode_pairs(frame: pl.DataFrame, text: str, pair: str, key: str) -> pl.Da
 def mirror_records(ev: pl.DataFrame) -> pl.DataFrame:
     """Every WANDB_MIRROR line: `mkind`, `mstep`, `json` and `ok` (false: malformed)."""
     rows = ev.filter(pl.col("kind") == "mirror")
-    parsed = pl.col("msg").str.extract_groups(_MIRROR).struct
+    msg = pl.col("msg")
+    whole = msg.str.contains(_MIRROR)
+    head = msg.str.extract_groups(_MIRROR_HEAD).struct
+    json = msg.str.replace(_BEFORE_JSON, "{").str.strip_chars_end()
     rows = rows.with_columns(
-        mkind=parsed.field("1"),
-        mstep=parsed.field("2").cast(pl.Int64, strict=False),
-        json=parsed.field("3"),
+        mkind=pl.when(whole).then(head.field("1")),
+        mstep=pl.when(whole).then(head.field("2").cast(pl.Int64, strict=False)),
+        json=pl.when(whole).then(json),
     )
     return rows.with_columns(ok=pl.col("json").is_not_null() & pl.col("mstep").is_not_null())
 

@@ -4,10 +4,15 @@ METRICS keeps one row per (step, key): explicit-step sources (mirror, console) w
 ones (policy dict, reward line, batch); among equals the newest attempt, then the latest line wins.
 PHASES are finished timers (one per step and phase, same rule) plus `timing/<phase>` metric keys for
 the steps and phases no timer line covered.
+
+Both are functions of each step's rows alone, so a grown file's `Stitched` is re-derived only for
+the steps its new rows touch (`restitch`); the earlier result's other steps are kept as they are.
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+from dataclasses import dataclass
 from typing import Final
 
 import polars as pl
@@ -16,11 +21,21 @@ from worker.evidence import schema
 from worker.evidence.logs.batches import batch_metrics
 from worker.evidence.model import LogTables, ParseSummary
 
-__all__ = ["EXPLICIT_ORIGINS", "build_tables", "phases", "stitch_metrics", "with_batch_metrics"]
+__all__ = [
+    "EXPLICIT_ORIGINS",
+    "Stitched",
+    "build_tables",
+    "phases",
+    "restitch",
+    "stitch",
+    "stitch_metrics",
+    "with_batch_metrics",
+]
 
 EXPLICIT_ORIGINS: Final = ("mirror", "console")
 _ATTEMPT_WEIGHT: Final = 2**40  # lines stay below this
 _EXPLICIT_WEIGHT: Final = 2**62
+_STEPPED: Final = ("metrics", "batches", "timers")  # the raw tables METRICS and PHASES come from
 
 
 def _newest(frame: pl.DataFrame, keys: list[str], explicit: pl.Expr | None = None) -> pl.DataFrame:
@@ -83,19 +98,72 @@ def _table(
     return frame.sort("source", "line", maintain_order=True)
 
 
-def build_tables(rows: dict[str, pl.DataFrame], summary: ParseSummary) -> LogTables:
-    """The final tables from raw rows (of one file or several)."""
+@dataclass(frozen=True)
+class Stitched:
+    """The stitched METRICS and PHASES of some raw rows."""
+
+    metrics: pl.DataFrame
+    phases: pl.DataFrame
+
+
+def stitch(rows: dict[str, pl.DataFrame]) -> Stitched:
+    """METRICS and PHASES from raw rows (of one file or several)."""
     batches = _table(rows, "batches", schema.BATCHES)
-    raw_metrics = _table(rows, "metrics", schema.METRICS)
-    metrics = stitch_metrics(with_batch_metrics(raw_metrics, batches))
-    timers = _table(rows, "timers", schema.TIMERS)
+    metrics = stitch_metrics(with_batch_metrics(_table(rows, "metrics", schema.METRICS), batches))
+    return Stitched(metrics, phases(_table(rows, "timers", schema.TIMERS), metrics))
+
+
+def _touched_steps(fresh: Iterable[dict[str, pl.DataFrame]]) -> pl.Series:
+    steps = [part[name].get_column("step") for part in fresh for name in _STEPPED if name in part]
+    if not steps:
+        return pl.Series("step", [], dtype=pl.Int64)
+    return pl.concat(steps).drop_nulls().unique()
+
+
+def _merged(kept: pl.DataFrame, redone: pl.DataFrame, touched: pl.Series) -> pl.DataFrame:
+    """`kept` without the touched steps, merged with `redone` (both sorted by step)."""
+    steps = kept.get_column("step")
+    first, last = touched.min(), touched.max()
+    assert isinstance(first, int) and isinstance(last, int)
+    low = int(steps.search_sorted(first, side="left"))
+    high = int(steps.search_sorted(last, side="right"))
+    if steps.slice(low, high - low).is_in(touched.implode()).all():
+        # The touched steps are one run of `kept`: splice `redone` in by slices, without copying.
+        return pl.concat([kept.slice(0, low), redone, kept.slice(high)])
+    others = kept.filter(~pl.col("step").is_in(touched.implode()))
+    return others.merge_sorted(redone, key="step")
+
+
+def restitch(
+    known: Stitched, rows: dict[str, pl.DataFrame], fresh: Iterable[dict[str, pl.DataFrame]]
+) -> Stitched:
+    """`stitch(rows)`, given `known = stitch(rows without fresh)` and `fresh`, the rows added.
+
+    For a single source only (batch totals take the source of the last batch row).
+    """
+    touched = _touched_steps(fresh)
+    if touched.is_empty():
+        return known
+    inside = pl.col("step").is_in(touched.implode())
+    redone = stitch({name: rows[name].filter(inside) for name in _STEPPED if name in rows})
+    return Stitched(
+        metrics=_merged(known.metrics, redone.metrics, touched),
+        phases=_merged(known.phases, redone.phases, touched),
+    )
+
+
+def build_tables(
+    rows: dict[str, pl.DataFrame], summary: ParseSummary, stitched: Stitched | None = None
+) -> LogTables:
+    """The final tables from raw rows (of one file or several); `stitched` when known already."""
+    found = stitched if stitched is not None else stitch(rows)
     return LogTables(
-        metrics=metrics,
-        timers=timers,
-        phases=phases(timers, metrics),
+        metrics=found.metrics,
+        timers=_table(rows, "timers", schema.TIMERS),
+        phases=found.phases,
         engines=_table(rows, "engines", schema.ENGINES),
         progress=_table(rows, "progress", schema.PROGRESS),
-        batches=batches,
+        batches=_table(rows, "batches", schema.BATCHES),
         errors=_table(rows, "errors", schema.ERRORS),
         resumes=_table(rows, "resumes", schema.RESUMES),
         summary=summary,
