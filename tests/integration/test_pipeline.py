@@ -191,3 +191,38 @@ def test_fresh_replay_captures_again(pipeline_services: Services, tmp_path: Path
     replay = VerdictEntry.model_validate_json(result.stdout)
     assert services.store.exists(f"evidence/{replay.event_id}/evidence.json")
     assert replay.captured_at > NOW
+
+
+AGREEMENT = ("stall_with_stacks", "healthy_standard", "stall_without_stacks", "crash_loop")
+
+
+def test_pipeline_verdicts_agree_with_diagnose(pipeline_services: Services) -> None:
+    """For scenario bundles (KILL, NO-KILL, ERROR), the pipeline's report gives the verdict,
+    confidence and gate statuses that `rl-health diagnose` gives on the same directory."""
+    from tests.scenarios.catalog import SCENARIOS
+
+    services = pipeline_services
+    expected: dict[str, dict[str, Any]] = {}
+    for scenario in (s for s in SCENARIOS if s.name in AGREEMENT):
+        built = scenario.build(services.bundle_root / "agreement")
+        args = ["--now", built.now.isoformat()]
+        if built.probes is not None:
+            args += ["--probes", built.probes.relative_to(services.bundle_root).as_posix()]
+        job = built.job_dir.relative_to(services.bundle_root).as_posix()
+        alert = services.run("alert", job, *args)
+        assert alert.returncode == 0, alert.stderr
+        probes = ["--probes", str(built.probes)] if built.probes is not None else []
+        local = services.run("diagnose", str(built.job_dir), "--now", built.now.isoformat(),
+                             "--format", "json", *probes)  # fmt: skip
+        expected[alert.stdout.strip()] = json.loads(local.stdout)
+    for entry in _verdicts_for(services, set(expected)):
+        for event_id in set(entry.event_ids) & set(expected):
+            got = json.loads(services.store.get(_key(services, entry.report_uri)))
+            want = expected[event_id]
+            assert (got["verdict"], got["confidence"], got["restarts"]["count"]) == (
+                want["verdict"],
+                want["confidence"],
+                want["restarts"]["count"],
+            ), event_id
+            statuses = {name: gate["status"] for name, gate in got["gates"].items()}
+            assert statuses == {name: g["status"] for name, g in want["gates"].items()}
