@@ -212,8 +212,12 @@ def test_fresh_bundle_of_each_generation(tmp_path: Path, generation: str) -> Non
     for name in ("finelog", "pod_logs", "ray_logs", "traces"):
         fresh = info.freshness[name]
         assert not fresh.stale, fresh
-        assert fresh.age_s == pytest.approx(120, abs=1)
         assert fresh.newest_mtime == NOW - timedelta(minutes=2)
+    for name in ("pod_logs", "ray_logs", "traces"):
+        assert info.freshness[name].age_s == pytest.approx(120, abs=1)
+    assert info.synced_at is not None
+    synced_age = (NOW - info.synced_at).total_seconds()  # the sweep refreshed the finelog
+    assert info.freshness["finelog"].age_s == pytest.approx(synced_age, abs=1)
     assert info.freshness["pod_logs"].n_files == 4
 
 
@@ -267,15 +271,27 @@ def test_threshold_comes_from_settings(tmp_path: Path) -> None:
     job = make_job(tmp_path, manifest("newest"))
     fill(job, NOW - timedelta(minutes=2))
     info = read_bundle(job, NOW, Thresholds(max_evidence_age_s=60))
-    assert info.freshness["finelog"].stale
+    assert info.freshness["pod_logs"].stale
 
 
 def test_naive_now_is_taken_as_utc(tmp_path: Path) -> None:
     """A naive `now` is read as UTC rather than raising on subtraction."""
     job = make_job(tmp_path, manifest("newest"))
-    touch(job / "finelog.log", NOW - timedelta(minutes=1))
+    touch(job / "pod_logs" / "rank-0.log", NOW - timedelta(minutes=1))
     info = read_bundle(job, NOW.replace(tzinfo=None), LIMITS)
-    assert info.freshness["finelog"].age_s == pytest.approx(60, abs=1)
+    assert info.freshness["pod_logs"].age_s == pytest.approx(60, abs=1)
+
+
+def test_unchanged_finelog_is_fresh_when_the_sweep_is(tmp_path: Path) -> None:
+    """A quiet job's finelog keeps its old mtime; a fresh sweep that reported it present still
+    refreshed it, so it is not stale — but an old sweep leaves it stale."""
+    job = make_job(tmp_path, manifest("newest"))
+    touch(job / "finelog.log", NOW - timedelta(hours=3))
+    fresh = read_bundle(job, NOW, LIMITS).freshness["finelog"]
+    assert not fresh.stale
+    assert fresh.newest_mtime == NOW - timedelta(hours=3)
+    stale = read_bundle(job, NOW + timedelta(hours=1), LIMITS).freshness["finelog"]
+    assert stale.stale
 
 
 def test_symlinked_log_leaving_the_job_is_not_used_for_freshness(tmp_path: Path) -> None:

@@ -333,8 +333,24 @@ def _age_reason(age_s: float, limit: float, status: ArtifactStatus) -> str:
     return reason
 
 
+def _refreshed_at(
+    name: str, newest: datetime, status: ArtifactStatus, synced_at: datetime | None
+) -> datetime:
+    """When the class was last refreshed. Every sweep, status-only ones included, refreshes the
+    finelog; an unchanged log (a quiet job) keeps its old mtime, so the manifest's `synced_at`
+    counts for it when the sweep reported the log present."""
+    if name != "finelog" or synced_at is None or status.state is not ArtifactState.PRESENT:
+        return newest
+    return max(newest, synced_at)
+
+
 def _freshness(
-    files: BundleFiles, name: str, status: ArtifactStatus, now: datetime, limit: float
+    files: BundleFiles,
+    name: str,
+    status: ArtifactStatus,
+    now: datetime,
+    limit: float,
+    synced_at: datetime | None = None,
 ) -> ClassFreshness:
     relative = CLASS_PATHS[name]
     found = _class_files(files, relative)
@@ -345,7 +361,7 @@ def _freshness(
             name=name, newest_mtime=None, age_s=None, stale=claimed, reason=reason or "no files"
         )
     newest = max(mtime_utc(path) for path in found)
-    age_s = (now - newest).total_seconds()
+    age_s = (now - _refreshed_at(name, newest, status, synced_at)).total_seconds()
     return ClassFreshness(
         name=name,
         newest_mtime=newest,
@@ -370,7 +386,9 @@ def read_bundle(
     statuses: dict[str, ArtifactStatus] = fields["statuses"]
     now = _as_utc(now)
     freshness = {
-        name: _freshness(files, name, statuses[name], now, thresholds.max_evidence_age_s)
+        name: _freshness(
+            files, name, statuses[name], now, thresholds.max_evidence_age_s, fields.get("synced_at")
+        )
         for name in CLASS_PATHS
     }
     return BundleInfo(
