@@ -1,7 +1,7 @@
 """Line classification: which lines matter, their prefixes stripped, their kind.
 
-Cheap literal filters (`contains_any`) pick the few lines worth reading; regexes run only on that
-subset. Prefixes removed: SGR colour codes, Iris's `[HH:MM:SS] task=/u/j/t | `, Ray's
+One capture-free literal alternation picks the few lines worth reading; other regexes run only on
+that subset. Prefixes removed: SGR colour codes, Iris's `[HH:MM:SS] task=/u/j/t | `, Ray's
 `(Name pid=N, ip=X)` and `[repeated Nx across cluster]`. A loguru or vLLM header leaves `msg`.
 """
 
@@ -84,7 +84,9 @@ _INTEREST: Final[list[str]] = sorted(
 )
 
 
-_ANY_LITERAL: Final = "|".join(re.escape(lit) for lit in sorted(_INTEREST, key=len, reverse=True))
+# Every literal that flags a line, longest first: one leftmost-first search finds the first one.
+_FLAG_LITERALS: Final = sorted({*_INTEREST, ENGINE_LITERAL}, key=lambda lit: (-len(lit), lit))
+_ANY_FLAG: Final = "|".join(re.escape(lit) for lit in _FLAG_LITERALS)
 
 
 def strip_sgr(expr: pl.Expr) -> pl.Expr:
@@ -92,17 +94,34 @@ def strip_sgr(expr: pl.Expr) -> pl.Expr:
     return expr.str.replace_all(SGR, "")
 
 
+def _later(frame: pl.DataFrame, literal: str) -> pl.Series:
+    return frame.filter(pl.col("raw").str.contains(literal, literal=True))["idx"]
+
+
 def _flagged(lines: pl.Series) -> pl.DataFrame:
-    # A regex alternation (with its literal prefilter) is several times faster than
-    # `contains_any`; the engine and traceback flags need their own pass, since a literal can also
-    # occur earlier in a line (in an Iris job name, say). The three run in parallel.
-    raw = pl.col("raw")
-    engine = raw.str.contains(ENGINE_LITERAL, literal=True)
+    """idx, raw and the flags engine (stat line), interest (other literal) and tb (traceback).
+
+    One regex (a literal prefilter, no captures) finds each line's first flag literal; a line
+    without one has no flag. The engine and traceback literals can also follow another literal
+    (in an Iris job name, say), so only the lines with a hit are searched for them again.
+    """
+    raw, first = pl.col("raw"), pl.col("_first")
     frame = pl.DataFrame({"raw": lines}).with_row_index("idx")
-    return frame.with_columns(
+    frame = frame.with_columns(_first=raw.str.extract(_ANY_FLAG, 0))
+    hits = frame.filter(first.is_not_null())
+    others = hits.filter(first != ENGINE_LITERAL)
+    engine_later = _later(others, ENGINE_LITERAL)
+    tb_at = pl.concat(
+        [_later(others, TRACEBACK), _later(hits.filter(first == ENGINE_LITERAL), TRACEBACK)]
+    )
+    idx = pl.col("idx")
+    engine = (first == ENGINE_LITERAL).fill_null(False) | idx.is_in(engine_later.implode())
+    return frame.select(
+        "idx",
+        "raw",
         engine=engine,
-        interest=raw.str.contains(_ANY_LITERAL) & ~engine,
-        tb=raw.str.contains(TRACEBACK, literal=True),
+        interest=first.is_not_null() & ~engine,
+        tb=idx.is_in(tb_at.implode()),
     )
 
 
@@ -126,14 +145,15 @@ def in_windows(ev: pl.DataFrame) -> pl.DataFrame:
 
 
 def _prefix_fields(outer: pl.Expr, header: pl.Expr) -> dict[str, pl.Expr]:
-    iris = outer.str.extract(r"^\[(\d\d:\d\d:\d\d)\] task=(\S+) ", 0)
+    # `[HH:MM:SS] task=` is 16 characters; the task runs to the space that ends the match.
+    iris = outer.str.extract(r"^\[\d\d:\d\d:\d\d\] task=\S+ ", 0)
 
     def clock(start: int) -> pl.Expr:
         return iris.str.slice(start, 2).cast(pl.Int32, strict=False)
 
     loguru = header.str.extract(r"^\d{4}-\d\d-\d\d \d\d:\d\d:\d\d(?:\.\d+)?", 0)
     return {
-        "task": iris.str.extract(r"task=(\S+)", 1),
+        "task": iris.str.slice(16).str.head(-1),
         "tod": clock(1) * 3600 + clock(4) * 60 + clock(7),
         "pid": outer.str.extract(r"pid=(\d+)", 1),
         "ip": outer.str.extract(r"ip=([^\s()]+)", 1),

@@ -25,16 +25,18 @@ def engine_fields(stats: pl.LazyFrame) -> pl.LazyFrame:
     parts = pl.col("raw").str.split_exact("Avg prompt throughput", 1).struct
     frame = stats.select("idx", _head=parts.field("field_0"), _tail=parts.field("field_1"))
     head, tail = pl.col("_head"), pl.col("_tail")
-    owner = head.str.extract_groups(r"pid=(\d+)(?:, ip=([^\s()]+))?").struct
+    # Whole matches (no capture groups, the regex engine's fast path), then fixed slices of them.
+    owner = head.str.extract(r"pid=\d+(?:, ip=[^\s()]+)?", 0).str.split_exact(", ip=", 1).struct
+    vllm = head.str.extract(r"(?:INFO|WARNING|DEBUG|ERROR) \d\d-\d\d \d\d:\d\d:\d\d", 0)
     clock = pl.when(head.str.starts_with("[")).then(head.str.slice(1, 8))
     return frame.select(
         "idx",
         _n=tail.str.extract_all(_NUMBER),
         _shift=tail.str.contains("Swapped:", literal=True).cast(pl.Int64),
-        index=head.str.extract(r"Engine (\d+): $", 1).fill_null("0"),
-        pid=owner.field("1"),
-        ip=owner.field("2"),
-        vts=head.str.extract(r"(?:INFO|WARNING|DEBUG|ERROR) (\d\d-\d\d \d\d:\d\d:\d\d)", 1),
+        index=head.str.extract(r"Engine \d+: $", 0).str.slice(7).str.head(-2).fill_null("0"),
+        pid=owner.field("field_0").str.slice(4),
+        ip=owner.field("field_1"),
+        vts=vllm.str.slice(-14),
         tod=clock.str.to_time("%H:%M:%S", strict=False).cast(pl.Int64) // 1_000_000_000,
     )
 
