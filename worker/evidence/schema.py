@@ -106,27 +106,8 @@ BATCHES: Final[dict[str, pl.DataType]] = {
     **PROVENANCE,
 }
 
-ERROR_KINDS: Final[tuple[str, ...]] = (
-    "traceback",  # text = the exception line that ends the traceback
-    "cuda_oom",
-    "cuda_error",
-    "internal_assert",
-    "ray_task_error",
-    "actor_died",
-    "worker_crashed",
-    "train_loop_failed",
-    "nccl_watchdog_timeout",
-    "nccl_watchdog_stuck",
-    "config_override",
-    "trajectory_failed",
-    "verifier_error",
-    "sandbox_error",
-    "shm_broadcast",  # benign noise, kept so a gate can say it saw and discounted it
-    "image_pull_backoff",  # benign when transient
-)
-
 HARD_ERROR_KINDS: Final[tuple[str, ...]] = (
-    "traceback",
+    "traceback",  # text = the exception line that ends the traceback
     "cuda_oom",
     "cuda_error",
     "internal_assert",
@@ -138,6 +119,16 @@ HARD_ERROR_KINDS: Final[tuple[str, ...]] = (
     "nccl_watchdog_timeout",
 )
 """The kinds that can end a process: a failure signature is read from the first of them."""
+
+ERROR_KINDS: Final[tuple[str, ...]] = (
+    *HARD_ERROR_KINDS,
+    "nccl_watchdog_stuck",
+    "trajectory_failed",
+    "verifier_error",
+    "sandbox_error",
+    "shm_broadcast",  # benign noise, kept so a gate can say it saw and discounted it
+    "image_pull_backoff",  # benign when transient
+)
 
 ERRORS: Final[dict[str, pl.DataType]] = {
     "source": pl.String(),
