@@ -112,7 +112,11 @@ def _count(state: ParserState, tables: dict[str, pl.DataFrame]) -> None:
 
 
 def _metrics(
-    ev: pl.DataFrame, mirrors: pl.DataFrame, blocks: pl.DataFrame, state: ParserState
+    ev: pl.DataFrame,
+    mirrors: pl.DataFrame,
+    pairs: pl.DataFrame,
+    blocks: pl.DataFrame,
+    state: ParserState,
 ) -> pl.DataFrame:
     console, policy = records.dict_metrics(blocks)
     closed = blocks.filter(pl.col("closed"))
@@ -122,7 +126,7 @@ def _metrics(
     state.count("policy_dict", policy_blocks.height)
     rewards = records.reward_metrics(ev)
     state.count("reward_line", rewards.get_column("line").n_unique())
-    parts = [records.mirror_metrics(mirrors), console, policy, rewards]
+    parts = [records.mirror_metrics(mirrors, pairs), console, policy, rewards]
     return pl.concat([conform(p, "metrics", "") for p in parts])
 
 
@@ -141,13 +145,11 @@ def parse_chunk(
     )
     blocks = blocks.filter(pl.col("idx") < cut)
     stats = chunk.stats.filter(pl.col("idx") < cut)
-    mirrors = records.mirror_records(ev)
+    mirrors = chunk.mirrors.filter(pl.col("idx") < cut)
     ev = _with_context(_set_steps(ev, mirrors, blocks), state)
-    mirrors = mirrors.select("idx", "mkind", "mstep", "json", "ok", "text").join(
-        ev.select("idx", "line", "ts", "attempt"), on="idx"
-    )
+    mirrors = mirrors.join(ev.select("idx", "line", "ts", "attempt"), on="idx")
     blocks = _block_context(blocks, ev)
-    tables = _tables(ev, mirrors, blocks, state, source)
+    tables = _tables(ev, mirrors, chunk.pairs, blocks, state, source)
     tables["engines"] = conform(
         engines.engine_rows(stats, ev, state, state.line, source), "engines", source
     )
@@ -164,11 +166,12 @@ def parse_chunk(
 def _tables(
     ev: pl.DataFrame,
     mirrors: pl.DataFrame,
+    pairs: pl.DataFrame,
     blocks: pl.DataFrame,
     state: ParserState,
     source: str,
 ) -> dict[str, pl.DataFrame]:
-    metrics = _metrics(ev, mirrors, blocks, state).with_columns(source=pl.lit(source))
+    metrics = _metrics(ev, mirrors, pairs, blocks, state).with_columns(source=pl.lit(source))
     tables = {
         "metrics": metrics,
         "timers": conform(timers.timer_rows(ev), "timers", source),

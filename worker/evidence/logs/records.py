@@ -19,6 +19,7 @@ __all__ = [
     "dict_blocks",
     "dict_metrics",
     "mirror_metrics",
+    "mirror_pairs",
     "mirror_records",
     "open_blocks",
     "reward_metrics",
@@ -70,15 +71,21 @@ def mirror_records(ev: pl.DataFrame) -> pl.DataFrame:
     return rows.with_columns(ok=pl.col("json").is_not_null() & pl.col("mstep").is_not_null())
 
 
-def mirror_metrics(records: pl.DataFrame) -> pl.DataFrame:
-    """METRICS rows (before stitching) of the well-formed train records."""
-    train = records.filter(pl.col("ok") & (pl.col("mkind") == "train"))
-    pairs = _explode_pairs(train, "json", _JSON_PAIR, _JSON_KEY)
-    return (
-        pairs.with_columns(step=pl.col("mstep"))
-        .select(*_KEEP)
-        .with_columns(origin=pl.lit("mirror"))
-    )
+def mirror_pairs(records: pl.DataFrame) -> pl.DataFrame:
+    """`idx`, `key` and `value` of each numeric pair of the well-formed train records.
+
+    They need no parser state, so the scan threads read them; `mirror_metrics` adds the context.
+    """
+    train = records.filter(pl.col("ok") & (pl.col("mkind") == "train")).select("idx", "json")
+    return _explode_pairs(train, "json", _JSON_PAIR, _JSON_KEY).select("idx", "key", "value")
+
+
+def mirror_metrics(records: pl.DataFrame, pairs: pl.DataFrame) -> pl.DataFrame:
+    """METRICS rows (before stitching) of `pairs` (`mirror_pairs`) of the `records` given, which
+    carry the provenance of their line."""
+    context = records.select("idx", "line", "ts", "attempt", step="mstep")
+    rows = pairs.join(context, on="idx", how="inner", maintain_order="left")
+    return rows.select(*_KEEP).with_columns(origin=pl.lit("mirror"))
 
 
 def dict_blocks(ev: pl.DataFrame) -> pl.DataFrame:

@@ -13,7 +13,7 @@ from typing import Final
 
 import polars as pl
 
-from worker.evidence.logs import detect, engines
+from worker.evidence.logs import detect, engines, records
 from worker.evidence.logs.lines import WINDOW_LINES, Read, line_start, split_read
 
 __all__ = ["HEAD_LINES", "HEAD_SCAN_LINES", "Scan", "scan"]
@@ -33,6 +33,8 @@ class Scan:
     size: int  # bytes, newlines included
     ev: pl.DataFrame  # detect.evidence_lines columns
     stats: pl.DataFrame  # engines.engine_fields columns
+    mirrors: pl.DataFrame  # records.mirror_records columns but `json`
+    pairs: pl.DataFrame  # records.mirror_pairs columns
     head: pl.DataFrame  # idx, text: first non-empty lines among the first HEAD_SCAN_LINES
     first_content: int | None  # idx of the first non-blank line
     tail: bytes  # the bytes of the last `tail_lines` lines
@@ -50,6 +52,8 @@ class Scan:
             size=self.size + other.size,
             ev=pl.concat([self.ev, _shifted(other.ev, self.lines)]),
             stats=pl.concat([self.stats, _shifted(other.stats, self.lines)]),
+            mirrors=pl.concat([self.mirrors, _shifted(other.mirrors, self.lines)]),
+            pairs=pl.concat([self.pairs, _shifted(other.pairs, self.lines)]),
             head=pl.concat([self.head, _shifted(other.head, self.lines)]),
             first_content=self.first_content
             if self.first_content is not None
@@ -75,8 +79,10 @@ class Scan:
         return Scan(
             lines=self.lines - index,
             size=self.size - start,
-            ev=_shifted(self.ev.filter(pl.col("idx") >= index), -index),
-            stats=_shifted(self.stats.filter(pl.col("idx") >= index), -index),
+            ev=_from(self.ev, index),
+            stats=_from(self.stats, index),
+            mirrors=_from(self.mirrors, index),
+            pairs=_from(self.pairs, index),
             head=self.head.clear(),
             first_content=None,
             tail=self.tail[cut:],
@@ -88,6 +94,10 @@ def _shifted(frame: pl.DataFrame, by: int) -> pl.DataFrame:
     if by == 0:
         return frame
     return frame.with_columns((pl.col("idx").cast(pl.Int64) + by).cast(pl.UInt32))
+
+
+def _from(frame: pl.DataFrame, index: int) -> pl.DataFrame:
+    return _shifted(frame.filter(pl.col("idx") >= index), -index)
 
 
 def _head(lines: pl.Series) -> tuple[pl.DataFrame, int | None]:
@@ -107,6 +117,8 @@ def scan(read: Read) -> Scan:
     n_lines = len(lines)
     ev_query, stats_query = detect.evidence_lines(lines)
     ev, stats = pl.collect_all([ev_query, engines.engine_fields(stats_query)])
+    mirrors = records.mirror_records(ev)
+    pairs = records.mirror_pairs(mirrors)
     head, first_content = _head(lines)
     tail_lines = min(n_lines, TAIL_LINES)
     start = line_start(read.data, read.end, n_lines, n_lines - tail_lines)
@@ -115,6 +127,8 @@ def scan(read: Read) -> Scan:
         size=read.end,
         ev=ev,
         stats=stats,
+        mirrors=mirrors.drop("json"),
+        pairs=pairs,
         head=head,
         first_content=first_content,
         tail=read.data[start : read.end],
