@@ -120,6 +120,7 @@ class ParseSummary(_Frozen):
     last_timestamp: UtcDatetime | None = None  # newest timestamp of any line
     head: tuple[str, ...] = ()  # the first non-empty lines, to show what the log looks like
     head_lines: tuple[int, ...] = ()  # their 1-based line numbers, when the parser kept them
+    head_source: str | None = None  # the file they come from (default: the first of `files`)
 
 
 @dataclass(frozen=True)

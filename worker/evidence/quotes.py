@@ -45,7 +45,8 @@ def log_head_quotes(logs: LogTables | None, limit: int = 3) -> tuple[Quote, ...]
     """The first lines of the log, quoted, to show what a log without usable records looks like."""
     if logs is None or not logs.summary.head:
         return ()
-    source = logs.summary.files[0] if logs.summary.files else "finelog.log"
+    files = logs.summary.files
+    source = logs.summary.head_source or (files[0] if files else "finelog.log")
     numbers = logs.summary.head_lines
     return tuple(
         quote(source, text, line=numbers[i] if i < len(numbers) else None)

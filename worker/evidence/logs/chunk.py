@@ -49,7 +49,10 @@ def _note_head(chunk: Scan, state: ParserState) -> None:
         seen = pl.col("idx").cast(pl.Int64) + state.line
         fresh = chunk.head.filter((seen >= state.head_seen) & (seen < HEAD_SCAN_LINES))
         room = HEAD_LINES - len(state.head)
-        state.head.extend(fresh.get_column("text").head(room).to_list())
+        kept = fresh.head(room)
+        state.head.extend(kept.get_column("text").to_list())
+        numbers = kept.get_column("idx").cast(pl.Int64) + (state.line + 1)
+        state.head_lines.extend(numbers.to_list())
     state.head_seen = max(state.head_seen, state.line + chunk.lines)
 
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from datetime import date, datetime
 from pathlib import Path
-from typing import Final
+from typing import Any, Final
 
 import polars as pl
 
@@ -71,8 +71,17 @@ def _merge_summaries(parts: list[FileRows]) -> ParseSummary:
         serializations=tuple(sorted(k for k, v in records.items() if v)),
         first_timestamp=min(firsts, default=None),
         last_timestamp=_latest(lasts),
-        head=next((s.head for s in summaries if s.head), ()),
+        **_head(summaries),
     )
+
+
+def _head(summaries: list[ParseSummary]) -> dict[str, Any]:
+    """The head of the first file that has one, with its line numbers and its file."""
+    first = next((s for s in summaries if s.head), None)
+    if first is None:
+        return {}
+    source = first.head_source or (first.files[0] if first.files else None)
+    return {"head": first.head, "head_lines": first.head_lines, "head_source": source}
 
 
 def _latest(stamps: list[datetime]) -> datetime | None:

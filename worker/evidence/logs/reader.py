@@ -118,6 +118,7 @@ def _summary(state: ParserState, source: str, size: int, tail_ts: datetime | Non
         first_timestamp=state.first_ts,
         last_timestamp=last,
         head=tuple(state.head),
+        head_lines=tuple(state.head_lines),
     )
 
 

@@ -35,6 +35,7 @@ class ParserState:
     last_tod: int | None = None  # the last Iris time of day, in seconds
     breakdowns: dict[str, str] = field(default_factory=dict)  # actor -> pending breakdown
     head: list[str] = field(default_factory=list)
+    head_lines: list[int] = field(default_factory=list)  # 1-based line numbers of `head`
     head_seen: int = 0  # lines looked at for `head`
     records: dict[str, int] = field(default_factory=dict)
     malformed: int = 0
@@ -53,6 +54,7 @@ class ParserState:
             self,
             breakdowns=dict(self.breakdowns),
             head=list(self.head),
+            head_lines=list(self.head_lines),
             records=dict(self.records),
             malformed_examples=list(self.malformed_examples),
         )
