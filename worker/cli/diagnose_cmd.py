@@ -5,6 +5,7 @@ from __future__ import annotations
 import sys
 import tempfile
 from datetime import UTC, datetime
+from functools import partial
 from pathlib import Path
 
 import click
@@ -12,6 +13,7 @@ import click
 from shared.models import Mode, Report
 from shared.settings import CampaignError, Settings, load_thresholds
 from worker.cli.options import ISO_DATETIME
+from worker.evidence.model import Evidence
 
 __all__ = ["diagnose_command"]
 
@@ -19,12 +21,10 @@ BACKENDS = ("iris", "kubernetes", "slurm", "local")
 
 
 def _live_probes(
-    job_dir: Path, backend: str, out: Path | None, **kwargs: object
+    first: Evidence, backend: str, out: Path | None
 ) -> tuple[Path | None, tuple[str, ...]]:
     from worker.capture import capture_live
-    from worker.diagnosis import collect_evidence
 
-    first = collect_evidence(job_dir, **kwargs)  # type: ignore[arg-type]
     target = out / "probes" if out else Path(tempfile.mkdtemp(prefix="rlhealth-probes-"))
     probe_dir, notes = capture_live(first, backend, target, Settings())
     if probe_dir is not None and out is None:
@@ -99,16 +99,18 @@ def diagnose_command(
     except CampaignError as exc:
         raise click.BadParameter(str(exc), param_hint="--campaign") from exc
     moment = now or datetime.now(UTC)
-    kwargs: dict[str, object] = {
-        "now": moment,
-        "mode": Mode(mode) if mode else None,
-        "thresholds": thresholds,
-        "evidence_label": str(job_dir),
-    }
+    collect = partial(
+        collect_evidence,
+        job_dir,
+        now=moment,
+        mode=Mode(mode) if mode else None,
+        thresholds=thresholds,
+        evidence_label=str(job_dir),
+    )
     notes: tuple[str, ...] = ()
     if backend is not None:
-        probes_dir, notes = _live_probes(job_dir, backend, out, **kwargs)
-    evidence = collect_evidence(job_dir, probes_dir=probes_dir, notes=notes, **kwargs)  # type: ignore[arg-type]
+        probes_dir, notes = _live_probes(collect(), backend, out)
+    evidence = collect(probes_dir=probes_dir, notes=notes)
     report = judge(evidence)
     sys.stdout.write(render_json(report) if fmt == "json" else render_text(report))
     if out is not None:
