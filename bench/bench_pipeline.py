@@ -43,8 +43,8 @@ from tests.integration.services import (
     stop,
     wait_for,
 )
-from worker.app import make_app
-from worker.store import store_from_settings
+from worker.pipeline.app import make_app
+from worker.pipeline.store import store_from_settings
 
 
 @dataclass

@@ -16,8 +16,8 @@ from reports.text import render_text
 from shared.models import Report, VerdictEntry, iso_utc
 
 if TYPE_CHECKING:
-    from worker.coalesce import Coalescer
-    from worker.store import ObjectStore
+    from worker.pipeline.coalesce import Coalescer
+    from worker.pipeline.store import ObjectStore
 
 __all__ = ["LocalFolderSink", "S3ReportSink", "StoredReport", "VerdictStreamSink", "report_key"]
 

@@ -29,9 +29,9 @@ from tests.integration.services import (
     stop,
     wait_for,
 )
-from worker.app import make_app
-from worker.pipeline import Pipeline
-from worker.store import S3Store, store_from_settings
+from worker.pipeline.app import make_app
+from worker.pipeline.steps import Pipeline
+from worker.pipeline.store import S3Store, store_from_settings
 
 COALESCE_S = 20
 

@@ -23,9 +23,9 @@ from tests.integration.iris_jobdir import (
 )
 from worker.backends import JobRef, Recorder, default_runner, make_backend
 from worker.backends.base import ProbePlan, probe_job
-from worker.capture import capture_live
 from worker.diagnosis import collect_evidence
 from worker.evidence.probes import read_probes, write_probes
+from worker.pipeline.capture import capture_live
 
 pytestmark = pytest.mark.integration
 

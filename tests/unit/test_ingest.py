@@ -15,10 +15,10 @@ from shared.alerts import publish_alert
 from shared.models import Confidence, Verdict, VerdictEntry
 from shared.settings import Settings
 from shared.streams import ALERT_FIELD, INGEST_GROUP, StreamNames, entry_from_fields
-from worker.coalesce import Coalescer
-from worker.ingest import Entry, Ingest
-from worker.pipeline import Pipeline
-from worker.store import MemoryStore
+from worker.pipeline.coalesce import Coalescer
+from worker.pipeline.ingest import Entry, Ingest
+from worker.pipeline.steps import Pipeline
+from worker.pipeline.store import MemoryStore
 
 JOB = "jobs/cw/ops/rl-job"
 

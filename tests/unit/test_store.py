@@ -11,8 +11,8 @@ import boto3
 import pytest
 from moto.server import ThreadedMotoServer
 
-from worker.failures import InfrastructureError
-from worker.store import (
+from worker.pipeline.failures import InfrastructureError
+from worker.pipeline.store import (
     MemoryStore,
     ObjectMissingError,
     ObjectStore,
@@ -107,7 +107,9 @@ def test_s3_uri_names_bucket_and_prefix(moto_endpoint: str) -> None:
 
 def test_unreachable_s3_is_an_infrastructure_fault(monkeypatch: pytest.MonkeyPatch) -> None:
     """A store that cannot be reached raises InfrastructureError after its retries."""
-    monkeypatch.setattr("worker.store.wait_exponential_jitter", lambda **_: lambda _state: 0)
+    monkeypatch.setattr(
+        "worker.pipeline.store.wait_exponential_jitter", lambda **_: lambda _state: 0
+    )
     client = boto3.client(
         "s3",
         endpoint_url=f"http://127.0.0.1:{_free_port()}",

@@ -23,7 +23,7 @@ BACKENDS = ("iris", "kubernetes", "slurm", "local")
 def _live_probes(
     first: Evidence, backend: str, out: Path | None
 ) -> tuple[Path | None, tuple[str, ...]]:
-    from worker.capture import capture_live
+    from worker.pipeline.capture import capture_live
 
     target = out / "probes" if out else Path(tempfile.mkdtemp(prefix="rlhealth-probes-"))
     probe_dir, notes = capture_live(first, backend, target, Settings())

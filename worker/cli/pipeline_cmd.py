@@ -19,7 +19,7 @@ from shared.settings import Settings
 from worker.cli.options import ISO_DATETIME
 
 if TYPE_CHECKING:
-    from worker.pipeline import Pipeline
+    from worker.pipeline.steps import Pipeline
 
 __all__ = [
     "alert_command",
@@ -39,8 +39,8 @@ def _redis(settings: Settings) -> Any:
 
 
 def _pipeline(settings: Settings) -> Pipeline:
-    from worker.pipeline import Pipeline
-    from worker.store import store_from_settings
+    from worker.pipeline.steps import Pipeline
+    from worker.pipeline.store import store_from_settings
 
     store = store_from_settings(settings)
     if settings.s3_endpoint_url:  # a local S3 (moto, MinIO): make the bucket on first use
@@ -101,8 +101,8 @@ def alert_command(
 @click.option("--consumer", help="Consumer name in the `ingest` group (default: the host name).")
 def ingest_command(once: bool, max_events: int | None, consumer: str | None) -> None:
     """Consume the alert stream and start one diagnosis per job in need (until interrupted)."""
-    from worker.ingest import Ingest
-    from worker.tasks import dispatch
+    from worker.pipeline.ingest import Ingest
+    from worker.pipeline.tasks import dispatch
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
     stopping: list[int] = []
@@ -131,9 +131,9 @@ def ingest_command(once: bool, max_events: int | None, consumer: str | None) -> 
 @click.option("--hostname", help="Celery node name (default: rlhealth@<host>).")
 def worker_command(concurrency: int, pool: str, loglevel: str, hostname: str | None) -> None:
     """Start a Celery worker running the diagnosis tasks."""
-    import worker.tasks  # noqa: F401 - registers the tasks
+    import worker.pipeline.tasks  # noqa: F401 - registers the tasks
     from shared.streams import StreamNames
-    from worker.app import app
+    from worker.pipeline.app import app
 
     settings = Settings()
     if settings.s3_endpoint_url:
@@ -182,8 +182,8 @@ def verdicts_command(
 def _replay_event(pipeline: Pipeline, original: Event, fresh: bool) -> tuple[Event, str | None]:
     """The replay event and the evidence id it judges (None: a fresh capture)."""
     from shared.alerts import new_event_id
-    from worker.pipeline import frozen_now
-    from worker.store import ObjectMissingError
+    from worker.pipeline.steps import frozen_now
+    from worker.pipeline.store import ObjectMissingError
 
     evidence_id, now = None, None
     if not fresh:
@@ -220,8 +220,8 @@ def replay_command(event_id: str, fresh: bool, timeout: float, as_json: bool) ->
     """
     from shared.alerts import confine
     from shared.supervisor import VerdictReader
-    from worker.store import ObjectMissingError
-    from worker.tasks import dispatch
+    from worker.pipeline.store import ObjectMissingError
+    from worker.pipeline.tasks import dispatch
 
     settings = Settings()
     pipeline = _pipeline(settings)

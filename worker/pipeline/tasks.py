@@ -1,4 +1,4 @@
-"""The Celery tasks: thin wrappers over `worker.pipeline`, and the workflow that joins them.
+"""The Celery tasks: thin wrappers over `worker.pipeline.steps`, and the workflow that joins them.
 
     capture ─┬─ gate restarts ──┐
              ├─ gate liveness ──┤
@@ -21,10 +21,10 @@ from celery import Task, chain, chord, group
 from celery.canvas import Signature
 
 from shared.settings import Settings
-from worker.app import CAPTURE_LIMITS_S, app
-from worker.failures import InfrastructureError, classified
-from worker.pipeline import GATE_NAMES, CaptureBusyError, Pipeline
-from worker.store import store_from_settings
+from worker.pipeline.app import CAPTURE_LIMITS_S, app
+from worker.pipeline.failures import InfrastructureError, classified
+from worker.pipeline.steps import GATE_NAMES, CaptureBusyError, Pipeline
+from worker.pipeline.store import store_from_settings
 
 __all__ = ["capture", "dispatch", "gate", "pipeline", "publish", "verdict", "workflow"]
 

@@ -2,9 +2,10 @@
 
 For each alert entry: validate it (a bad one goes to the dead-letter stream with the reason and the
 raw payload, then is acknowledged), archive the event in S3 `events/<event_id>.json`, admit it
-(`worker.coalesce`: start, attach, re-announce or duplicate), start the workflow when it leads a new
-diagnosis, and only then acknowledge. An infrastructure fault leaves the entry pending; the loop
-backs off and reads its pending entries again, so nothing is lost and the process does not crash.
+(`worker.pipeline.coalesce`: start, attach, re-announce or duplicate), start the workflow when it
+leads a new diagnosis, and only then acknowledge. An infrastructure fault leaves the entry pending;
+the loop backs off and reads its pending entries again, so nothing is lost and the process does not
+crash.
 
 A pending entry read again after a crash is a redelivery: if it leads a diagnosis still in flight
 that has no workflow yet, the workflow is started (once, guarded by a dispatch mark).
@@ -27,9 +28,9 @@ from shared.alerts import OutsideBundleRootError, confine
 from shared.models import Event
 from shared.settings import Settings
 from shared.streams import ALERT_FIELD, INGEST_GROUP, StreamNames
-from worker.coalesce import Admission, Coalescer
-from worker.failures import BadEventError, describe, is_infrastructure
-from worker.pipeline import Pipeline
+from worker.pipeline.coalesce import Admission, Coalescer
+from worker.pipeline.failures import BadEventError, describe, is_infrastructure
+from worker.pipeline.steps import Pipeline
 
 __all__ = ["Dispatch", "Ingest", "validate_alert"]
 

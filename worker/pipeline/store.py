@@ -24,7 +24,7 @@ from tenacity import (
 )
 
 from shared.settings import Settings
-from worker.failures import InfrastructureError, describe, is_infrastructure
+from worker.pipeline.failures import InfrastructureError, describe, is_infrastructure
 
 __all__ = [
     "MemoryStore",

@@ -36,12 +36,12 @@ from shared.models import (
 )
 from shared.settings import Settings, load_thresholds
 from shared.streams import StreamNames
-from worker.coalesce import Coalescer
 from worker.diagnosis import GATE_NAMES, collect_evidence, run_gate
 from worker.evidence.frozen import MARKER, freeze, thaw
 from worker.evidence.model import BundleInfo, Evidence, ModeDecision
-from worker.failures import describe, is_infrastructure
-from worker.store import ObjectMissingError, ObjectStore, download_prefix
+from worker.pipeline.coalesce import Coalescer
+from worker.pipeline.failures import describe, is_infrastructure
+from worker.pipeline.store import ObjectMissingError, ObjectStore, download_prefix
 from worker.verdict import decide
 
 __all__ = [

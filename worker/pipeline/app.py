@@ -44,7 +44,7 @@ def make_app(settings: Settings | None = None) -> Celery:
         worker_send_task_events=True,
         task_send_sent_event=True,
         worker_hijack_root_logger=False,
-        include=["worker.tasks"],
+        include=["worker.pipeline.tasks"],
     )
     return celery
 
