@@ -11,8 +11,12 @@ from pathlib import Path
 import click
 
 from shared.models import Mode, Report
-from shared.settings import CampaignError, Settings, load_thresholds
-from worker.cli.options import ISO_DATETIME
+from worker.cli.options import (
+    ISO_DATETIME,
+    load_campaign_thresholds,
+    load_settings,
+    writable_directory,
+)
 from worker.evidence.model import Evidence
 
 __all__ = ["diagnose_command"]
@@ -26,7 +30,7 @@ def _live_probes(
     from worker.pipeline.capture import capture_live
 
     target = out / "probes" if out else Path(tempfile.mkdtemp(prefix="rlhealth-probes-"))
-    probe_dir, notes = capture_live(first, backend, target, Settings())
+    probe_dir, notes = capture_live(first, backend, target, load_settings())
     if probe_dir is not None and out is None:
         click.echo(f"live probes recorded in {probe_dir}", err=True)
     return probe_dir, notes
@@ -94,10 +98,9 @@ def diagnose_command(
         )
     if probes_dir is not None and backend is not None:
         raise click.UsageError("give --probes or --backend, not both")
-    try:
-        thresholds = load_thresholds(campaign)
-    except CampaignError as exc:
-        raise click.BadParameter(str(exc), param_hint="--campaign") from exc
+    thresholds = load_campaign_thresholds(campaign)
+    if out is not None:
+        writable_directory(out, "--out")
     moment = now or datetime.now(UTC)
     collect = partial(
         collect_evidence,

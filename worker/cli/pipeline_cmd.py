@@ -16,7 +16,7 @@ import click
 
 from shared.models import Event, Mode, VerdictEntry
 from shared.settings import Settings
-from worker.cli.options import ISO_DATETIME
+from worker.cli.options import ISO_DATETIME, load_settings
 
 if TYPE_CHECKING:
     from worker.pipeline.steps import Pipeline
@@ -81,13 +81,17 @@ def alert_command(
     """
     from shared.alerts import OutsideBundleRootError, confine, publish_alert
 
-    settings = Settings()
+    settings = load_settings()
+    if not job_dir.strip():
+        _fail("JOB_DIR is empty: name a job directory under the bundle root")
     try:
         for path in (job_dir, probes):
             if path and not (settings.bundle_root / confine(settings.bundle_root, path)).is_dir():
                 _fail(f"{path} is not a directory under the bundle root {settings.bundle_root}")
     except OutsideBundleRootError as exc:
         _fail(str(exc))
+    except (OSError, ValueError) as exc:  # a NUL byte, a name too long, a loop of links
+        _fail(f"{job_dir!r} is not a usable path: {exc}")
     kwargs: dict[str, Any] = {"reason": reason, "mode": mode, "probes": probes, "now": now}
     click.echo(publish_alert(_redis(settings), job_dir, settings=settings, **kwargs))
 
@@ -101,13 +105,20 @@ def alert_command(
 @click.option("--consumer", help="Consumer name in the `ingest` group (default: the host name).")
 def ingest_command(once: bool, max_events: int | None, consumer: str | None) -> None:
     """Consume the alert stream and start one diagnosis per job in need (until interrupted)."""
+    from functools import partial
+
+    settings = load_settings()  # before the app module reads them
     from worker.pipeline.ingest import Ingest
-    from worker.pipeline.tasks import dispatch
+    from worker.pipeline.tasks import dispatch, resend
+    from worker.pipeline.watchdog import Watchdog
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
     stopping: list[int] = []
     signal.signal(signal.SIGTERM, lambda signum, _frame: stopping.append(signum))
-    ingest = Ingest(_pipeline(Settings()), dispatch, consumer=consumer)
+    pipeline = _pipeline(settings)
+    started = partial(dispatch, register=False)  # the admission registered the lead
+    watchdog = Watchdog(pipeline, resend)
+    ingest = Ingest(pipeline, started, consumer=consumer, watchdog=watchdog)
     try:
         handled = ingest.run(stop=lambda: bool(stopping), max_events=max_events, until_idle=once)
     except KeyboardInterrupt:
@@ -131,11 +142,11 @@ def ingest_command(once: bool, max_events: int | None, consumer: str | None) -> 
 @click.option("--hostname", help="Celery node name (default: rlhealth@<host>).")
 def worker_command(concurrency: int, pool: str, loglevel: str, hostname: str | None) -> None:
     """Start a Celery worker running the diagnosis tasks."""
+    settings = load_settings()  # before the app module reads them
     import worker.pipeline.tasks  # noqa: F401 - registers the tasks
     from shared.streams import StreamNames
     from worker.pipeline.app import app
 
-    settings = Settings()
     if settings.s3_endpoint_url:
         _pipeline(settings)  # makes the bucket of a local S3 before the first task
     argv = [
@@ -164,7 +175,7 @@ def verdicts_command(
     """Read verdicts (the supervisor side): the latest ones, or new ones with --follow."""
     from shared.supervisor import VerdictReader
 
-    settings = Settings()
+    settings = load_settings()
     reader = VerdictReader(_redis(settings), settings, group=group)
     if follow or group:
         if group and not follow and timeout is None:
@@ -218,16 +229,17 @@ def replay_command(event_id: str, fresh: bool, timeout: float, as_json: bool) ->
     The replay is an event of its own (with `replay_of`), archived and answered on the verdict
     stream like any other, but never coalesced with the job's live alerts.
     """
+    settings = load_settings()  # before the app module reads them
     from shared.alerts import confine
     from shared.supervisor import VerdictReader
-    from worker.pipeline.store import ObjectMissingError
+    from worker.pipeline.failures import EvidenceLostError
+    from worker.pipeline.store import ObjectMissingError, UnsafeKeyError
     from worker.pipeline.tasks import dispatch
 
-    settings = Settings()
     pipeline = _pipeline(settings)
     try:
         original = pipeline.load_event(event_id)
-    except ObjectMissingError:
+    except (ObjectMissingError, EvidenceLostError, UnsafeKeyError):
         _fail(f"no archived event {event_id}")
     replay, evidence_id = _replay_event(pipeline, original, fresh)
     reader = VerdictReader(pipeline.redis, settings)

@@ -6,7 +6,12 @@
 - a **bad event** (not JSON, an unknown field, a job directory outside the bundle root or missing)
   is refused to the dead-letter stream with its reason and raw payload, then acknowledged;
 - **broken evidence** is not a failure here: a gate returns ERROR quoting why, so the chord joins;
-- anything else is a bug: it is raised, logged by Celery, and the job's in-flight mark expires.
+- **lost evidence** (an archived event or a frozen evidence gone from S3) is not final: the event
+  is archived again from the alert kept in Redis, the evidence captured again from the bundle;
+- a **stage that fails** — past its time limit, killed twice, out of its memory budget, a bug — ends
+  the diagnosis: the workflow's error callback answers every attached alert with an ERROR verdict
+  naming the stage and the cause, and puts the lead's event on the dead-letter stream. A time limit
+  is never evidence: it is a failure of the stage, not a fact about the job.
 """
 
 from __future__ import annotations
@@ -18,14 +23,19 @@ from typing import Final
 import botocore.exceptions
 import kombu.exceptions
 import redis.exceptions
+from celery.exceptions import SoftTimeLimitExceeded, TimeLimitExceeded
 
 __all__ = [
     "BadEventError",
+    "EvidenceLostError",
     "InfrastructureError",
     "PipelineError",
+    "PoisonError",
+    "StageTimeoutError",
     "classified",
     "describe",
     "is_infrastructure",
+    "is_time_limit",
 ]
 
 _TRANSIENT_S3_CODES: Final = frozenset(
@@ -54,6 +64,23 @@ class BadEventError(PipelineError):
     """An event that cannot be diagnosed; `str(exc)` is the dead-letter reason."""
 
 
+class EvidenceLostError(PipelineError):
+    """A frozen evidence that is gone or incomplete in S3 and cannot be captured again here."""
+
+
+class StageTimeoutError(PipelineError):
+    """A stage ran past its soft time limit: a failure of the stage, never evidence."""
+
+
+class PoisonError(PipelineError):
+    """A task that must not run again: killed twice, or out of its memory budget."""
+
+
+def is_time_limit(exc: BaseException) -> bool:
+    """True for Celery's soft and hard time limits (never evidence about the job)."""
+    return isinstance(exc, (SoftTimeLimitExceeded, TimeLimitExceeded, StageTimeoutError))
+
+
 def _transient_s3_error(exc: BaseException) -> bool:
     if not isinstance(exc, botocore.exceptions.ClientError):
         return False
@@ -79,6 +106,8 @@ def classified() -> Iterator[None]:
         yield
     except PipelineError:
         raise
+    except MemoryError as exc:  # Celery would re-raise a raw MemoryError in the worker itself
+        raise PoisonError(f"out of memory: {describe(exc)}") from exc
     except Exception as exc:
         if is_infrastructure(exc):
             raise InfrastructureError(describe(exc)) from exc
