@@ -34,6 +34,7 @@ __all__ = [
     "StageTimeoutError",
     "classified",
     "describe",
+    "explain",
     "is_infrastructure",
     "is_time_limit",
 ]
@@ -97,6 +98,22 @@ def is_infrastructure(exc: BaseException) -> bool:
 def describe(exc: BaseException) -> str:
     """`Type: message`, for reasons and logs."""
     return f"{type(exc).__name__}: {exc}"
+
+
+def explain(stage: str, exc: BaseException | None) -> str:
+    """Why the diagnosis failed, for its ERROR report: the stage, and how it failed."""
+    if exc is None:
+        return f"{stage} failed (no error was recorded)"
+    if isinstance(exc, (StageTimeoutError, PoisonError)):
+        return str(exc)  # these name their stage
+    if isinstance(exc, TimeLimitExceeded):
+        limit = exc.args[0] if exc.args else "?"
+        return f"{stage} ran past its hard time limit ({limit} s) and was stopped"
+    if isinstance(exc, InfrastructureError):
+        return f"{stage}: a service stayed unreachable past the retry deadline: {exc}"
+    if isinstance(exc, PipelineError):
+        return f"{stage}: {exc}"
+    return f"{stage} failed: {describe(exc)}"
 
 
 @contextmanager

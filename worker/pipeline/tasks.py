@@ -44,7 +44,7 @@ from worker.pipeline.failures import (
     InfrastructureError,
     StageTimeoutError,
     classified,
-    describe,
+    explain,
 )
 from worker.pipeline.guard import DeliveryGuard, MemoryBudget
 from worker.pipeline.steps import GATE_NAMES, CaptureBusyError, Pipeline
@@ -194,15 +194,14 @@ def _stage(result: Any) -> str:
 
 
 def _cause(result: Any) -> tuple[str, str, BaseException | None]:
-    """(the stage that failed, how, the exception), following a chord's failed dependency."""
+    """(the stage that failed, why, the exception), following a chord's failed dependency."""
     exc = result.result if isinstance(result.result, BaseException) else None
     found = _DEPENDENCY.search(str(exc)) if exc is not None else None
     if found:
         inner = app.AsyncResult(found.group(1))
         if isinstance(inner.result, BaseException):
             result, exc = inner, inner.result
-    how = describe(exc) if exc is not None else f"no error recorded ({result.state})"
-    return _stage(result), how, exc
+    return _stage(result), explain(_stage(result), exc), exc
 
 
 @_task("rlhealth.fail")
@@ -212,10 +211,10 @@ def fail(self: Task, failed_task_id: str, *, lead: str, job: str, deadline: floa
     result = app.AsyncResult(failed_task_id)
     if not result.ready() and self.request.retries < _RESULT_WAIT_TRIES:
         raise self.retry(countdown=1, max_retries=None)
-    stage, how, exc = _cause(result)
+    stage, why, exc = _cause(result)
     try:
         with classified():
-            _answer(lead, job, stage, how, exc)
+            _answer(lead, job, stage, why, exc)
     except InfrastructureError as infra:
         if time.time() >= deadline:
             raise
@@ -223,12 +222,12 @@ def fail(self: Task, failed_task_id: str, *, lead: str, job: str, deadline: floa
         raise self.retry(exc=infra, countdown=countdown, max_retries=None) from infra
 
 
-def _answer(lead: str, job: str, stage: str, how: str, exc: BaseException | None) -> None:
+def _answer(lead: str, job: str, stage: str, why: str, exc: BaseException | None) -> None:
     # evidence lost after its capture is captured again; a capture that lost it cannot be
     lost = isinstance(exc, EvidenceLostError) and stage != "capture"
     if lost and redispatch(lead):
         return
-    pipeline().fail(lead, job, f"{stage} failed: {how}")
+    pipeline().fail(lead, job, why)
 
 
 def redispatch(lead: str) -> bool:
@@ -257,10 +256,11 @@ def workflow(event_id: str, evidence_id: str, job: str, *, deadline: float) -> S
     lead = {"lead": event_id, "deadline": deadline}
     on_error = fail.s(lead=event_id, job=job, deadline=deadline + settings().retry_deadline_s)
     gates = group(gate.si(evidence_id, name, **lead) for name in GATE_NAMES)
+    # the chord's callback is this chain: Celery calls its error callback when a gate fails
+    then = chain(verdict.s(event_id, evidence_id, **lead), publish.s(job, **lead))
     return chain(
         capture.si(event_id, evidence_id, **lead).on_error(on_error.clone()),
-        chord(gates, verdict.s(event_id, evidence_id, **lead).on_error(on_error.clone())),
-        publish.s(job, **lead).on_error(on_error.clone()),
+        chord(gates, then.on_error(on_error.clone())),
     )
 
 
