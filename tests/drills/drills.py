@@ -128,6 +128,7 @@ def worker_kill(
         "runs": runs,
         "missed": sum(1 for t in trials if t.get("missed")),
         "kill_to_verdict_s": sorted(t["kill_to_verdict_s"] or -1 for t in trials if "lead" in t),
+        "watchdog_resends": _log_count(s, "ingest.log", "sending it again"),
         **s.ledger.figures(hit),
     }
 
@@ -158,6 +159,11 @@ def time_limit(s: Session, *, runs: int, task: str, stall_s: float, kind: str) -
         "later_alerts_answered": sum(1 for i in later if i in s.watch.answered()),
         **s.ledger.figures(leads + later),
     }
+
+
+def _log_count(s: Session, name: str, needle: str) -> int:
+    path = s.stack.dir / name
+    return path.read_text(errors="replace").count(needle) if path.exists() else 0
 
 
 def _stall(pid: int, seconds: float) -> None:
