@@ -270,3 +270,20 @@ def test_fail_survives_a_bundle_whose_report_cannot_render(pipeline: Pipeline) -
     assert entry is not None and entry.verdict is Verdict.ERROR
     assert entry.job_id == "/ops/rl-job"  # from the job directory, not the manifest
     assert "/cw/ops/rl-job/" in entry.report_uri
+
+
+@pytest.mark.parametrize(
+    ("read_frozen", "job_id"), [(True, "/ops/from-manifest"), (False, "/ops/rl-job")]
+)
+def test_a_callback_killed_once_answers_from_the_event(
+    pipeline: Pipeline, read_frozen: bool, job_id: str
+) -> None:
+    """The error callback takes the job's identity from the frozen evidence, unless its process
+    died once already (reading a huge evidence?): then from the event's job directory."""
+    manifest = pipeline.settings.bundle_root / JOB / "manifest.json"
+    data = json.loads(manifest.read_text())
+    manifest.write_text(json.dumps({**data, "job_id": "/ops/from-manifest"}))
+    _start(pipeline)
+    pipeline.capture("e1", "e1", claim="t1")
+    entry = pipeline.fail("e1", JOB, "gate liveness was killed twice", read_frozen=read_frozen)
+    assert entry is not None and entry.job_id == job_id

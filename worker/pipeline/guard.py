@@ -58,14 +58,19 @@ class DeliveryGuard:
         reason = self.redis.get(self.names.poison(task_id))
         if reason is not None:
             raise PoisonError(_text(reason))
-        key = self.names.runs(task_id, retries)
-        starts = int(self.redis.incr(key))
-        self.redis.expire(key, self.ttl_s)
+        starts = self.count(task_id, retries)
         if starts >= _KILLED_TWICE:
             raise PoisonError(
                 f"{what} was killed twice while running (started {starts} times): its worker "
                 "process died, out of memory or crashed in native code"
             )
+
+    def count(self, task_id: str, retries: int) -> int:
+        """Record one more start of this delivery; how many there have been."""
+        key = self.names.runs(task_id, retries)
+        starts = int(self.redis.incr(key))
+        self.redis.expire(key, self.ttl_s)
+        return starts
 
     def stopped(self, task_id: str, reason: str) -> None:
         """Remember why the process running `task_id` is being stopped."""

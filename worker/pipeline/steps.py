@@ -308,7 +308,9 @@ class Pipeline:
 
     # --- a diagnosis that cannot finish -----------------------------------------------------
 
-    def fail(self, lead: str, job: str, reason: str) -> VerdictEntry | None:
+    def fail(
+        self, lead: str, job: str, reason: str, *, read_frozen: bool = True
+    ) -> VerdictEntry | None:
         """Answer the diagnosis led by `lead` with an ERROR verdict saying `reason`, through the
         normal publish (every attached id announced, the job released without a cooldown), and
         dead-letter its event. Returns the entry, None when the lead was already answered. A
@@ -320,7 +322,7 @@ class Pipeline:
             self.coalescer.publish(entry, job)
             return entry
         event = self._event_or_placeholder(lead, job)
-        entry = self._decide(self._failure_entry(event, lead, reason))
+        entry = self._decide(self._failure_entry(event, lead, reason, read_frozen))
         if self.coalescer.publish(entry, job, cooldown=False):
             self.dead_letter(event, reason)
         log.warning("diagnosis %s answered ERROR: %s", lead, reason)
@@ -332,12 +334,15 @@ class Pipeline:
         except (EvidenceLostError, ValidationError):
             return Event(event_id=lead, job_dir=job, published_at=datetime.now(UTC))
 
-    def _failure_entry(self, event: Event, lead: str, reason: str) -> VerdictEntry:
+    def _failure_entry(
+        self, event: Event, lead: str, reason: str, read_frozen: bool
+    ) -> VerdictEntry:
         """The ERROR report written to S3, with the job's identity from the frozen evidence
         when it is readable and renders, else from the event's job directory."""
         answers = self.coalescer.answers(lead) or [lead]
         label = self.store.uri(evidence_prefix(lead))
-        for evidence in (self._frozen_or_none(lead), failure_evidence(event, label, reason)):
+        frozen = self._frozen_or_none(lead) if read_frozen else None
+        for evidence in (frozen, failure_evidence(event, label, reason)):
             if evidence is None:
                 continue
             report = failure_report(evidence, reason, lead=lead, answers=answers)

@@ -214,7 +214,9 @@ def fail(self: Task, failed_task_id: str, *, lead: str, job: str, deadline: floa
     stage, why, exc = _cause(result)
     try:
         with classified():
-            _answer(lead, job, stage, why, exc)
+            p = pipeline()
+            first = DeliveryGuard(p.redis, p.names).count(str(self.request.id), 0) == 1
+            _answer(lead, job, stage, why, exc, read_frozen=first)
     except InfrastructureError as infra:
         if time.time() >= deadline:
             raise
@@ -222,12 +224,15 @@ def fail(self: Task, failed_task_id: str, *, lead: str, job: str, deadline: floa
         raise self.retry(exc=infra, countdown=countdown, max_retries=None) from infra
 
 
-def _answer(lead: str, job: str, stage: str, why: str, exc: BaseException | None) -> None:
+def _answer(
+    lead: str, job: str, stage: str, why: str, exc: BaseException | None, *, read_frozen: bool
+) -> None:
     # evidence lost after its capture is captured again; a capture that lost it cannot be
     lost = isinstance(exc, EvidenceLostError) and stage != "capture"
     if lost and redispatch(lead):
         return
-    pipeline().fail(lead, job, why)
+    # a callback whose process died (reading a huge frozen evidence?) answers from the event
+    pipeline().fail(lead, job, why, read_frozen=read_frozen)
 
 
 def redispatch(lead: str) -> bool:
