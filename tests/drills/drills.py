@@ -336,7 +336,7 @@ def _repair(job_dir: Path) -> None:
     path.write_text(json.dumps(data))
 
 
-def memory(s: Session, *, runs: int, size_bytes: int = 150_000_000) -> dict[str, Any]:
+def memory(s: Session, *, runs: int, size_bytes: int = 400_000_000) -> dict[str, Any]:
     """A bundle that needs more memory than the worker may use (the stack runs under a limit)."""
     leads: list[str] = []
     for run in range(runs):

@@ -112,7 +112,7 @@ def test_memory_budget_kills_a_real_process(tmp_path: Path) -> None:
 
 def test_memory_error_is_poison_not_a_crash_of_the_worker() -> None:
     """A MemoryError inside a task becomes PoisonError (Celery would re-raise it in the worker)."""
-    with pytest.raises(PoisonError, match="out of memory"), classified():
+    with pytest.raises(PoisonError, match=r"ran out of memory \(MemoryError\)"), classified():
         raise MemoryError
 
 
@@ -168,3 +168,21 @@ def test_heartbeat_finds_the_lead_of_every_held_task() -> None:
         "d": SimpleNamespace(kwargs=None),
     }
     assert held_leads(requests) == {"e1", "e2"}
+
+
+def test_failure_reasons_name_the_stage_and_the_cause() -> None:
+    """The ERROR report's reason says which stage failed and how, for each kind of failure."""
+    from celery.exceptions import TimeLimitExceeded
+
+    from worker.pipeline.failures import EvidenceLostError, InfrastructureError, explain
+
+    assert explain("capture", PoisonError("ran out of memory (MemoryError)")) == (
+        "capture ran out of memory (MemoryError)"
+    )
+    killed = PoisonError("gate liveness was killed twice while running")
+    assert explain("gate liveness", killed) == str(killed)
+    assert "hard time limit (90 s)" in explain("gate dynamics", TimeLimitExceeded(90))
+    assert explain("verdict", ValueError("bad")) == "verdict failed: ValueError: bad"
+    assert "retry deadline" in explain("capture", InfrastructureError("S3 away"))
+    assert explain("capture", EvidenceLostError("gone")) == "capture: gone"
+    assert explain("publish", None) == "publish failed (no error was recorded)"

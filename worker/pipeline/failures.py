@@ -105,7 +105,8 @@ def explain(stage: str, exc: BaseException | None) -> str:
     if exc is None:
         return f"{stage} failed (no error was recorded)"
     if isinstance(exc, (StageTimeoutError, PoisonError)):
-        return str(exc)  # these name their stage
+        text = str(exc)  # most name their stage already
+        return text if text.startswith(stage) else f"{stage} {text}"
     if isinstance(exc, TimeLimitExceeded):
         limit = exc.args[0] if exc.args else "?"
         return f"{stage} ran past its hard time limit ({limit} s) and was stopped"
@@ -124,7 +125,7 @@ def classified() -> Iterator[None]:
     except PipelineError:
         raise
     except MemoryError as exc:  # Celery would re-raise a raw MemoryError in the worker itself
-        raise PoisonError(f"out of memory: {describe(exc)}") from exc
+        raise PoisonError(f"ran out of memory ({describe(exc).rstrip(': ')})") from exc
     except Exception as exc:
         if is_infrastructure(exc):
             raise InfrastructureError(describe(exc)) from exc
