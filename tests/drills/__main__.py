@@ -76,7 +76,7 @@ def main() -> None:
     parser.add_argument("--stall", type=float, default=20, help="time-limit drills: stop (s)")
     parser.add_argument("--settle", type=float, default=1200, help="main-process kill: wait (s)")
     parser.add_argument("--quick", type=float, default=600, help="outages: wait for answers (s)")
-    parser.add_argument("--memory-limit-mb", type=int, help="run the worker under RLIMIT_AS")
+    parser.add_argument("--memory-limit-mb", type=int, help="run the worker in a memory cgroup")
     parser.add_argument("--env", action="append", default=[], help="NAME=VALUE for the services")
     parser.add_argument("--tag", default="", help="suffix of the result file")
     args = parser.parse_args()

@@ -66,7 +66,7 @@ def session(
         yield Session(stack, watch, Ledger(stack, watch), events)
     finally:
         watch.stopping.set()
-        stack.procs.stop_all()
+        stack.stop()
 
 
 def _since(t: float | None, ids: list[str], s: Session) -> float | None:
@@ -336,17 +336,24 @@ def _repair(job_dir: Path) -> None:
     path.write_text(json.dumps(data))
 
 
-def memory(s: Session, *, runs: int, size_bytes: int = 400_000_000) -> dict[str, Any]:
-    """A bundle that needs more memory than the worker may use (the stack runs under a limit)."""
+def memory(s: Session, *, runs: int, line_mb: int = 300) -> dict[str, Any]:
+    """A bundle that needs more memory than the worker has: its finelog is one line of
+    `line_mb` MB without a newline (parsing it took 7.9 GB before issue 11's parser bounds)."""
     leads: list[str] = []
     for run in range(runs):
-        lead = s.ledger.send(s.stack.job(f"memory-{run}", size_bytes=size_bytes))
+        job = s.stack.job(f"memory-{run}")
+        with (s.stack.bundle_root / job / "finelog.log").open("wb") as log_file:
+            chunk = b"x" * 2**20
+            for _ in range(line_mb):
+                log_file.write(chunk)
+        lead = s.ledger.send(job)
         leads.append(lead)
-        s.watch.wait([lead], 400)
+        s.watch.wait([lead], 600)
     log_text = (s.stack.dir / "worker.log").read_text(errors="replace")
     return {
-        "drill": "memory-exhausting bundle",
+        "drill": f"memory-exhausting bundle (a {line_mb} MB line)",
         "runs": runs,
+        "oom_kills": s.stack.oom_kills(),
         "worker_lost_events": log_text.count("WorkerLostError"),
         "dead_letters": len(s.stack.dead_letters()),
         **s.ledger.figures(leads),

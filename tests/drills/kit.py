@@ -12,6 +12,7 @@ how docs/reliability.md shows the losses before the fixes with the same drills.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import random
@@ -41,6 +42,7 @@ from tests.integration.bundles import write_job_bundle
 ROOT = Path(__file__).resolve().parents[2]
 PYTHON = str(Path(sys.executable))
 BUCKET = "rlhealth-drill"
+CGROUP_ROOT = Path("/sys/fs/cgroup/memory")
 PREFIX = "drill"
 
 
@@ -204,6 +206,7 @@ class Stack:
         self.worker_proc: subprocess.Popen[bytes] | None = None
         self.ingest_proc: subprocess.Popen[bytes] | None = None
         self._app: Any = None
+        self.cgroups: list[Path] = []
 
     # --- lifecycle ---------------------------------------------------------------------------
 
@@ -212,7 +215,13 @@ class Stack:
         return self
 
     def __exit__(self, *_exc: object) -> None:
+        self.stop()
+
+    def stop(self) -> None:
         self.procs.stop_all()
+        for group in self.cgroups:
+            with contextlib.suppress(OSError):
+                group.rmdir()
 
     def start(self) -> None:
         self.start_redis()
@@ -296,13 +305,35 @@ class Stack:
         argv = self.product.argv("worker", "--concurrency", "2", "--pool", "prefork",
                                  "--loglevel", "INFO", "--hostname", f"{PREFIX}@%h")  # fmt: skip
         if self.worker_memory_limit_mb:
-            limit = self.worker_memory_limit_mb * 2**20
-            argv = ["prlimit", f"--as={limit}", "--", *argv]
+            argv = self._memory_limited(argv, self.worker_memory_limit_mb * 2**20)
         self.worker_proc = self.procs.spawn(
             argv, self.env, self.dir / "worker.log", cwd=self.product.root
         )
         if wait:
             wait_for(self._worker_ready, 300, "the celery worker", every=0.5)
+
+    def _memory_limited(self, argv: list[str], limit: int) -> list[str]:
+        """`argv` run in a memory cgroup of its own (the kernel's OOM killer SIGKILLs the child
+        that needs more, as on a real host); RLIMIT_AS where cgroups cannot be made."""
+        group = CGROUP_ROOT / f"rlhealth-drill-{self.ports.redis}"
+        try:
+            group.mkdir(exist_ok=True)
+            (group / "memory.limit_in_bytes").write_text(str(limit))
+        except OSError:
+            return ["prlimit", f"--as={limit}", "--", *argv]
+        self.cgroups.append(group)
+        enter = f'echo $$ > {group / "cgroup.procs"} && exec "$@"'
+        return ["sh", "-c", enter, "sh", *argv]
+
+    def oom_kills(self) -> int:
+        """How often the kernel's OOM killer struck in this stack's memory cgroups."""
+        total = 0
+        for group in self.cgroups:
+            with contextlib.suppress(OSError, ValueError):
+                for line in (group / "memory.oom_control").read_text().splitlines():
+                    if line.startswith("oom_kill "):
+                        total += int(line.split()[1])
+        return total
 
     def _worker_ready(self) -> bool:
         proc = self.worker_proc
