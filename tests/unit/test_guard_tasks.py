@@ -186,3 +186,21 @@ def test_failure_reasons_name_the_stage_and_the_cause() -> None:
     assert "retry deadline" in explain("capture", InfrastructureError("S3 away"))
     assert explain("capture", EvidenceLostError("gone")) == "capture: gone"
     assert explain("publish", None) == "publish failed (no error was recorded)"
+
+
+def test_only_failures_a_new_workflow_can_get_past_are_sent_again() -> None:
+    """Lost evidence after the capture and a Redis fault that escaped the retries are sent
+    again; a capture that lost its event, a fault still there at the deadline, a time limit or
+    a bug are answered ERROR."""
+    import redis
+
+    from worker.pipeline.failures import EvidenceLostError, InfrastructureError
+    from worker.pipeline.tasks import _recoverable
+
+    assert _recoverable("gate liveness", EvidenceLostError("gone"))
+    assert _recoverable("verdict", redis.exceptions.ConnectionError("away"))
+    assert not _recoverable("capture", EvidenceLostError("gone"))
+    assert not _recoverable("capture", InfrastructureError("S3 away past the deadline"))
+    assert not _recoverable("gate liveness", StageTimeoutError("past"))
+    assert not _recoverable("verdict", ValueError("bug"))
+    assert not _recoverable("publish", None)

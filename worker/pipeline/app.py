@@ -11,10 +11,11 @@ watchdog sends a diagnosis again when its lease runs out. So the visibility time
 (a restored message of an answered diagnosis is ignored), and a worker's death is answered within
 the lease, not the visibility timeout.
 
-Redis may go away for minutes (a failover, a restart): the worker reconnects without limit,
-messages a task sends (its retry, the next step, the error callback) are retried for as long as the
-result backend is, and results are stored with retries for `_REDIS_OUTAGE_S` (beyond that the
-lease answers for the diagnosis).
+Redis may go away for minutes (a failover, a restart): the worker reconnects without limit;
+within a task, messages it sends (its retry, the next step, the error callback) and results it
+stores wait for Redis at most `_redis_wait_s` — less than half the quickest stage's soft time
+limit, so an outage is never mistaken for a stage past its limit. A workflow that could not go on
+meanwhile is sent again when its lease runs out.
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ from shared.streams import StreamNames
 __all__ = ["app", "limits", "make_app"]
 
 _VISIBILITY_TIMEOUT_S: Final = 900
-_REDIS_OUTAGE_S: Final = 120  # how long a send or a result store keeps retrying
+_REDIS_WAIT_MAX_S: Final = 45.0  # the longest a send or a result store waits for Redis
 _SOFT_SHARE: Final = 0.8  # the soft time limit, as a share of the hard one
 
 
@@ -46,10 +47,17 @@ def limits(settings: Settings) -> dict[str, tuple[float, float]]:
     }
 
 
-def _resilience() -> dict[str, Any]:
-    """Broker and backend settings that ride out a Redis outage of a minute or two."""
+def _redis_wait_s(settings: Settings) -> float:
+    """How long a task waits for Redis inside one run: well within the quickest stage's soft
+    time limit, so an outage never turns into a time limit (longer outages: the lease)."""
+    return min(_REDIS_WAIT_MAX_S, settings.gate_time_limit_s * _SOFT_SHARE / 2)
+
+
+def _resilience(wait_s: float) -> dict[str, Any]:
+    """Broker and backend settings that ride out a Redis outage: each wait within a task is
+    bounded by `wait_s`; the worker itself reconnects without limit."""
     send_policy = {
-        "max_retries": int(_REDIS_OUTAGE_S / 2),
+        "max_retries": max(1, int(wait_s / 2)),
         "interval_start": 0.5,
         "interval_step": 0.5,
         "interval_max": 2,
@@ -69,7 +77,7 @@ def _resilience() -> dict[str, Any]:
         "task_publish_retry": True,
         "task_publish_retry_policy": send_policy,
         "result_backend_transport_options": {
-            "retry_policy": {"timeout": float(_REDIS_OUTAGE_S), **send_policy},
+            "retry_policy": {"timeout": wait_s, **send_policy},
         },
         "redis_socket_timeout": 10,
         "redis_socket_connect_timeout": 5,
@@ -108,7 +116,7 @@ def make_app(settings: Settings | None = None) -> Celery:
         task_send_sent_event=True,
         worker_hijack_root_logger=False,
         include=["worker.pipeline.tasks"],
-        **_resilience(),
+        **_resilience(_redis_wait_s(settings)),
     )
     from worker.pipeline.heartbeat import LeaseHeartbeat
 

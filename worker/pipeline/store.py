@@ -26,6 +26,7 @@ from tenacity import (
     retry,
     retry_if_exception,
     stop_after_attempt,
+    stop_after_delay,
     wait_exponential_jitter,
 )
 
@@ -150,10 +151,11 @@ class MemoryStore:
 
 
 def _retrying(call: Callable[[], T]) -> T:
-    """Run `call`, retrying infrastructure faults with jittered backoff (about 10 s in all)."""
+    """Run `call`, retrying infrastructure faults with jittered backoff (at most 5 tries, about
+    20 s: the task above retries longer, outside its time limit)."""
     wrapped = retry(
         retry=retry_if_exception(is_infrastructure),
-        stop=stop_after_attempt(5),
+        stop=stop_after_attempt(5) | stop_after_delay(20),
         wait=wait_exponential_jitter(multiplier=0.2, max=4),
         reraise=True,
     )(call)

@@ -36,6 +36,7 @@ import redis
 from celery import Task, chain, chord, group
 from celery.canvas import Signature
 from celery.exceptions import Ignore, SoftTimeLimitExceeded
+from kombu.exceptions import OperationalError
 
 from shared.settings import Settings
 from worker.pipeline.app import app, limits
@@ -45,6 +46,7 @@ from worker.pipeline.failures import (
     StageTimeoutError,
     classified,
     explain,
+    is_infrastructure,
 )
 from worker.pipeline.guard import DeliveryGuard, MemoryBudget
 from worker.pipeline.steps import GATE_NAMES, CaptureBusyError, Pipeline
@@ -79,7 +81,9 @@ def settings() -> Settings:
 @cache
 def pipeline() -> Pipeline:
     """This worker process's adapters, made on first use (after the fork)."""
-    client = redis.Redis.from_url(settings().redis_url, health_check_interval=30)
+    client = redis.Redis.from_url(
+        settings().redis_url, health_check_interval=30, socket_timeout=10, socket_connect_timeout=5
+    )
     return Pipeline(settings(), store_from_settings(settings()), client)
 
 
@@ -136,10 +140,13 @@ def _run(task: Task, lead: str, deadline: float, what: str, step: Callable[[], T
     try:
         return _guarded(task, lead, what, step)
     except InfrastructureError as exc:
-        if time.time() < deadline:
-            countdown = _backoff(int(task.request.retries or 0))
+        if time.time() >= deadline:
+            raise
+        countdown = _backoff(int(task.request.retries or 0))
+        try:
             raise task.retry(exc=exc, countdown=countdown, max_retries=None) from exc
-        raise
+        except OperationalError:  # the broker is away too: the lease sends the diagnosis again
+            raise Ignore() from exc
 
 
 @_task("rlhealth.capture")
@@ -227,12 +234,19 @@ def fail(self: Task, failed_task_id: str, *, lead: str, job: str, deadline: floa
 def _answer(
     lead: str, job: str, stage: str, why: str, exc: BaseException | None, *, read_frozen: bool
 ) -> None:
-    # evidence lost after its capture is captured again; a capture that lost it cannot be
-    lost = isinstance(exc, EvidenceLostError) and stage != "capture"
-    if lost and redispatch(lead):
+    if _recoverable(stage, exc) and redispatch(lead):
         return
     # a callback whose process died (reading a huge frozen evidence?) answers from the event
     pipeline().fail(lead, job, why, read_frozen=read_frozen)
+
+
+def _recoverable(stage: str, exc: BaseException | None) -> bool:
+    """A failure the stage did not cause, that a new workflow can get past: evidence lost after
+    its capture (captured again), or a service fault that escaped the retries (Redis away while
+    a result was stored or a message sent). Faults still there at the deadline are final."""
+    if isinstance(exc, EvidenceLostError):
+        return stage != "capture"  # a capture that lost its event cannot capture again
+    return exc is not None and is_infrastructure(exc) and not isinstance(exc, InfrastructureError)
 
 
 def redispatch(lead: str) -> bool:
