@@ -182,6 +182,7 @@ def test_failure_reasons_name_the_stage_and_the_cause() -> None:
     killed = PoisonError("gate liveness was killed twice while running")
     assert explain("gate liveness", killed) == str(killed)
     assert "hard time limit (90 s)" in explain("gate dynamics", TimeLimitExceeded(90))
+    assert explain("capture", SoftTimeLimitExceeded()) == "capture ran past its soft time limit"
     assert explain("verdict", ValueError("bad")) == "verdict failed: ValueError: bad"
     assert "retry deadline" in explain("capture", InfrastructureError("S3 away"))
     assert explain("capture", EvidenceLostError("gone")) == "capture: gone"

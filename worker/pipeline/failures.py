@@ -107,6 +107,8 @@ def explain(stage: str, exc: BaseException | None) -> str:
     if isinstance(exc, (StageTimeoutError, PoisonError)):
         text = str(exc)  # most name their stage already
         return text if text.startswith(stage) else f"{stage} {text}"
+    if isinstance(exc, SoftTimeLimitExceeded):
+        return f"{stage} ran past its soft time limit"
     if isinstance(exc, TimeLimitExceeded):
         limit = exc.args[0] if exc.args else "?"
         return f"{stage} ran past its hard time limit ({limit} s) and was stopped"

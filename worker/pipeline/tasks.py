@@ -127,11 +127,11 @@ def _budget(task_id: str, what: str) -> MemoryBudget:
 def _guarded(task: Task, lead: str, what: str, step: Callable[[], T]) -> T:
     request, p = task.request, pipeline()
     soft_s = limits(settings())[task.name][0]
-    with classified():
+    with _timed(what, soft_s), classified():
         if not p.leases.renew(lead):
             raise Ignore()  # the diagnosis is answered: this task is a late copy
         DeliveryGuard(p.redis, p.names).started(str(request.id), int(request.retries or 0), what)
-        with _budget(str(request.id), what).watching(), _timed(what, soft_s):
+        with _budget(str(request.id), what).watching():
             return step()
 
 
