@@ -199,7 +199,7 @@ def _report(s: Session, uri: str) -> str:
 
 
 def _burst(s: Session, run: int, tag: str, jobs: int) -> list[str]:
-    names = [s.stack.job(f"{tag}{run}-{i}", size_bytes=BIG // 8) for i in range(jobs)]
+    names = [s.stack.job(f"{tag}{run}-{i}", size_bytes=BIG // 2) for i in range(jobs)]
     ids = [s.ledger.send(job) for job in names]
     return ids + [s.ledger.send(job, "again") for job in names[: jobs // 2]]
 
