@@ -13,9 +13,10 @@ the lease, not the visibility timeout.
 
 Redis may go away for minutes (a failover, a restart): the worker reconnects without limit;
 within a task, messages it sends (its retry, the next step, the error callback) and results it
-stores wait for Redis at most `_redis_wait_s` — less than half the quickest stage's soft time
-limit, so an outage is never mistaken for a stage past its limit. A workflow that could not go on
-meanwhile is sent again when its lease runs out.
+stores wait for Redis at most `_redis_wait_s` (10 s) — far inside the quickest stage's soft time
+limit, so an outage is never mistaken for a stage past its limit, and a soft limit never lands
+while a child hands its result over. A workflow that could not go on meanwhile is sent again when
+its lease runs out.
 """
 
 from __future__ import annotations
@@ -30,7 +31,11 @@ from shared.streams import StreamNames
 __all__ = ["app", "limits", "make_app"]
 
 _VISIBILITY_TIMEOUT_S: Final = 900
-_REDIS_WAIT_MAX_S: Final = 45.0  # the longest a send or a result store waits for Redis
+# The longest a send or a result store waits for Redis inside a task. Short on purpose: Celery's
+# soft time limit interrupts a pool child wherever it is, and one interrupted while handing its
+# result to the worker corrupts the pool's pipe and stops the whole worker; so nothing after the
+# task's body may wait long. Outages longer than this are the lease's to answer.
+_REDIS_WAIT_MAX_S: Final = 10.0
 _SOFT_SHARE: Final = 0.8  # the soft time limit, as a share of the hard one
 
 
@@ -50,7 +55,7 @@ def limits(settings: Settings) -> dict[str, tuple[float, float]]:
 def _redis_wait_s(settings: Settings) -> float:
     """How long a task waits for Redis inside one run: well within the quickest stage's soft
     time limit, so an outage never turns into a time limit (longer outages: the lease)."""
-    return min(_REDIS_WAIT_MAX_S, settings.gate_time_limit_s * _SOFT_SHARE / 2)
+    return min(_REDIS_WAIT_MAX_S, settings.gate_time_limit_s * _SOFT_SHARE / 4)
 
 
 def _resilience(wait_s: float) -> dict[str, Any]:

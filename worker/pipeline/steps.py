@@ -237,7 +237,9 @@ class Pipeline:
         self.cache_root.mkdir(parents=True, exist_ok=True)
         staging = Path(tempfile.mkdtemp(prefix=".partial-", dir=self.cache_root))
         download_prefix(self.store, prefix, staging)
-        shutil.rmtree(target, ignore_errors=True)  # an unmarked leftover of a lost evidence
+        if not (staging / MARKER).is_file():  # objects vanished while we downloaded them
+            shutil.rmtree(staging, ignore_errors=True)
+            raise EvidenceLostError(f"the frozen evidence of {evidence_id} is gone from S3")
         try:
             staging.rename(target)  # atomic: other processes see all of it or none
         except OSError:
