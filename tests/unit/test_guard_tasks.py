@@ -12,7 +12,7 @@ from typing import Any
 
 import fakeredis
 import pytest
-from celery.exceptions import SoftTimeLimitExceeded
+from celery.exceptions import Reject, SoftTimeLimitExceeded
 
 from shared.streams import StreamNames
 from worker.pipeline.failures import PoisonError, StageTimeoutError, classified
@@ -200,6 +200,7 @@ def test_only_failures_a_new_workflow_can_get_past_are_sent_again() -> None:
 
     assert _recoverable("gate liveness", EvidenceLostError("gone"))
     assert _recoverable("verdict", redis.exceptions.ConnectionError("away"))
+    assert _recoverable("capture", Reject("OperationalError('refused')", False))
     assert not _recoverable("capture", EvidenceLostError("gone"))
     assert not _recoverable("capture", InfrastructureError("S3 away past the deadline"))
     assert not _recoverable("gate liveness", StageTimeoutError("past"))

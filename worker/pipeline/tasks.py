@@ -35,8 +35,7 @@ from typing import Any, Final, TypeVar
 import redis
 from celery import Task, chain, chord, group
 from celery.canvas import Signature
-from celery.exceptions import Ignore, SoftTimeLimitExceeded
-from kombu.exceptions import OperationalError
+from celery.exceptions import Ignore, Reject, SoftTimeLimitExceeded
 
 from shared.settings import Settings
 from worker.pipeline.app import app, limits
@@ -143,10 +142,9 @@ def _run(task: Task, lead: str, deadline: float, what: str, step: Callable[[], T
         if time.time() >= deadline:
             raise
         countdown = _backoff(int(task.request.retries or 0))
-        try:
-            raise task.retry(exc=exc, countdown=countdown, max_retries=None) from exc
-        except OperationalError:  # the broker is away too: the lease sends the diagnosis again
-            raise Ignore() from exc
+        # with the broker away too, Celery rejects the task instead: the error callback (or
+        # else the lease) sends the diagnosis again
+        raise task.retry(exc=exc, countdown=countdown, max_retries=None) from exc
 
 
 @_task("rlhealth.capture")
@@ -243,9 +241,12 @@ def _answer(
 def _recoverable(stage: str, exc: BaseException | None) -> bool:
     """A failure the stage did not cause, that a new workflow can get past: evidence lost after
     its capture (captured again), or a service fault that escaped the retries (Redis away while
-    a result was stored or a message sent). Faults still there at the deadline are final."""
+    a result was stored or a message sent, a retry the broker could not take). Faults still
+    there at the deadline are final."""
     if isinstance(exc, EvidenceLostError):
         return stage != "capture"  # a capture that lost its event cannot capture again
+    if isinstance(exc, Reject):  # its retry could not be sent: the broker was away
+        return True
     return exc is not None and is_infrastructure(exc) and not isinstance(exc, InfrastructureError)
 
 
