@@ -133,30 +133,41 @@ def worker_kill(
     }
 
 
-def time_limit(s: Session, *, runs: int, task: str, stall_s: float, kind: str) -> dict[str, Any]:
+def time_limit(
+    s: Session, *, runs: int, task: str, stall_s: float, kind: str, attempts: int = 2
+) -> dict[str, Any]:
     """SIGSTOP the child running `task` of a diagnosis for `stall_s` (past the soft or the hard
-    time limit), then let it go on; counts the answers and what the report says, then sends a
-    later alert for the job (a failed diagnosis must not swallow it)."""
+    time limit), then let it go on — on each of `attempts` runs of the diagnosis (a first time
+    limit sends it again); counts the answers and what the report says, then sends a later
+    alert for the job (a failed diagnosis must not swallow it)."""
     leads: list[str] = []
     later: list[str] = []
+    stalls = 0
     for run in range(runs):
         job = s.stack.job(f"limit-{kind}-{_short(task)}-{run}", size_bytes=BIG)
         mark = s.events.mark()
         lead = s.ledger.send(job)
-        pid = _catch(s, lead, task, mark)
-        if pid is None:
-            continue
-        _stall(pid, stall_s)
         leads.append(lead)
+        for _ in range(attempts):
+            pid = _catch(s, lead, task, mark, timeout=60 if stalls else 180)
+            if pid is None or lead in s.watch.answered():
+                break
+            mark = s.events.mark()
+            _stall(pid, stall_s)
+            stalls += 1
         s.watch.wait([lead], 300)
         later.append(s.ledger.send(job, "again, later"))
         s.watch.wait(later[-1:], 300)
         log(f"{kind} limit {run}: answered={lead in s.watch.answered()}")
     return {
-        "drill": f"{task} past its {kind} time limit (stopped {stall_s:g} s), then a later alert",
+        "drill": f"{task} past its {kind} time limit (stopped {stall_s:g} s on each of "
+        f"{attempts} runs), then a later alert",
         "runs": runs,
+        "stalls": stalls,
         "reports_quoting_a_time_limit_as_evidence": _timeouts_as_evidence(s, leads),
         "later_alerts_answered": sum(1 for i in later if i in s.watch.answered()),
+        "watchdog_or_callback_resends": _log_count(s, "worker.log", "sending it again")
+        + _log_count(s, "ingest.log", "sending it again"),
         **s.ledger.figures(leads + later),
     }
 

@@ -12,7 +12,7 @@ from typing import Any
 
 import fakeredis
 import pytest
-from celery.exceptions import Reject, SoftTimeLimitExceeded
+from celery.exceptions import Reject, SoftTimeLimitExceeded, TimeLimitExceeded
 
 from shared.streams import StreamNames
 from worker.pipeline.failures import PoisonError, StageTimeoutError, classified
@@ -190,9 +190,9 @@ def test_failure_reasons_name_the_stage_and_the_cause() -> None:
 
 
 def test_only_failures_a_new_workflow_can_get_past_are_sent_again() -> None:
-    """Lost evidence after the capture and a Redis fault that escaped the retries are sent
-    again; a capture that lost its event, a fault still there at the deadline, a time limit or
-    a bug are answered ERROR."""
+    """Lost evidence after the capture, a Redis fault that escaped the retries and a first time
+    limit are sent again; a capture that lost its event, a fault still there at the deadline, a
+    second time limit or a bug are answered ERROR."""
     import redis
 
     from worker.pipeline.failures import EvidenceLostError, InfrastructureError
@@ -203,6 +203,8 @@ def test_only_failures_a_new_workflow_can_get_past_are_sent_again() -> None:
     assert _recoverable("capture", Reject("OperationalError('refused')", False))
     assert not _recoverable("capture", EvidenceLostError("gone"))
     assert not _recoverable("capture", InfrastructureError("S3 away past the deadline"))
-    assert not _recoverable("gate liveness", StageTimeoutError("past"))
+    assert _recoverable("gate liveness", StageTimeoutError("past"), first=True)
+    assert not _recoverable("gate liveness", StageTimeoutError("past"), first=False)
+    assert not _recoverable("capture", TimeLimitExceeded(300), first=False)
     assert not _recoverable("verdict", ValueError("bug"))
     assert not _recoverable("publish", None)

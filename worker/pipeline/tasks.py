@@ -16,14 +16,16 @@ Each task takes references (event id, evidence id, job key) and the diagnosis's 
 - turns a soft time limit, or a step that ran past it, into `StageTimeoutError`: never evidence;
 - retries infrastructure faults with backoff until the wall-clock `deadline`.
 
-Every failure lands in `fail`, linked as the error callback of the capture, of the chord's
-callback (which Celery calls when a gate fails) and of the publish. It reads what failed from the
-result backend and answers the diagnosis ERROR through the normal publish — or, when only the
-frozen evidence was lost, sends the diagnosis again to capture it afresh.
+Every failure lands in `fail`, linked as the error callback of the capture and of the chord's
+callback (verdict, then publish; Celery calls it when a gate fails). It reads what failed from the
+result backend and answers the diagnosis ERROR through the normal publish — or sends it again when
+a new run can get past the failure (`_recoverable`: lost evidence, a fault that escaped the
+retries, a first time limit).
 """
 
 from __future__ import annotations
 
+import logging
 import random
 import re
 import time
@@ -46,6 +48,7 @@ from worker.pipeline.failures import (
     classified,
     explain,
     is_infrastructure,
+    is_time_limit,
 )
 from worker.pipeline.guard import DeliveryGuard, MemoryBudget
 from worker.pipeline.steps import GATE_NAMES, CaptureBusyError, Pipeline
@@ -64,6 +67,7 @@ __all__ = [
     "workflow",
 ]
 
+log = logging.getLogger(__name__)
 T = TypeVar("T")
 F = TypeVar("F", bound=Callable[..., Any])
 _BACKOFF_MAX_S: Final = 30.0
@@ -232,17 +236,22 @@ def fail(self: Task, failed_task_id: str, *, lead: str, job: str, deadline: floa
 def _answer(
     lead: str, job: str, stage: str, why: str, exc: BaseException | None, *, read_frozen: bool
 ) -> None:
-    if _recoverable(stage, exc) and redispatch(lead):
+    first = not int(pipeline().leases.record(lead).get("redispatches") or 0)
+    if _recoverable(stage, exc, first=first) and redispatch(lead, why):
         return
     # a callback whose process died (reading a huge frozen evidence?) answers from the event
     pipeline().fail(lead, job, why, read_frozen=read_frozen)
 
 
-def _recoverable(stage: str, exc: BaseException | None) -> bool:
-    """A failure the stage did not cause, that a new workflow can get past: evidence lost after
-    its capture (captured again), or a service fault that escaped the retries (Redis away while
-    a result was stored or a message sent, a retry the broker could not take). Faults still
-    there at the deadline are final."""
+def _recoverable(stage: str, exc: BaseException | None, *, first: bool = True) -> bool:
+    """A failure a new workflow can get past: evidence lost after its capture (captured again),
+    a service fault that escaped the retries (Redis away while a result was stored or a message
+    sent, a retry the broker could not take), or — on the diagnosis's first run only — a time
+    limit (a stage slowed by a loaded machine, or timed from before an outage that kept the
+    worker from collecting its result). Faults still there at the deadline are final; a stage
+    past its time limit a second time is answered ERROR."""
+    if exc is not None and is_time_limit(exc):
+        return first
     if isinstance(exc, EvidenceLostError):
         return stage != "capture"  # a capture that lost its event cannot capture again
     if isinstance(exc, Reject):  # its retry could not be sent: the broker was away
@@ -250,7 +259,7 @@ def _recoverable(stage: str, exc: BaseException | None) -> bool:
     return exc is not None and is_infrastructure(exc) and not isinstance(exc, InfrastructureError)
 
 
-def redispatch(lead: str) -> bool:
+def redispatch(lead: str, why: str = "") -> bool:
     """Send the diagnosis `lead` again (its lease restarted); False once it has been sent
     again RLHEALTH_REDISPATCH_MAX times, when it should be answered ERROR instead."""
     p = pipeline()
@@ -259,6 +268,7 @@ def redispatch(lead: str) -> bool:
         return False
     if times > 0:  # -1: answered meanwhile, nothing to send
         record = p.leases.record(lead)
+        log.warning("diagnosis %s: %s: sending it again (%d)", lead, why, times)
         resend(lead, record.get("job") or "", record.get("evidence") or lead)
     return True
 
