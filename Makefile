@@ -18,11 +18,14 @@ $(STAMP): pyproject.toml
 
 venv: $(STAMP)
 
-## Install the system services the tests use (redis-server, docker-compose) when they are missing.
+## Install the system services the tests use (redis-server, docker-compose, and Debian's chromium
+## for the browser tests, driven through Playwright with executable_path, never its own download)
+## when they are missing.
 system-deps:
 	@missing=""; \
 	command -v redis-server >/dev/null 2>&1 || missing="$$missing redis-server"; \
 	command -v docker-compose >/dev/null 2>&1 || missing="$$missing docker-compose"; \
+	command -v chromium >/dev/null 2>&1 || missing="$$missing chromium"; \
 	if [ -n "$$missing" ]; then \
 	  echo "installing:$$missing"; \
 	  export DEBIAN_FRONTEND=noninteractive; \
