@@ -16,22 +16,37 @@ from __future__ import annotations
 
 import base64
 import html
+import logging
 import re
 from collections.abc import Iterable, Mapping, Sequence
 from datetime import datetime
 from importlib import metadata
 from typing import TYPE_CHECKING, Any, Final
 
-from shared.models import GateName, GateResult, GateStatus, Handoff, Quote, Report, iso_utc
+from shared.models import (
+    GateName,
+    GateResult,
+    GateStatus,
+    Handoff,
+    Quote,
+    Report,
+    Verdict,
+    iso_utc,
+)
 
 if TYPE_CHECKING:
     from reports.plots import Plot
     from worker.evidence.model import Evidence
+    from worker.pipeline.store import ObjectStore
 
-__all__ = ["CSP", "escape", "html_key", "render_html"]
+__all__ = ["CSP", "HTML_TYPE", "escape", "html_key", "render_html", "store_html"]
+
+HTML_TYPE: Final = "text/html; charset=utf-8"
 
 CSP: Final = "default-src 'none'; img-src data:; style-src 'unsafe-inline'"
 """Nothing but inline styles and data-URI images: the report cannot load or send anything."""
+
+log = logging.getLogger(__name__)
 
 _UNSAFE: Final = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f\u200e\u200f\u202a-\u202e\u2066-\u2069]")
 _GATE_TITLES: Final[dict[GateName, str]] = {
@@ -59,7 +74,8 @@ header.verdict { color:#fff; padding:18px 20px; border-radius:10px; margin-botto
 .v-kill { background:var(--kill); } .v-no-kill { background:var(--nokill); }
 .v-error { background:var(--error); }
 header.verdict h1 { margin:0; font-size:38px; letter-spacing:1px; }
-header.verdict .facts { display:flex; flex-wrap:wrap; gap:6px 22px; margin-top:6px; font-size:16px; }
+header.verdict .facts { display:flex; flex-wrap:wrap; gap:6px 22px; margin-top:6px;
+  font-size:16px; }
 header.verdict .facts b { font-weight:700; }
 header.verdict .job { margin-top:8px; font-size:13px; opacity:.92; overflow-wrap:anywhere; }
 section { background:#fff; border:1px solid var(--line); border-radius:10px; padding:14px 18px;
@@ -74,14 +90,18 @@ h2 { font-size:18px; margin:0 0 8px; } h3 { font-size:16px; margin:0 0 6px; }
 .s-error { background:var(--error); } .s-na { background:var(--na); }
 .proof { border:2px solid var(--kill); } .missing-proof { border:2px dashed var(--error); }
 dl.facts { display:grid; grid-template-columns: max-content 1fr; gap:4px 14px; margin:0; }
-dl.facts dt { color:var(--muted); font-weight:600; } dl.facts dd { margin:0; overflow-wrap:anywhere; }
+dl.facts dt { color:var(--muted); font-weight:600; }
+dl.facts dd { margin:0; overflow-wrap:anywhere; }
 ul.quotes { list-style:none; padding:0; margin:8px 0 0; }
-ul.quotes li { border-left:3px solid var(--line); padding:4px 10px; margin:6px 0; background:var(--bg); }
+ul.quotes li { border-left:3px solid var(--line); padding:4px 10px; margin:6px 0;
+  background:var(--bg); }
 ul.quotes code { white-space:pre-wrap; overflow-wrap:anywhere; font-size:13px; }
 ul.quotes .where { display:block; color:var(--muted); font-size:12px; }
 pre.details { background:var(--bg); padding:8px 10px; border-radius:6px; overflow-x:auto;
   font-size:12px; margin:8px 0 0; }
 .summary { margin:2px 0 0; }
+section.gate { border:none; border-top:1px solid var(--line); border-radius:0; margin:0;
+  padding:12px 0 10px; }
 figure { margin:0 0 16px; } figure img { width:100%; height:auto; border:1px solid var(--line);
   border-radius:6px; background:#fff; }
 figcaption { color:var(--muted); font-size:12px; margin-top:2px; }
@@ -165,7 +185,7 @@ def _proof(report: Report) -> str:
     """The kill proof (CONTRACT.md `kill_proof`), read from the report when it carries one."""
     proof = getattr(report, "kill_proof", None)
     if proof is None:
-        if report.verdict.value != "KILL":
+        if report.verdict is not Verdict.KILL:
             return ""
         return (
             '<section class="missing-proof" id="kill-proof"><h2>Kill proof</h2>'
@@ -202,7 +222,7 @@ def _handoff(handoff: Handoff | None) -> str:
             ("test that proves the fix", handoff.test),
         ]
     )
-    return f'<h3>Handoff</h3>{facts}{_quotes(handoff.evidence)}'
+    return f"<h3>Handoff</h3>{facts}{_quotes(handoff.evidence)}"
 
 
 def _judgement(report: Report) -> str:
@@ -256,7 +276,8 @@ def _figure(plot: Plot) -> str:
     else:
         data = base64.b64encode(plot.png).decode("ascii")
         body = f'<img alt="{escape(plot.title)}" src="data:image/png;base64,{data}">'
-    return f'<figure id="plot-{escape(plot.slug)}">{title}{body}<figcaption>{caption}</figcaption></figure>'
+    figure = f'<figure id="plot-{escape(plot.slug)}">{title}{body}'
+    return f"{figure}<figcaption>{caption}</figcaption></figure>"
 
 
 def _plots(plots: Sequence[Plot] | None) -> str:
@@ -312,3 +333,22 @@ def render_html(report: Report, evidence: Evidence | None = None) -> str:
         f"<title>{escape(title)}</title><style>{_STYLE}</style></head>"
         f"<body><main>{body}</main></body></html>\n"
     )
+
+
+def store_html(store: ObjectStore, json_key: str, report: Report, evidence: Evidence) -> str:
+    """Store the HTML report once beside the JSON report (same key, `.html`); returns its key.
+
+    Rendering is best effort: the text and JSON reports are the contract, so a page that cannot
+    be drawn is stored without its plots (saying why) rather than holding up the verdict. Faults of
+    the store itself propagate, to be retried like any other.
+    """
+    key = html_key(json_key)
+    if store.exists(key):  # written on an earlier run of this step: no need to draw again
+        return key
+    try:
+        page = render_html(report, evidence)
+    except Exception:
+        log.exception("the HTML report of %s could not be drawn; storing it without plots", key)
+        page = render_html(report)
+    store.put_once(key, page.encode("utf-8"), HTML_TYPE)
+    return key

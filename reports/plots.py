@@ -25,11 +25,11 @@ from __future__ import annotations
 
 import io
 import math
-from functools import partial
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
-from typing import Any, Final, Literal
+from functools import partial
+from typing import Final, Literal
 
 import polars as pl
 from matplotlib import dates as mdates
@@ -69,7 +69,11 @@ _DPI: Final = 96
 _WIDTH_IN: Final = 9.0
 _AXES_RIGHT: Final = 0.74
 _LOG_SPAN: Final = 100.0
-_SERIES_SCHEMA: Final = {"step": pl.Int64(), "timestamp": pl.Datetime("us", "UTC"), "value": pl.Float64()}
+_SERIES_SCHEMA: Final = {
+    "step": pl.Int64(),
+    "timestamp": pl.Datetime("us", "UTC"),
+    "value": pl.Float64(),
+}
 
 
 @dataclass(frozen=True)
@@ -136,6 +140,15 @@ def markers(evidence: Evidence) -> tuple[Marker, ...]:
     return tuple(sorted(found, key=lambda m: (m.at, m.kind)))
 
 
+def _num(moment: datetime) -> float:
+    """A time as matplotlib's date number (days since its epoch), for any axis call."""
+    return float(mdates.date2num(moment))  # type: ignore[no-untyped-call]
+
+
+def _nums(moments: Sequence[datetime]) -> list[float]:
+    return [_num(m) for m in moments]
+
+
 # --- figures and axes -----------------------------------------------------------------------------
 
 
@@ -187,7 +200,7 @@ def _draw_markers(ax: Axes, marks: Sequence[Marker], lo: datetime, hi: datetime)
             continue
         colour, style, label = MARKER_STYLE[mark.kind]
         shown = None if label in labelled else label
-        ax.axvline(mark.at, color=colour, linestyle=style, linewidth=1.2, label=shown)
+        ax.axvline(_num(mark.at), color=colour, linestyle=style, linewidth=1.2, label=shown)
         labelled.add(label)
 
 
@@ -218,11 +231,15 @@ class _Axis:
     def column(self) -> str:
         return "timestamp" if self.by_time else "step"
 
-    def xs(self, frame: pl.DataFrame) -> list[Any]:
-        return frame[self.column].to_list()
+    def xs(self, frame: pl.DataFrame) -> list[float]:
+        values = frame[self.column].to_list()
+        return _nums(values) if self.by_time else [float(v) for v in values]
 
     def window(self, ax: Axes) -> None:
-        span = self.ctx.window_times if self.by_time else self.ctx.window_steps
+        times, steps = self.ctx.window_times, self.ctx.window_steps
+        span = (_num(times[0]), _num(times[1])) if self.by_time and times else None
+        if not self.by_time and steps:
+            span = (float(steps[0]), float(steps[1]))
         if span is not None:
             ax.axvspan(span[0], span[1], color=_WINDOW_COLOUR, alpha=0.35, label="judged window")
 
@@ -237,10 +254,11 @@ class _Axis:
         pad = max((end - lo) * 0.02, timedelta(seconds=1))
         for ax in axes:
             _draw_markers(ax, self.ctx.marks, lo, end)
-            ax.set_xlim(lo - pad, end + pad)  # type: ignore[arg-type]
-        locator = mdates.AutoDateLocator(tz=UTC)
+            ax.set_xlim(_num(lo - pad), _num(end + pad))
+        locator = mdates.AutoDateLocator(tz=UTC)  # type: ignore[no-untyped-call]
+        formatter = mdates.ConciseDateFormatter(locator, tz=UTC)  # type: ignore[no-untyped-call]
         axes[-1].xaxis.set_major_locator(locator)
-        axes[-1].xaxis.set_major_formatter(mdates.ConciseDateFormatter(locator, tz=UTC))
+        axes[-1].xaxis.set_major_formatter(formatter)
         axes[-1].set_xlabel("time (UTC)")
 
     def note(self) -> list[str]:
@@ -312,9 +330,10 @@ def _draw_line(ax: Axes, axis: _Axis, frame: pl.DataFrame, line: _Line, spec: _S
         frame = frame.with_columns(mean=pl.col("value").rolling_mean(size, min_samples=1))
     frame = _thin(frame)
     xs = axis.xs(frame)
-    style = {"linewidth": 1.0 if spec.moving_mean else 1.5, "marker": ".", "markersize": 4}
     colour = "#90a4ae" if spec.moving_mean else line.colour
-    ax.plot(xs, frame["value"].to_list(), color=colour, label=line.label, **style)
+    width = 1.0 if spec.moving_mean else 1.5
+    ys = frame["value"].to_list()
+    ax.plot(xs, ys, color=colour, label=line.label, linewidth=width, marker=".", markersize=4)
     if spec.moving_mean:
         label = f"{axis.ctx.limits.min_window_steps}-step mean"
         ax.plot(xs, frame["mean"].to_list(), color=line.colour, linewidth=2, label=label)
@@ -325,8 +344,9 @@ def _series_plot(ctx: _Context, spec: _SeriesSpec) -> Plot:
     present = [line for line in spec.lines if not found[line.signal][0].is_empty()]
     if not present:
         looked = [k for line in spec.lines for k in mk.CANDIDATES[line.signal]]
-        return Plot(spec.slug, spec.title, empty=f"no {spec.what} logged (looked for "
-                    f"{', '.join(looked)})")
+        return Plot(
+            spec.slug, spec.title, empty=f"no {spec.what} logged (looked for {', '.join(looked)})"
+        )
     drawn = pl.concat([found[line.signal][0] for line in present])
     axis = _axis(ctx, drawn)
     figure, (ax,) = _figure()
@@ -381,7 +401,10 @@ SERIES: Final = (
         moving_mean=True,
     ),
     _SeriesSpec(
-        "entropy", "Policy entropy per step", "entropy", "entropy",
+        "entropy",
+        "Policy entropy per step",
+        "entropy",
+        "entropy",
         (_Line("entropy", "entropy", "#6a1b9a"),),
     ),
     _SeriesSpec(
@@ -396,7 +419,10 @@ SERIES: Final = (
         band=_tis_band,
     ),
     _SeriesSpec(
-        "grad_norm", "Grad norm per step", "grad norm", "grad norm",
+        "grad_norm",
+        "Grad norm per step",
+        "grad norm",
+        "grad norm",
         (_Line("grad_norm", "grad norm", "#00838f"),),
         log_scale=True,
     ),
@@ -441,8 +467,11 @@ def _phases(ctx: _Context) -> Plot:
     title = "Phase seconds per step (stacked)"
     rows = _phase_rows(ctx.logs)
     if rows.filter(pl.col("phase") != mk.STEP_PHASE).is_empty():
-        return Plot("phases", title, empty="no phase timings logged (no timer lines, no "
-                    f"{mk.PHASE_PREFIX}<phase> keys)")
+        return Plot(
+            "phases",
+            title,
+            empty=f"no phase timings logged (no timer lines, no {mk.PHASE_PREFIX}<phase> keys)",
+        )
     table, columns = _stacked(rows)
     table = _thin(table)
     axis = _axis(ctx, table)
@@ -539,7 +568,7 @@ def _trial_outcomes(ctx: _Context) -> Plot:
         ax.set_xlabel("trials")
         return Plot("trials", title, _png(figure), caption="some trials carry no finish time")
     figure, (ax,) = _figure()
-    groups = [mdates.date2num(rows.filter(pl.col("outcome") == n)["finished_at"].to_list()) for n in names]
+    groups = [_nums(rows.filter(pl.col("outcome") == n)["finished_at"].to_list()) for n in names]
     bins = min(30, max(5, rows.height // 5))
     ax.hist(groups, bins=bins, stacked=True, label=names)
     ax.set_ylabel("trials finished")
@@ -557,7 +586,9 @@ _TRIAL_PHASES: Final = ("environment_setup_s", "agent_setup_s", "agent_execution
 def _timed_trials(trials: pl.DataFrame) -> pl.DataFrame:
     duration = (pl.col("finished_at") - pl.col("started_at")).dt.total_seconds(fractional=True)
     return (
-        trials.filter((pl.col("status") == "finished") & pl.col("environment_setup_s").is_not_null())
+        trials.filter(
+            (pl.col("status") == "finished") & pl.col("environment_setup_s").is_not_null()
+        )
         .with_columns(wall_s=pl.coalesce(duration, pl.sum_horizontal(_TRIAL_PHASES)))
         .filter(pl.col("wall_s") > 0)
     )
@@ -599,7 +630,9 @@ def _guarded(draw: Callable[[_Context], Plot], ctx: _Context, slug: str) -> Plot
     try:
         return draw(ctx)
     except Exception as exc:
-        return Plot(slug, slug.replace("_", " "), empty=f"could not draw: {type(exc).__name__}: {exc}")
+        return Plot(
+            slug, slug.replace("_", " "), empty=f"could not draw: {type(exc).__name__}: {exc}"
+        )
 
 
 def render_plots(evidence: Evidence) -> tuple[Plot, ...]:
