@@ -13,7 +13,7 @@ coalesced ones) and every dead letter by reason, the capture policy for the prob
 Prefork workers: every pool child is its own process, so values are kept in prometheus-client's
 multiprocess mode — one memory-mapped file per process in `PROMETHEUS_MULTIPROC_DIR`, which must be
 set (and emptied) before prometheus-client is imported, i.e. before this module is: `rl-health
-worker --metrics-port` does that (`prepare_multiprocess`). The main process serves the sum of every
+worker --metrics-port` does that. The main process serves the sum of every
 child's files (`serve`), and the counts of a child that died stay counted. A process without that
 variable (ingest, `rl-health diagnose`) keeps its values in memory and serves them directly.
 """
@@ -22,10 +22,8 @@ from __future__ import annotations
 
 import os
 import re
-import shutil
 import time
 from collections.abc import Sequence
-from pathlib import Path
 from typing import Any, Final
 
 from celery import signals
@@ -55,7 +53,6 @@ __all__ = [
     "alert_handled",
     "dead_letter_kind",
     "dead_lettered",
-    "prepare_multiprocess",
     "probes_ran",
     "serve",
     "stage_of",
@@ -209,16 +206,6 @@ signals.worker_process_shutdown.connect(_child_gone, weak=False)
 
 
 # --- serving --------------------------------------------------------------------------------------
-
-
-def prepare_multiprocess(directory: Path) -> Path:
-    """Empty `directory` and name it in PROMETHEUS_MULTIPROC_DIR (call before this module is
-    imported: prometheus-client reads the variable once, at its own import)."""
-    if directory.exists():
-        shutil.rmtree(directory)
-    directory.mkdir(parents=True)
-    os.environ[MULTIPROC_ENV] = str(directory)
-    return directory
 
 
 def _multiprocess_values() -> bool:
