@@ -343,10 +343,7 @@ def _series_plot(ctx: _Context, spec: _SeriesSpec) -> Plot:
     found = {line.signal: _series(ctx, line.signal) for line in spec.lines}
     present = [line for line in spec.lines if not found[line.signal][0].is_empty()]
     if not present:
-        looked = [k for line in spec.lines for k in mk.CANDIDATES[line.signal]]
-        return Plot(
-            spec.slug, spec.title, empty=f"no {spec.what} logged (looked for {', '.join(looked)})"
-        )
+        return Plot(spec.slug, spec.title, empty=_nothing_to_draw(spec, found))
     drawn = pl.concat([found[line.signal][0] for line in present])
     axis = _axis(ctx, drawn)
     figure, (ax,) = _figure()
@@ -368,6 +365,14 @@ def _series_plot(ctx: _Context, spec: _SeriesSpec) -> Plot:
     keys = [ctx.keys.get(line.signal) or line.signal for line in present]
     dropped = sum(found[line.signal][1] for line in present)
     return Plot(spec.slug, spec.title, _png(figure), caption=_series_caption(keys, dropped, axis))
+
+
+def _nothing_to_draw(spec: _SeriesSpec, found: dict[str, tuple[pl.DataFrame, int]]) -> str:
+    dropped = sum(count for _frame, count in found.values())
+    if dropped:
+        return f"every logged {spec.what} value is non-finite (NaN or ±inf): {dropped} value(s)"
+    looked = [k for line in spec.lines for k in mk.CANDIDATES[line.signal]]
+    return f"no {spec.what} logged (looked for {', '.join(looked)})"
 
 
 def _scale(ax: Axes, drawn: pl.DataFrame, spec: _SeriesSpec) -> None:
