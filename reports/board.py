@@ -227,7 +227,7 @@ def _report_links(key: str | None) -> str:
         return "-"
     base = key.removesuffix(".json")
     links = [
-        f'<a href="/report/{quote(base + suffix)}">{label}</a>'
+        f'<a href="/report/{quote(base + suffix, safe="/:@")}">{label}</a>'
         for suffix, label in ((".html", "report"), (".txt", "text"), (".json", "json"))
     ]
     return " · ".join(links)
