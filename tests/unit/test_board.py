@@ -11,7 +11,7 @@ import fakeredis
 import pytest
 
 with warnings.catch_warnings():  # starlette asks for httpx2 over httpx; both drive the app alike
-    warnings.simplefilter("ignore", DeprecationWarning)
+    warnings.simplefilter("ignore")
     from starlette.testclient import TestClient
 
 from reports.board import Board, make_board, mechanism_of, report_key_of
