@@ -107,6 +107,7 @@ def log_progress(stream: IO[str] | None = None) -> Iterator[LogProgress | None]:
         def advance(source: str, done: int, total: int) -> None:
             label = f"reading {source}" if source else "logs read"
             bar.update(task, description=label, completed=done, total=total or None)
+            bar.refresh()  # every file is shown, however fast it is read
 
         yield advance
 
