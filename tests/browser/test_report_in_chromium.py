@@ -4,35 +4,46 @@ image decodes, nothing errors, and nothing is fetched from anywhere."""
 from __future__ import annotations
 
 import subprocess
-import sys
 from pathlib import Path
+
+import pytest
 
 from reports.html import render_html
 from tests.browser.harness import assert_rendered, render
 from tests.unit.test_html_report import HOSTILE, _report
 
 ROOT = Path(__file__).resolve().parents[2]
-RL_HEALTH = str(Path(sys.executable).with_name("rl-health"))
-DEMO = [
-    RL_HEALTH,
-    "diagnose",
-    str(ROOT / "examples/jobs/cw-rno2a/ops/rl-gsm8k-stalled"),
-    "--probes",
-    str(ROOT / "examples/probes/rl-gsm8k-stalled"),
-    "--now",
-    "2026-07-30T19:17:00Z",
-    "--format",
-    "html",
-]
 
 
-def test_the_demo_report_renders_in_chromium(tmp_path: Path) -> None:
-    """`diagnose --format html` of the demo: a non-blank page, six plots loaded, no console
-    error, no request but the file itself and its data URIs."""
-    page = tmp_path / "report.html"
-    result = subprocess.run(DEMO, check=False, capture_output=True, text=True, timeout=180)
+def _make_demo(out: Path) -> str:
+    """`make demo` into `out` (the virtual environment as it is: `-o` keeps make from rebuilding
+    it); returns what it printed."""
+    argv = ["make", "-s", "-o", ".venv/.installed", "demo", f"DEMO_OUT={out}"]
+    result = subprocess.run(
+        argv, cwd=ROOT, check=False, capture_output=True, text=True, timeout=300
+    )
     assert result.returncode == 0, result.stderr
-    page.write_text(result.stdout, encoding="utf-8")
+    return result.stdout
+
+
+@pytest.fixture(scope="module")
+def demo(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str]:
+    out = tmp_path_factory.mktemp("demo")
+    return out / "report.html", _make_demo(out)
+
+
+def test_make_demo_writes_the_html_report_and_prints_its_path(demo: tuple[Path, str]) -> None:
+    """`make demo` prints the text report, then the path of the HTML report it wrote."""
+    page, printed = demo
+    assert printed.splitlines()[-1] == f"HTML report: {page}"
+    assert "VERDICT: KILL" in printed
+    assert page.read_text(encoding="utf-8").startswith("<!DOCTYPE html>")
+
+
+def test_the_demo_report_renders_in_chromium(demo: tuple[Path, str], tmp_path: Path) -> None:
+    """The demo's HTML report from `make demo`: a non-blank page, six plots loaded, no console
+    error, no request but the file itself and its data URIs."""
+    page, _printed = demo
     seen = render(page.as_uri(), tmp_path / "report.png")
     assert_rendered(seen, images=6)
     assert seen.title.startswith("KILL — /ops/rl-gsm8k-stalled")
