@@ -36,6 +36,7 @@ from matplotlib import dates as mdates
 from matplotlib.axes import Axes
 from matplotlib.figure import Figure
 
+from shared.models import Mode
 from shared.settings import Thresholds
 from worker.evidence.model import Evidence, LogTables
 from worker.gates import metric_keys as mk
@@ -348,14 +349,15 @@ def _series_plot(ctx: _Context, spec: _SeriesSpec) -> Plot:
     axis = _axis(ctx, drawn)
     figure, (ax,) = _figure()
     axis.window(ax)
-    if spec.band is not None:
+    first_drawn = present[0] is spec.lines[0]
+    if spec.band is not None and first_drawn:  # the band belongs to the first series' scale
         low, high = spec.band(ctx.limits)
         ax.axhspan(low, high, color="#c8e6c9", alpha=0.6, label="healthy range")
     right = ax.twinx() if any(line.right for line in present) and not present[0].right else None
     for line in present:
         _draw_line(right if line.right and right else ax, axis, found[line.signal][0], line, spec)
     _scale(ax, drawn, spec)
-    ax.set_ylabel(spec.ylabel)
+    ax.set_ylabel(spec.ylabel if first_drawn else present[0].label)
     axis.finish([ax], drawn)
     if right is not None:
         right.set_ylabel(present[-1].label)
@@ -623,8 +625,6 @@ def _duty_cycle(ctx: _Context) -> Plot:
 
 
 def _has_trials(evidence: Evidence) -> bool:
-    from shared.models import Mode
-
     has_rows = evidence.trials is not None and not evidence.trials.trials.is_empty()
     return evidence.mode.mode is Mode.AGENTIC or has_rows
 

@@ -236,3 +236,24 @@ def test_a_plot_that_fails_to_draw_says_why_and_the_others_still_draw(
     plots = _by_slug(render_plots(_standard()))
     assert plots["engines"].empty == "could not draw: ValueError: odd evidence"
     assert plots["reward"].png is not None
+
+
+def test_tis_draws_the_healthy_band_only_with_the_ratio_it_belongs_to(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A run logging only |log ratio| gets no importance-ratio band on the log-ratio scale; with
+    the ratio logged the band is there."""
+    bands: list[tuple[float, float]] = []
+    real = plots_module.Axes.axhspan
+
+    def spy(self: object, low: float, high: float, **kwargs: object) -> object:
+        bands.append((low, high))
+        return real(self, low, high, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(plots_module.Axes, "axhspan", spy)
+    only_log = _by_slug(
+        render_plots(_standard(12, **{"policy/tis/log_ratio_abs_mean": [0.05] * 12}))
+    )
+    assert only_log["tis"].png is not None and bands == []
+    render_plots(_standard(12, **{"policy/tis/imp_ratio_mean": [0.98] * 12}))
+    assert bands == [(Thresholds().tis_ratio_mean_min, Thresholds().tis_ratio_mean_max)]
