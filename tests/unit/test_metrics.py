@@ -163,10 +163,10 @@ def test_ingest_counts_outcomes_coalescing_and_dead_letters(ingest: tuple[Ingest
 
 
 def test_probes_ran_counts_commands_and_failures_per_backend() -> None:
-    """The capture policy's hook adds its commands and failures under the backend's label."""
+    """Five probes, one exiting 1 and one timed out: five run, two failed, under the backend."""
     run = Delta("rlhealth_probes_run_total", backend="iris")
     failed = Delta("rlhealth_probes_failed_total", backend="iris")
-    metrics.probes_ran("iris", 5, 2)
+    metrics.probes_ran("iris", [0, 0, 1, None, 0])
     assert (run.change, failed.change) == (5, 2)
 
 

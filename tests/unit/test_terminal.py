@@ -13,6 +13,7 @@ import subprocess
 import sys
 import termios
 import threading
+import time
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -22,7 +23,7 @@ from click.testing import CliRunner
 from reports.text import render_text
 from shared.models import Confidence, Verdict, VerdictEntry
 from worker.cli import main
-from worker.cli.terminal import STATUS_STYLES, coloured_report, live_verdicts
+from worker.cli.terminal import STATUS_STYLES, coloured_report, live_verdicts, probing
 from worker.diagnosis import collect_evidence, judge
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -178,3 +179,14 @@ def test_the_live_table_lists_verdicts_newest_first() -> None:
     final = _plain(stream.getvalue().split("verdicts (newest first)")[-1])
     assert final.index("/ops/job-1") < final.index("/ops/job-0")
     assert "NO-KILL" in final and "KILL" in final
+
+
+def test_probing_shows_a_spinner_only_on_a_terminal() -> None:
+    """While live probes run, a terminal stderr shows which backend is probed; a pipe gets none."""
+    tty, pipe = _Tty(), io.StringIO()
+    with probing("iris", tty):
+        time.sleep(0.3)
+    with probing("iris", pipe):
+        time.sleep(0.05)
+    assert "running live probes through iris (read-only)" in tty.getvalue()
+    assert pipe.getvalue() == ""

@@ -165,6 +165,6 @@ def capture_live(
     rec = Recorder(runner or default_runner(), settings.probe_timeout_s)
     probes = probe_job(chosen, rec, plan, job_id=job.job_id, clock=clock, sleep=sleep)
     write_probes(probes, rec.outputs, out_dir)
-    probes_ran(backend, len(rec.commands), len(rec.failures))
+    probes_ran(backend, [command.exit_code for command in rec.commands])
     notes.extend(f"probe failed: {failure}" for failure in rec.failures)
     return out_dir, tuple(notes)

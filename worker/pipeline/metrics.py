@@ -131,10 +131,11 @@ def dead_lettered(reason: str) -> None:
     DEAD_LETTERS.labels(reason=dead_letter_kind(reason)).inc()
 
 
-def probes_ran(backend: str, commands: int, failures: int) -> None:
-    """The capture policy ran `commands` probe commands through `backend`; `failures` failed."""
-    PROBES_RUN.labels(backend=backend).inc(commands)
-    PROBES_FAILED.labels(backend=backend).inc(failures)
+def probes_ran(backend: str, exit_codes: Sequence[int | None]) -> None:
+    """The capture policy ran probe commands through `backend` with these exit codes (None: timed
+    out); every non-zero or missing code is a failed probe."""
+    PROBES_RUN.labels(backend=backend).inc(len(exit_codes))
+    PROBES_FAILED.labels(backend=backend).inc(sum(1 for code in exit_codes if code != 0))
 
 
 # --- Celery signals -------------------------------------------------------------------------------
