@@ -13,11 +13,13 @@ __all__ = ["parse_command"]
 
 
 def _read_logs(path: Path) -> LogTables | None:
+    from worker.cli.terminal import log_progress
     from worker.evidence.logs import parse_job_logs, parse_log_file
 
-    if path.is_dir():
-        return parse_job_logs(path)
-    return parse_log_file(path, source=path.name)
+    with log_progress() as progress:  # a bar on stderr, only on a terminal
+        if path.is_dir():
+            return parse_job_logs(path, progress=progress)
+        return parse_log_file(path, source=path.name, progress=progress)
 
 
 def _read_trials(path: Path, trace_jobs_dir: Path | None) -> TrialTables | None:

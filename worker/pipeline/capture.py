@@ -31,6 +31,7 @@ from worker.backends.base import ProbePlan, Recorder, Runner, probe_job
 from worker.backends.spawn import run_probe
 from worker.evidence.model import Evidence
 from worker.evidence.probes import write_probes
+from worker.pipeline.metrics import probes_ran
 
 __all__ = ["capture_live", "needs_live_probes", "quiet_reason", "stale_reason"]
 
@@ -164,5 +165,6 @@ def capture_live(
     rec = Recorder(runner or default_runner(), settings.probe_timeout_s)
     probes = probe_job(chosen, rec, plan, job_id=job.job_id, clock=clock, sleep=sleep)
     write_probes(probes, rec.outputs, out_dir)
+    probes_ran(backend, [command.exit_code for command in rec.commands])
     notes.extend(f"probe failed: {failure}" for failure in rec.failures)
     return out_dir, tuple(notes)

@@ -23,6 +23,7 @@ from typing import Any, Final
 
 from pydantic import ValidationError
 
+from reports.html import store_html
 from reports.sinks import S3ReportSink, VerdictStreamSink
 from shared.models import (
     Event,
@@ -222,6 +223,7 @@ class Pipeline:
         stored = S3ReportSink(self.store)(
             report, cluster=bundle.cluster, user=bundle.user, job=bundle.job_name
         )
+        store_html(self.store, stored.json_key, report, self.evidence(evidence_id))
         entry = VerdictStreamSink.entry(report, stored)
         return entry.model_dump(mode="json")
 

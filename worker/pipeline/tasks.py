@@ -21,6 +21,7 @@ from celery import Task, chain, chord, group
 from celery.canvas import Signature
 
 from shared.settings import Settings
+from worker.pipeline import metrics  # noqa: F401 - connects the Celery signals it counts
 from worker.pipeline.app import CAPTURE_LIMITS_S, app
 from worker.pipeline.failures import InfrastructureError, classified
 from worker.pipeline.steps import GATE_NAMES, CaptureBusyError, Pipeline

@@ -8,6 +8,7 @@ parse run on two cores at once.
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from datetime import date, datetime
@@ -187,8 +188,12 @@ def parse_log_file(
     reference_date: date | None = None,
     cache: LogCache | None = None,
     chunk_bytes: int = CHUNK_BYTES,
+    progress: Callable[[str, int, int], None] | None = None,
 ) -> LogTables:
-    """The tables of one log file; `source` is the name written in provenance columns."""
+    """The tables of one log file; `source` is the name written in provenance columns.
+    `progress` is told `(source, 0, size)` before the read."""
+    if progress is not None:
+        progress(source, 0, path.stat().st_size)
     found, stitched = _read_file(
         path, source, reference_date, cache, chunk_bytes, stitched=cache is not None
     )
