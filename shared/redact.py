@@ -148,6 +148,10 @@ RULES: Final[tuple[tuple[re.Pattern[str], Replace], ...]] = (
         ),
         _keep_prefix("password"),
     ),
+    (  # `user:password@host` without a scheme (or after a normaliser took the scheme away)
+        re.compile(r"(?<![\w.%+-])[\w.%+-]*:(?P<secret>[^\s:/@<>\"'`]{3,})@(?=[A-Za-z0-9<])"),
+        _keep_prefix("password"),
+    ),
     (
         re.compile(
             r"(?i)\b(?:proxy-)?authorization[\"']?\s*[:=]\s*[\"']?"
@@ -207,7 +211,8 @@ RULES: Final[tuple[tuple[re.Pattern[str], Replace], ...]] = (
 # A superset of every rule in the regex dialect polars speaks (no look-around): a cell it does not
 # match holds no credential, so only matching cells pay for the Python rules.
 PREFILTER: Final = (
-    r"(?i)(private key|://[^/\s]*:[^\s]*@|authoriz|bearer|hf_|dtn_|sk-|akia|asia|abia|acca|eyj|"
+    r"(?i)(private key|://[^/\s]*:[^\s]*@|:[^\s:/@<>\"'`]{3,}@[a-z0-9<]|authoriz|bearer|"
+    r"hf_|dtn_|sk-|akia|asia|abia|acca|eyj|"
     r"gh[pousr]_|github_pat_|xox[abposr]-|wandb|key|token|secret|passw|passphrase|pwd|credential|"
     r"[A-Za-z0-9/+]{40})"
 )
