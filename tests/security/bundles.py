@@ -64,7 +64,9 @@ def crafted_bundle(
         moment = job.step(step, moment, 60.0, METRICS)
     job.lines.extend(lines)
     for i, (trial, exception, message) in enumerate(trials):
-        job.trial(trial, start + timedelta(minutes=i), reward=None, exception=exception, message=message)
+        job.trial(
+            trial, start + timedelta(minutes=i), reward=None, exception=exception, message=message
+        )
     synced = NOW - (timedelta(hours=2) if stale else timedelta(minutes=1))
     job.manifest(state=state, argv=list(argv), synced_at=synced)
     job_dir = job.write()

@@ -52,7 +52,9 @@ SAMPLES: tuple[Sample, ...] = (
         f"machine api.wandb.ai login ops password {WANDB}",
         f"'wandb_api_key': '{WANDB}'",
     )),
-    Sample("hf", HF, (f"HF_TOKEN={HF}", f"huggingface_hub.login(token='{HF}')", f"--hf-token {HF}")),
+    Sample("hf", HF, (
+        f"HF_TOKEN={HF}", f"huggingface_hub.login(token='{HF}')", f"--hf-token {HF}",
+    )),
     Sample("aws-id", AWS_ID, (f"aws_access_key_id = {AWS_ID}", f"AWS_ACCESS_KEY_ID={AWS_ID}")),
     Sample("aws-secret", AWS_SECRET, (
         f"aws_secret_access_key = {AWS_SECRET}",
@@ -60,7 +62,9 @@ SAMPLES: tuple[Sample, ...] = (
         f"credentials {AWS_ID} {AWS_SECRET}",
     )),
     Sample("daytona", DAYTONA, (f"DAYTONA_API_KEY={DAYTONA}", f"Daytona(api_key='{DAYTONA}')")),
-    Sample("bearer", JWT, (f"Authorization: Bearer {JWT}", f"headers={{'Authorization': 'Bearer {JWT}'}}")),
+    Sample("bearer", JWT, (
+        f"Authorization: Bearer {JWT}", f"headers={{'Authorization': 'Bearer {JWT}'}}",
+    )),
     Sample("bearer-opaque", OPAQUE_BEARER, (f"authorization: Bearer {OPAQUE_BEARER}",)),
     Sample("url-password", URL_PASSWORD, (
         f"postgres://rl_admin:{URL_PASSWORD}@db.internal:5432/runs",
@@ -76,7 +80,7 @@ SECRETS: tuple[str, ...] = tuple(sample.secret for sample in SAMPLES)
 
 POSITIONS: dict[str, str] = {
     "traceback": "RuntimeError: request failed after 3 retries ({carrier})",
-    "config dump": "2026-07-30 21:00:01.000 | INFO | skyrl_train.utils:dump:40 - cfg.env: {carrier}",
+    "config dump": "2026-07-30 21:00:01.000 | INFO | skyrl_train.utils:dump:40 - env: {carrier}",
     "url": "WARNING: GET https://hub.example.com/api/models?q={carrier} returned 401",
     "json field": '{{"level": "error", "event": "login failed", "detail": {carrier_json}}}',
 }

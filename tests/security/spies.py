@@ -21,7 +21,18 @@ import pytest
 __all__ = ["DECOYS", "TOOLS", "Spies", "make_spybin", "spies_on_path"]
 
 SPY = Path(__file__).resolve().with_name("spy.py")
-TOOLS = ("kubectl", "squeue", "sacct", "sinfo", "py-spy", "nvidia-smi", "cat", "ps", "pgrep", "iris")
+TOOLS = (
+    "kubectl",
+    "squeue",
+    "sacct",
+    "sinfo",
+    "py-spy",
+    "nvidia-smi",
+    "cat",
+    "ps",
+    "pgrep",
+    "iris",
+)
 DECOYS = ("sh", "bash", "env", "scancel", "scontrol", "pkill", "kill", "rm", "watcher")
 
 

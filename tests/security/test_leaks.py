@@ -50,7 +50,7 @@ def secret_bundle(root: Path, name: str, *, metrics: bool = True) -> Path:
 def secret_probes(directory: Path) -> Path:
     """A recorded probe directory whose attempts, controller, stacks and a failure hold secrets."""
     directory.mkdir(parents=True)
-    stack = "Thread 41 (idle): \"MainThread\"\n    all_reduce (torch/distributed.py:2050)\n"
+    stack = 'Thread 41 (idle): "MainThread"\n    all_reduce (torch/distributed.py:2050)\n'
     for i, carrier in enumerate(CARRIERS):
         stack += f"        token_{i} = {carrier!r}\n"
     (directory / "stacks").mkdir()
@@ -86,14 +86,14 @@ def _files(directory: Path) -> str:
 
 
 def _spy_replies(spies: Spies) -> None:
-    """Every live probe answers with secrets: summary, attempts, log tail, ps, py-spy, nvidia-smi."""
-    summary = {"job_id": "/ops/rl-job", "state": 3, "error": CARRIERS[1],
-               "tasks": [{"task_id": "/ops/rl-job/0", "state": 3, "error": CARRIERS[2]}]}  # fmt: skip
-    rows = "\n".join(f"/ops/rl-job/0,{i},5,1,\"{c}\",1,2" for i, c in enumerate(CARRIERS))
+    """Every live probe answers with secrets: summary, attempts, log tail, ps, py-spy, GPUs."""
+    task = {"task_id": "/ops/rl-job/0", "state": 3, "error": CARRIERS[2]}
+    summary = {"job_id": "/ops/rl-job", "state": 3, "error": CARRIERS[1], "tasks": [task]}
+    rows = "\n".join(f'/ops/rl-job/0,{i},5,1,"{c}",1,2' for i, c in enumerate(CARRIERS))
     attempts = "task_id,attempt_id,state,exit_code,error,started_at_ms,finished_at_ms\n" + rows
     ps = "  PID  PPID COMMAND\n    1     0 ps -ww -eo pid,ppid,args\n"
     ps += f"   41     0 python train.py {' '.join(CARRIERS)}\n"
-    stack = "Thread 41 (idle): \"MainThread\"\n" + "\n".join(f"    x = {c!r}" for c in CARRIERS)
+    stack = 'Thread 41 (idle): "MainThread"\n' + "\n".join(f"    x = {c!r}" for c in CARRIERS)
     spies.reply(r"job --help", "Commands:\n  summary\n  logs\n")
     spies.reply(r"job summary", json.dumps(summary))
     spies.reply(r"query", attempts)
@@ -146,9 +146,13 @@ def _pipeline(job_dir: Path, root: Path, probes: Path) -> dict[str, str]:
     results = [pipeline.gate(event.event_id, name) for name in GATE_NAMES]
     entry = pipeline.verdict(results, event.event_id, event.event_id)
     objects = {key: store.get(key).decode("utf-8", "replace") for key in store.keys("")}
-    parquet = {k: str(pl.read_parquet(store.get(k)).rows()) for k in objects if k.endswith(".parquet")}
+    parquet = {
+        k: str(pl.read_parquet(store.get(k)).rows()) for k in objects if k.endswith(".parquet")
+    }
     return {
-        "pipeline: S3 reports": "\n".join(v for k, v in objects.items() if k.startswith("reports/")),
+        "pipeline: S3 reports": "\n".join(
+            v for k, v in objects.items() if k.startswith("reports/")
+        ),
         "pipeline: frozen evidence": "\n".join(
             parquet.get(k, v) for k, v in objects.items() if k.startswith("evidence/")
         ),
@@ -198,7 +202,9 @@ def _live_probes(root: Path, job: Path, patch: pytest.MonkeyPatch) -> str:
     patch.setenv("PATH", f"{spies.bin}:{__import__('os').environ['PATH']}")
     later = (NOW + timedelta(hours=1)).isoformat()
     out = root / "live"
-    CliRunner().invoke(main, ["diagnose", str(job), "--backend", "iris", "--now", later, "--out", str(out)])
+    CliRunner().invoke(
+        main, ["diagnose", str(job), "--backend", "iris", "--now", later, "--out", str(out)]
+    )
     assert any(c[1:3] == ["--controller-url=http://controller.test", "task"] or "py-spy" in c
                for c in spies.calls()), spies.calls()  # fmt: skip
     return _files(out / "probes")

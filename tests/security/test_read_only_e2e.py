@@ -30,8 +30,9 @@ FORBIDDEN: frozenset[str] = frozenset(
 
 # Bundle values an attacker controls: each becomes manifest keys of a stale, quiet, running job.
 BUNDLES: dict[str, dict[str, Any]] = {
-    "kubeconfig in the manifest": {"cluster_block": {"name": "cw", "context": "evil",
-                                                     "kubeconfig": "{manifest}"}},  # fmt: skip
+    "kubeconfig in the manifest": {
+        "cluster_block": {"name": "cw", "context": "evil", "kubeconfig": "{manifest}"}
+    },
     "job id is an option": {"job_id": "--force"},
     "cluster is an option": {"cluster": "--delete-all"},
     "job id carries a shell command": {"job_id": "/ops/rl-job;kill -9 1"},
@@ -63,7 +64,7 @@ def _hostile_replies(spies: Spies) -> None:
     spies.reply(r"^cat /proc/\d+/status", "Name: python\nState: S (sleeping)\n")
     spies.reply(r"^sacct", "812|RUNNING|0:0|2026-07-30T19:05:00|Unknown|node-1|None\n")
     spies.reply(r"^squeue", "812|RUNNING|node-1|None\n")
-    spies.reply(r"py-spy dump", "Thread 41 (idle): \"MainThread\"\n    all_reduce (x.py:1)\n")
+    spies.reply(r"py-spy dump", 'Thread 41 (idle): "MainThread"\n    all_reduce (x.py:1)\n')
 
 
 @pytest.fixture
@@ -136,7 +137,9 @@ SETTINGS: dict[str, dict[str, str]] = {
     "iris command is env": {"RLHEALTH_IRIS_COMMAND": "env iris"},
     "iris command adds a config": {"RLHEALTH_IRIS_COMMAND": "{bin}/iris --config /tmp/x"},
     "kube context is an option": {"RLHEALTH_KUBE_CONTEXT": "--exec=sh"},
-    "clusters map names a relative kubeconfig": {"RLHEALTH_CLUSTERS": '{{"cw": {{"kubeconfig": "x"}}}}'},
+    "clusters map names a relative kubeconfig": {
+        "RLHEALTH_CLUSTERS": '{{"cw": {{"kubeconfig": "x"}}}}'
+    },
     "clusters map is broken": {"RLHEALTH_CLUSTERS": "{{cw = "},
 }
 
@@ -172,7 +175,9 @@ def test_a_configured_cluster_connection_is_used(
     kubeconfig = tmp_path / "cw.kubeconfig"
     kubeconfig.write_text("apiVersion: v1\n")
     entry = {"kubeconfig": str(kubeconfig), "kube_context": "cw-ctx", "namespace": "rl"}
-    monkeypatch.setenv("RLHEALTH_CLUSTERS", "[cw]\n" + "\n".join(f'{k} = "{v}"' for k, v in entry.items()))
+    monkeypatch.setenv(
+        "RLHEALTH_CLUSTERS", "[cw]\n" + "\n".join(f'{k} = "{v}"' for k, v in entry.items())
+    )
     _diagnose(_bundle(tmp_path / "b", {}), "kubernetes", tmp_path / "out")
     (first, *_rest) = [call for call in spies.calls() if call[0] == "kubectl"]
     assert first[1:4] == [f"--kubeconfig={kubeconfig}", "--context=cw-ctx", "--namespace=rl"]

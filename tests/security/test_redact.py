@@ -33,12 +33,12 @@ BENIGN = [
     "commit 3f9a2b1c4d5e6f708192a3b4c5d6e7f801234567 on main",
     "Avg generation throughput: 1834.2 tokens/s, Running: 12 reqs, GPU KV cache usage: 41.2%",
     'WANDB_MIRROR kind=train step=7 metrics={"policy/policy_entropy": 1.1, "reward/avg": 0.3}',
-    "  File \"/app/skyrl_train/trainer.py\", line 210, in train",
+    '  File "/app/skyrl_train/trainer.py", line 210, in train',
     "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB",
     "Authorization header missing from request; retrying without credentials",
     "key=value pairs parsed: 12 keys",
     "checkpoint saved to /mnt/ckpt/Qwen25-7B/global_step_100/policy/model.safetensors",
-    "Thread 41 (idle): \"MainThread\"\n    all_reduce (torch/distributed/distributed_c10d.py:2050)",
+    'Thread 41 (idle): "MainThread"\n    all_reduce (torch/distributed/distributed_c10d.py:2050)',
     "secret_name: wandb-credentials",
 ]
 
@@ -141,9 +141,7 @@ def log_redaction() -> Iterator[None]:
     logging.setLogRecordFactory(previous)
 
 
-def test_log_messages_are_redacted(
-    log_redaction: None, caplog: pytest.LogCaptureFixture
-) -> None:
+def test_log_messages_are_redacted(log_redaction: None, caplog: pytest.LogCaptureFixture) -> None:
     """A log message carrying a credential or a line break is redacted and escaped."""
     with caplog.at_level(logging.WARNING):
         logging.getLogger("worker.pipeline.ingest").warning(

@@ -44,7 +44,9 @@ def test_bundle_kubeconfig_and_context_never_reach_kubectl(spies: Spies, tmp_pat
     """A manifest naming its own file as kubeconfig and an `evil` context changes no argv."""
     job_dir = crafted_bundle(tmp_path / "b")
     kubeconfig = str(job_dir / "manifest.json")
-    rewrite_manifest(job_dir, cluster_block={"name": "cw", "kubeconfig": kubeconfig, "context": "evil"})
+    rewrite_manifest(
+        job_dir, cluster_block={"name": "cw", "kubeconfig": kubeconfig, "context": "evil"}
+    )
     _diagnose(job_dir, "--backend", "kubernetes", "--out", str(tmp_path / "out"))
     kubectl = [call for call in spies.calls() if call[0] == "kubectl"]
     assert kubectl, "kubectl was never asked: the test would prove nothing"
@@ -73,7 +75,11 @@ def test_a_manifest_that_is_a_kubeconfig_runs_no_credential_plugin(
         users=[{"name": "u", "user": {"exec": plugin}}],
         contexts=[{"name": "evil", "context": {"cluster": "c", "user": "u"}}],
         **{"current-context": "evil"},
-        cluster_block={"name": "cw", "kubeconfig": str(job_dir / "manifest.json"), "context": "evil"},
+        cluster_block={
+            "name": "cw",
+            "kubeconfig": str(job_dir / "manifest.json"),
+            "context": "evil",
+        },
     )
     monkeypatch.setenv("KUBECONFIG", str(tmp_path / "no-such-kubeconfig"))
     monkeypatch.setenv("RLHEALTH_PROBE_TIMEOUT_S", "20")
@@ -130,7 +136,9 @@ def test_bundle_values_never_become_options(
     spies: Spies, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
     """A manifest cluster `--delete-all` and job id `--force` reach no argv, as option or value."""
-    monkeypatch.setenv("RLHEALTH_REFRESH_COMMAND", f"{spies.bin / 'watcher'} sync {{cluster}} {{job_id}}")
+    monkeypatch.setenv(
+        "RLHEALTH_REFRESH_COMMAND", f"{spies.bin / 'watcher'} sync {{cluster}} {{job_id}}"
+    )
     job_dir = crafted_bundle(tmp_path / "b", stale=True)
     rewrite_manifest(job_dir, job_id="--force", cluster="--delete-all")
     result = _diagnose(job_dir, "--backend", "iris", "--format", "json")
@@ -166,7 +174,9 @@ def test_a_report_is_bounded_whatever_the_manifest_holds(tmp_path: Path) -> None
     """200,000 `artifacts.errors` make a report under the byte ceiling that says how many went."""
     job_dir = crafted_bundle(tmp_path / "b")
     manifest = json.loads((job_dir / "manifest.json").read_text())
-    manifest["artifacts"]["errors"] = [f"sync error {i}: pod log unavailable" for i in range(200_000)]
+    manifest["artifacts"]["errors"] = [
+        f"sync error {i}: pod log unavailable" for i in range(200_000)
+    ]
     (job_dir / "manifest.json").write_text(json.dumps(manifest))
     text = _diagnose(job_dir).output
     assert len(text.encode()) <= 256 * 1024 and "… and " in text
