@@ -15,7 +15,7 @@ from tests.security.spies import Spies, make_spybin
 from worker.backends.allowlist import Allowlist, RefusedCommandError
 from worker.backends.retry import is_transient, with_retries
 from worker.backends.spawn import MISSING_EXIT_CODE, ProbeResult, run_probe
-from worker.backends.tools import Toolbox, resolve_tools
+from worker.backends.tools import Toolbox, ToolSettingsError, resolve_tools
 
 REFUSED = [
     (["iris", "job", "kill", "/ops/j"], "job kill"),
@@ -155,6 +155,29 @@ def test_refresh_template_allows_only_checked_values(tools: Toolbox, spies: Spie
     for bad in [("--job=--force", "cw"), ("--job=/ops/j", "--delete-all"), ("--job=/ops/j", "a b")]:
         with pytest.raises(RefusedCommandError):
             allow.check((watcher, "sync", *bad))
+
+
+@pytest.mark.parametrize(
+    ("template", "allowed"),
+    [
+        ("{bin}/watcher sync --root=/var/run/bundles {{job_id}}", True),
+        ("{bin}/watcher sync --action=kill {{job_id}}", False),
+        ("{bin}/watcher delete {{job_id}}", False),
+        ("{bin}/watcher sync {{job_id}} {{user}}", False),
+        ("{bin}/bash {{job_id}}", False),
+    ],
+)
+def test_refresh_templates_just_inside_and_outside_the_rules(
+    spies: Spies, template: str, allowed: bool
+) -> None:
+    """A path holding `run` is fine; a verb hidden in an option, an unknown placeholder or a
+    shell is refused when the tools are resolved."""
+    settings = Settings(refresh_command=template.format(bin=spies.bin))
+    if allowed:
+        spies.toolbox(settings)
+    else:
+        with pytest.raises(ToolSettingsError, match="RLHEALTH_REFRESH_COMMAND"):
+            spies.toolbox(settings)
 
 
 def test_missing_tool_is_exit_127_without_a_path_lookup(no_spawn: list[Any]) -> None:

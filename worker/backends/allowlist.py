@@ -379,7 +379,7 @@ _LAUNCHERS: Final = frozenset(
 )  # fmt: skip
 _INLINE_CODE: Final = frozenset({"-c", "-e", "-E", "--eval", "--exec", "-exec", "--command"})
 _PLACEHOLDERS: Final = {"job_id": PATTERNS["job id"], "cluster": PATTERNS["cluster"]}
-_WORD_PARTS: Final = re.compile(r"[=,:/.\s]+")
+_WORD_PARTS: Final = re.compile(r"[=,:.\s]+")  # not `/`: path parts are not verbs
 
 
 def _fields(word: str) -> list[str]:
