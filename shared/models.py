@@ -12,6 +12,8 @@ from typing import Annotated, Any
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_serializer
 
+from shared.redact import clean_cut
+
 __all__ = [
     "Confidence",
     "Event",
@@ -86,13 +88,26 @@ class GateName(StrEnum):
     DUTY_CYCLE = "duty_cycle"
 
 
+QUOTE_MAX_BYTES = 1024  # a hard ceiling; `worker.evidence.quotes.quote` cuts shorter
+SOURCE_MAX_BYTES = 512
+
+
+def _quoted_text(value: str) -> str:
+    """Every quote is redacted, escaped and cut by bytes wherever it is made (docs/security.md)."""
+    return clean_cut(value, QUOTE_MAX_BYTES)
+
+
+def _quoted_source(value: str) -> str:
+    return clean_cut(value, SOURCE_MAX_BYTES)
+
+
 class Quote(Frozen):
     """One piece of quoted evidence: where it came from and what it said."""
 
-    source: str
+    source: Annotated[str, AfterValidator(_quoted_source)]
     line: int | None = None
     timestamp: UtcDatetime | None = None
-    text: str
+    text: Annotated[str, AfterValidator(_quoted_text)]
 
     @field_serializer("timestamp")
     def _ts(self, value: datetime | None) -> str | None:

@@ -77,6 +77,11 @@ class Settings(BaseSettings):
     iris_command: str = "iris"  # the iris CLI as shell words, e.g. "uv run iris"
     kube_context: str | None = None
     refresh_command: str | None = None
+    # Connections and tools come from these settings only, never from a bundle (docs/security.md)
+    kubeconfig: Path | None = None
+    kube_namespace: str | None = None
+    clusters: str | None = None  # JSON or TOML map cluster -> connection, or a .json/.toml path
+    tool_path: str | None = None  # where cluster tools are resolved at start-up (default: PATH)
     probe_timeout_s: float = Field(60, gt=0)
     probe_interval_s: float = Field(5, gt=0)  # between the two py-spy dumps of one process
     probe_process_match: str | None = None  # regex picking the trainer's processes for py-spy

@@ -91,8 +91,9 @@ def test_refresh_runs_exactly_the_configured_command(
     """The refresh template is filled with the job id and cluster and run through spawn."""
     monkeypatch.setenv("RLHEALTH_IRIS_COMMAND", "/nonexistent/iris")
     target = tmp_path / "refreshed.txt"
-    script = f"import sys; open({str(target)!r}, 'w').write(' '.join(sys.argv[1:]))"
-    template = shlex.join([sys.executable, "-c", script]) + " {job_id} {cluster}"
+    script = tmp_path / "watcher.py"
+    script.write_text(f"import sys\nopen({str(target)!r}, 'w').write(' '.join(sys.argv[1:]))\n")
+    template = shlex.join([sys.executable, str(script)]) + " {job_id} {cluster}"
     stale = replace(_evidence(synced_at=NOW - timedelta(hours=2)), job_dir=str(tmp_path / "nojob"))
     settings = Settings(refresh_command=template, probe_timeout_s=10)
     _, notes = capture_live(stale, "iris", tmp_path / "p", settings)

@@ -55,3 +55,6 @@ def main() -> None:
 
     Read-only by construction: it never kills, restarts or edits a job.
     """
+    from shared.redact import install_log_redaction
+
+    install_log_redaction()  # every log message of every command is redacted and escaped

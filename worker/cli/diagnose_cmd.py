@@ -1,4 +1,9 @@
-"""`rl-health diagnose`: the whole diagnosis in this process, with no Redis, S3 or cluster."""
+"""`rl-health diagnose`: the whole diagnosis in this process, with no Redis, S3 or cluster.
+
+With `--backend`, the cluster tools, the iris command, the refresh template and the connections are
+resolved from the operator's settings at start-up; a setting the allowlist refuses stops the
+command with exit 2 before anything runs (docs/security.md).
+"""
 
 from __future__ import annotations
 
@@ -7,28 +12,43 @@ import tempfile
 from datetime import UTC, datetime
 from functools import partial
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import click
 
 from shared.models import Mode, Report
+from shared.redact import clean
 from shared.settings import CampaignError, Settings, load_thresholds
 from worker.cli.options import ISO_DATETIME
 from worker.evidence.model import Evidence
+
+if TYPE_CHECKING:
+    from worker.backends import Toolbox
 
 __all__ = ["diagnose_command"]
 
 BACKENDS = ("iris", "kubernetes", "slurm", "local")
 
 
+def _tools(settings: Settings) -> Toolbox:
+    """The cluster tools, iris command and refresh template, resolved and checked at start-up."""
+    from worker.backends import ToolSettingsError, resolve_tools
+
+    try:
+        return resolve_tools(settings)
+    except ToolSettingsError as exc:
+        raise click.UsageError(f"settings refused: {clean(str(exc))}") from exc
+
+
 def _live_probes(
-    first: Evidence, backend: str, out: Path | None
+    first: Evidence, backend: str, out: Path | None, settings: Settings, tools: Toolbox
 ) -> tuple[Path | None, tuple[str, ...]]:
     from worker.cli.terminal import probing
     from worker.pipeline.capture import capture_live
 
     target = out / "probes" if out else Path(tempfile.mkdtemp(prefix="rlhealth-probes-"))
     with probing(backend):
-        probe_dir, notes = capture_live(first, backend, target, Settings())
+        probe_dir, notes = capture_live(first, backend, target, settings, tools=tools)
     if probe_dir is not None and out is None:
         click.echo(f"live probes recorded in {probe_dir}", err=True)
     return probe_dir, notes
@@ -128,9 +148,11 @@ def diagnose_command(
     )
     notes: tuple[str, ...] = ()
     if backend is not None:
+        settings = Settings()
+        tools = _tools(settings)
         with log_progress() as progress:
             first = collect(progress=progress)
-        probes_dir, notes = _live_probes(first, backend, out)
+        probes_dir, notes = _live_probes(first, backend, out, settings, tools)
     with log_progress() as progress:
         evidence = collect(probes_dir=probes_dir, notes=notes, progress=progress)
     report = judge(evidence)
