@@ -23,6 +23,7 @@ from datetime import datetime
 from importlib import metadata
 from typing import TYPE_CHECKING, Any, Final
 
+from reports.bounds import bounded
 from shared.models import (
     GateName,
     GateResult,
@@ -303,7 +304,13 @@ def _version() -> str:
 
 
 def render_html(report: Report, evidence: Evidence | None = None) -> str:
-    """The whole HTML report; with `evidence`, its plots (drawn here, from the tables)."""
+    """The whole HTML report; with `evidence`, its plots (drawn here, from the tables).
+
+    Every value is rendered from `bounded(report)`, as in the text and JSON reports: redacted,
+    control characters escaped, lists capped. The byte ceiling of those reports does not apply:
+    the embedded plot images alone can be larger.
+    """
+    report = bounded(report)
     plots = None
     if evidence is not None:
         from reports.plots import render_plots
