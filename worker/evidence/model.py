@@ -25,6 +25,7 @@ __all__ = [
     "AttemptRecord",
     "BundleInfo",
     "ClassFreshness",
+    "ClockSkew",
     "ControllerView",
     "Evidence",
     "LogTables",
@@ -108,6 +109,21 @@ class BundleInfo(_Frozen):
 # --- logs ---------------------------------------------------------------------------------------
 
 
+class ClockSkew(_Frozen):
+    """A log's own line times against the Iris prefix times (collection time, UTC).
+
+    `min_s`/`max_s` are own time minus prefix time over the `lines` that carry both; `off_lines`
+    differ by more than the parser's tolerance, the first of them at `source`:`first_line`.
+    """
+
+    lines: int = 0
+    min_s: float | None = None
+    max_s: float | None = None
+    off_lines: int = 0
+    first_line: int | None = None
+    source: str | None = None
+
+
 class ParseSummary(_Frozen):
     files: tuple[str, ...] = ()
     lines: int = 0
@@ -121,6 +137,7 @@ class ParseSummary(_Frozen):
     head: tuple[str, ...] = ()  # the first non-empty lines, to show what the log looks like
     head_lines: tuple[int, ...] = ()  # their 1-based line numbers, when the parser kept them
     head_source: str | None = None  # the file they come from (default: the first of `files`)
+    clock: ClockSkew = ClockSkew()  # own line times against the Iris prefix times
 
 
 @dataclass(frozen=True)
