@@ -242,10 +242,12 @@ def test_under_fed_engines_name_the_buffer_wait() -> None:
 
 
 def test_policy_rank_oom_that_killed_the_attempt_is_hard() -> None:
-    """A CUDA OOM during policy_train followed by an actor death is a hard FAIL on a policy rank."""
+    """A CUDA OOM during policy_train followed by an actor death, and no step since, is a hard FAIL
+    on a policy rank."""
+    before = [r | {"timestamp": f.at(9 - r["step"])} for r in REWARD_STEPS]
     tables = f.logs(
         engines=fleet(SATURATED),
-        metrics=REWARD_STEPS,
+        metrics=before,
         timers=[timer("policy_train", "started", 4990, 6)],
         errors=[
             cuda_error(
@@ -265,6 +267,7 @@ def test_policy_rank_oom_that_killed_the_attempt_is_hard() -> None:
     assert "policy rank" in result.summary
     assert "policy_train" in result.summary
     assert result.handoff is not None
+    assert result.proof is not None and result.proof.rule == "cuda_fatal"
     assert_quoted(result)
     assert [q.line for q in result.evidence] == [5000, 5040]
 
@@ -312,13 +315,14 @@ def test_no_log_at_all_quotes_the_manifest() -> None:
     assert result.evidence[0].source == "manifest.json"
 
 
-def test_gpu_probes_alone_pass_with_reduced_claims() -> None:
-    """GPU probes without stat lines pass, saying saturation was not judged."""
+def test_gpu_probes_alone_are_an_error() -> None:
+    """GPU probes without stat lines are point-in-time readings: ERROR, not a reduced PASS."""
     gpu = {"utilization.gpu [%]": 97.0, "memory.used [MiB]": 70000.0, "memory.total [MiB]": 81559.0}
     probes = ProbeEvidence(directory="probes", gpus={"pod-0": (gpu, gpu)})
     result = resources.check(f.evidence(log_tables=f.logs(metrics=REWARD_STEPS), probes=probes))
-    assert result.status is GateStatus.PASS
-    assert "saturation not judged" in result.summary
+    assert result.status is GateStatus.ERROR
+    assert "point-in-time" in result.summary
+    assert result.evidence[0].source == "probes/gpus/pod-0.csv"
     assert any(d.startswith("gpus pod-0 (2 GPU(s)") for d in result.details)
 
 

@@ -153,7 +153,9 @@ def test_two_dumps_parked_in_all_reduce_prove_a_stall() -> None:
 
 def test_coordinator_on_its_own_queue_is_a_deadlock() -> None:
     """A coordinator parked on queue.get in both dumps is named as a queue deadlock."""
-    finding = judge_stacks([dump(COORDINATOR, n=1, seconds_ago=12), dump(COORDINATOR, n=2)])
+    finding = judge_stacks(
+        [dump(COORDINATOR, pid=4242, n=1, seconds_ago=12), dump(COORDINATOR, pid=4242, n=2)]
+    )
     assert finding.proven
     assert finding.mechanism is not None and "queue" in finding.mechanism
 

@@ -9,8 +9,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from datetime import datetime
 from enum import StrEnum
+from functools import cached_property
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import polars as pl
 from pydantic import BaseModel, ConfigDict
@@ -18,6 +19,9 @@ from pydantic import BaseModel, ConfigDict
 from shared.models import Mode, UtcDatetime
 from shared.settings import Thresholds
 from worker.evidence import schema
+
+if TYPE_CHECKING:
+    from worker.evidence.facts import Facts
 
 __all__ = [
     "ArtifactState",
@@ -261,6 +265,13 @@ class Evidence:
     trials: TrialTables | None = None  # None: no trials directory
     probes: ProbeEvidence | None = None  # None: no live probe available
     discrepancies: tuple[str, ...] = ()
+
+    @cached_property
+    def facts(self) -> Facts:
+        """The facts derived from this evidence (`worker.evidence.facts`), computed once."""
+        from worker.evidence.facts import derive
+
+        return derive(self)
 
     @property
     def job_id(self) -> str:
