@@ -600,9 +600,7 @@ def undeclared_crash_loop(root: Path) -> Built:
 # --- agentic scenarios -----------------------------------------------------------------------
 
 
-def _trials(
-    b: JobBuilder, start: datetime, n: int, *, every_s: float = 20, **kwargs: Any
-) -> None:
+def _trials(b: JobBuilder, start: datetime, n: int, *, every_s: float = 20, **kwargs: Any) -> None:
     for i in range(n):
         b.trial(f"fix-git-history__{i:07x}", start + timedelta(seconds=every_s * i), **kwargs)
 
