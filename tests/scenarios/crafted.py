@@ -84,10 +84,30 @@ def dumps(
     b.probe("probes.json", header)
 
 
-def quiet_run(b: JobBuilder, *, idle_engines: bool = False, engines_busy: bool = False) -> datetime:
+def quiet_run(
+    b: JobBuilder,
+    *,
+    idle_engines: bool = False,
+    engines_busy: bool = False,
+    quiet_min: float = QUIET_MIN,
+) -> datetime:
     """Twelve steps, then the next step's phases up to `policy_train`, then silence; returns when
     the silence began. Engines log 0 tok/s with nothing running (idle) or stay busy."""
-    end = run_steps(b, start_attempt(b, T0), range(1, 13))
+    start = start_attempt(b, T0)
+    return quiet_run_from(b, start, range(1, 13), idle_engines, engines_busy, quiet_min)
+
+
+def quiet_run_from(
+    b: JobBuilder,
+    start: datetime,
+    steps: range,
+    idle_engines: bool = False,
+    engines_busy: bool = False,
+    quiet_min: float = QUIET_MIN,
+) -> datetime:
+    """`steps` from `start`, then the next step's phases up to `policy_train`, then silence
+    (engine lines every two minutes of it, none after `quiet_min`)."""
+    end = run_steps(b, start, steps)
     b.log(end, "Started: 'step'")
     for phase in ("generate", "postprocess_generator_output", "fwd_logprobs_values_reward"):
         b.log(end, f"Started: '{phase}'")
@@ -95,7 +115,7 @@ def quiet_run(b: JobBuilder, *, idle_engines: bool = False, engines_busy: bool =
         end += timedelta(seconds=20)
     b.log(end, "Started: 'train_critic_and_policy'")
     b.log(end, "Started: 'policy_train'")
-    for i in range(1, QUIET_MIN // 2):
+    for i in range(1, int(quiet_min // 2)):
         moment = end + timedelta(minutes=2 * i)
         if idle_engines:
             b.vllm(moment, running=0, waiting=0, kv=0.0, gen=0.0, prompt=0.0)
@@ -118,7 +138,9 @@ def stall(
 ) -> Built:
     """The corpus stall: quiet `quiet_min` minutes, controller running, two dumps of each rank."""
     b = JobBuilder(root, name, T0)
-    quiet_since = quiet_run(b, idle_engines=idle_engines, engines_busy=engines_busy)
+    quiet_since = quiet_run(
+        b, idle_engines=idle_engines, engines_busy=engines_busy, quiet_min=quiet_min
+    )
     now = quiet_since + timedelta(minutes=quiet_min)
     controller(b, "running")
     dumps(b, dump_at(quiet_since, now), **dump_args)
@@ -384,6 +406,7 @@ __all__ = [
     "now_before_evidence",
     "one_inf_spike",
     "quiet_run",
+    "quiet_run_from",
     "short_entropy_collapse",
     "slurm_bare_failed",
     "stacks_before_next_step",

@@ -142,8 +142,8 @@ def _advancement(evidence: Evidence) -> Moment | None:
     return evidence.facts.newest(PHASE, STEP)
 
 
-def _engine_quote(logs: LogTables) -> Quote | None:
-    row = _newest(logs.engines)
+def _engine_quote(logs: LogTables, now: datetime) -> Quote | None:
+    row = _newest(logs.engines.filter(pl.col("timestamp") <= now))
     if row is None:
         return None
     text = (
@@ -497,7 +497,7 @@ def _initialising(ctx: Context) -> GateResult | None:
 
 
 def _engine_note(ctx: Context) -> tuple[str, tuple[Quote, ...]]:
-    engine = _engine_quote(ctx.logs) if ctx.logs else None
+    engine = _engine_quote(ctx.logs, ctx.now) if ctx.logs else None
     if engine is None or engine.timestamp is None or ctx.advancement is None:
         return "", ()
     if engine.timestamp <= ctx.advancement.at:
@@ -634,7 +634,7 @@ def _idle_engines(ctx: Context, since: datetime) -> Corroboration:
     busy = rows.filter((pl.col("running") > 0) | (pl.col("generation_tokens_per_s") > 0))
     if not busy.is_empty():
         return Corroboration(False, "engines generated after the newest advancement")
-    quote_row = _engine_quote(ctx.logs) if ctx.logs is not None else None
+    quote_row = _engine_quote(ctx.logs, ctx.now) if ctx.logs is not None else None
     quotes = (quote_row,) if quote_row else ()
     return Corroboration(True, f"{rows.height} engine stat line(s): 0 tok/s, 0 running", quotes)
 
