@@ -1,7 +1,7 @@
 """Lay out the tables gates report as data (`shared.models.Table`): one header line, one line per
-row, cells separated by ` | `, the first column left-aligned and the others right-aligned to the
-widest cell. Numbers: `-` for a missing value, `NaN`/`inf`, integers as they are, other floats to
-four significant digits; a column's unit (e.g. `×`, `%`) follows each of its values.
+row, cells separated by ` | `, columns of text left-aligned and columns of numbers right-aligned
+to the widest cell. Numbers: `-` for a missing value, `NaN`/`inf`, integers as they are, other
+floats to four significant digits; a column's unit (e.g. `×`, `%`) follows each of its values.
 """
 
 from __future__ import annotations
@@ -39,10 +39,14 @@ def format_table(table: Table) -> list[str]:
         max([len(name), *(len(row[i]) for row in cells if i < len(row))])
         for i, name in enumerate(table.columns)
     ]
+    text = [
+        all(isinstance(row[i], str) for row in table.rows if i < len(row))
+        for i in range(len(table.columns))
+    ]
 
     def line(values: list[str]) -> str:
         padded = [
-            value.ljust(widths[i]) if i == 0 else value.rjust(widths[i])
+            value.ljust(widths[i]) if text[i] else value.rjust(widths[i])
             for i, value in enumerate(values)
         ]
         return " | ".join(padded).rstrip()

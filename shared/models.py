@@ -6,6 +6,7 @@ boundary, and the rest of the code trusts the types.
 
 from __future__ import annotations
 
+import math
 from datetime import UTC, datetime
 from enum import StrEnum
 from typing import Annotated, Any
@@ -141,11 +142,19 @@ class Table(Frozen):
     units: tuple[str, ...] = ()  # a suffix per column ("" for none), e.g. "×"
 
     def contract_dict(self) -> dict[str, Any]:
+        """Title, columns, units and rows; NaN and infinities as strings (strict JSON)."""
         return {
             "title": self.title,
             "columns": list(self.columns),
-            "rows": [list(r) for r in self.rows],
+            "units": list(self.units),
+            "rows": [[_json_cell(c) for c in r] for r in self.rows],
         }
+
+
+def _json_cell(value: Cell) -> Cell:
+    if isinstance(value, float) and not math.isfinite(value):
+        return "NaN" if math.isnan(value) else ("inf" if value > 0 else "-inf")
+    return value
 
 
 class GateResult(Frozen):

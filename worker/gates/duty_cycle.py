@@ -162,9 +162,7 @@ def _no_churn(evidence: Evidence, timed: pl.DataFrame, after: pl.DataFrame) -> G
             f"{t.churn_grace_s / 60:.0f} min show {_describe(duty_shares(burst), t)}; "
             f"{after.height} later trials do not"
         )
-    return passed(
-        summary, evidence=_setup_quotes(timed, limit=1), tables=(share_table(timed),)
-    )
+    return passed(summary, evidence=_setup_quotes(timed, limit=1), tables=(share_table(timed),))
 
 
 def _setup_quotes(trials: pl.DataFrame, limit: int = 3) -> tuple[Quote, ...]:

@@ -95,7 +95,7 @@ def phase_tables(
         Table(
             title=f"phases: first window steps {first[0]}–{first[1]}, last window steps "
             f"{last[0]}–{last[1]}",
-            columns=("phase", "first-window median s", "last-window median s", "ratio", ""),
+            columns=("phase", "first-window median s", "last-window median s", "ratio", "note"),
             rows=rows,
             units=("", "", "", "×", ""),
         ),
