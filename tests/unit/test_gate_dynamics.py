@@ -595,3 +595,30 @@ def test_never_raises_and_quotes_every_fail(n: int, data: st.DataObject) -> None
     assert "could not be computed" not in result.summary, result.summary
     if result.status is not GateStatus.PASS:
         assert result.evidence and all(q.source for q in result.evidence)
+
+
+def test_non_finite_on_fewer_newest_steps_than_the_persistence_is_error() -> None:
+    """NaN on the newest 2 steps (persistence 3) is too few to tell spike from divergence."""
+    result = dynamics.check(run(healthy(N, {LOSS: [0.01] * (N - 2) + [math.nan] * 2})))
+    assert result.status is GateStatus.ERROR
+    assert "fewer than NON_FINITE_PERSIST_STEPS 3" in result.summary
+
+
+def test_persistence_is_a_threshold() -> None:
+    """A campaign may ask for five persisting steps; three then are not yet divergence."""
+    ev = run(healthy(N, {LOSS: [0.01] * (N - 3) + [math.nan] * 3}))
+    assert dynamics.check(ev).hard_failure
+    stricter = evidence(
+        log_tables=ev.logs,
+        thresholds=ev.thresholds.model_copy(update={"non_finite_persist_steps": 5}),
+    )
+    assert dynamics.check(stricter).status is GateStatus.ERROR
+
+
+def test_hard_and_learning_quality_fails_carry_their_proofs() -> None:
+    """A hard FAIL proposes its proof (`non_finite`), a learning-quality FAIL its own."""
+    nan = dynamics.check(run(healthy(N, {LOSS: [0.01] * 24 + [math.nan] * 6})))
+    assert nan.proof is not None and nan.proof.rule == "non_finite"
+    assert nan.proof.established_at == at(1)
+    tis = dynamics.check(run(healthy(N, {"policy/tis/imp_ratio_mean": [0.5] * N})))
+    assert tis.proof is not None and (tis.proof.rule, tis.kind) == ("off_policy", "off_policy")
