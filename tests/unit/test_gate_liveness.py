@@ -365,3 +365,15 @@ def test_unschedulable_is_terminal_not_initialising() -> None:
         "unschedulable")))  # fmt: skip
     assert result.status is GateStatus.FAIL
     assert not result.hard_failure and not result.initializing
+
+
+def test_a_failed_controller_probe_is_quoted_when_the_evidence_is_stale() -> None:
+    """A stale manifest and a controller probe that timed out: ERROR quoting the command."""
+    command = ProbeCommand(argv=("iris", "job", "summary", "/ops/rl-job", "--json"), exit_code=None)
+    probe = ProbeEvidence(directory="probes", captured_at=NOW, commands=(command,))
+    result = check(evidence(log_tables=logs(timers=steady_steps(125)), synced_at=at(120),
+                            probes=probe))  # fmt: skip
+    assert result.status is GateStatus.ERROR
+    assert "the controller probe failed: `iris job summary /ops/rl-job --json` timed out" in (
+        result.summary
+    )

@@ -466,3 +466,15 @@ def test_vllm_metrics_stand_in_only_for_the_whole_tuple_over_a_window(
     assert result.status is status
     if status is GateStatus.ERROR:
         assert result.missing and "engine tuple" in result.missing[0]
+
+
+def test_a_failed_gpu_probe_is_quoted_when_the_engines_cannot_be_judged() -> None:
+    """No engine telemetry and an nvidia-smi probe that failed: ERROR quoting command and exit."""
+    from worker.evidence.model import ProbeCommand
+
+    command = ProbeCommand(argv=("kubectl", "exec", "p", "--", "nvidia-smi"), exit_code=127)
+    probes = ProbeEvidence(directory="probes", commands=(command,))
+    result = resources.check(f.evidence(log_tables=f.logs(metrics=REWARD_STEPS), probes=probes))
+    assert result.status is GateStatus.ERROR
+    assert "the GPU probe failed: `kubectl exec p -- nvidia-smi` exited 127" in result.summary
+    assert result.evidence[0].source == "probes/probes.json"

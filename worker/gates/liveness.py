@@ -252,11 +252,22 @@ def _unknown_state(ctx: Context) -> GateResult | None:
     """Liveness pairs the controller state with the log; without a state it cannot judge."""
     if ctx.controller.state is not None:
         return None
+    failed, quotes = _failed_probes(ctx, "controller")
     return error(
-        "controller state unknown: no probes/controller.json and no job.state in the manifest",
+        "controller state unknown: no probes/controller.json and no job.state in the manifest"
+        + failed,
         missing=("the controller state of the job",),
-        evidence=ctx.base_quotes() or (quote("manifest.json", "job.state missing"),),
+        evidence=quotes + ctx.base_quotes() or (quote("manifest.json", "job.state missing"),),
     )
+
+
+def _failed_probes(ctx: Context, kind: str) -> tuple[str, tuple[Quote, ...]]:
+    """`; the <kind> probe failed: `cmd` exited N` and its quotes, when a needed probe failed."""
+    failures = ctx.evidence.facts.failed(kind)[:2]
+    if not failures:
+        return "", ()
+    listed = "; ".join(f.text for f in failures)
+    return f"; the {kind} probe failed: {listed}", tuple(f.quote for f in failures)
 
 
 @rule("liveness")
@@ -290,11 +301,12 @@ def _stale(ctx: Context) -> GateResult | None:
         return None
     age = f"{_duration((ctx.now - synced).total_seconds())} ago" if synced else "at an unknown time"
     newest = f"{_duration((ctx.now - last).total_seconds())} ago" if last else "never"
+    failed, quotes = _failed_probes(ctx, "controller")
     return error(
         f"stale evidence: manifest synced {age}, no live controller probe, newest log line {newest}"
-        f" (MAX_EVIDENCE_AGE_S {limit:g}s)",
+        f" (MAX_EVIDENCE_AGE_S {limit:g}s){failed}",
         missing=("a fresh watcher sync or a live controller probe",),
-        evidence=ctx.base_quotes(),
+        evidence=quotes + ctx.base_quotes(),
         next_action="Refresh the bundle (a targeted watcher sync) or probe the controller; rerun.",
     )
 

@@ -490,10 +490,13 @@ def _without_engine_lines(evidence: Evidence) -> GateResult:
             ),
             details=_details(evidence),
         )
+    failures = evidence.facts.failed("gpus")[:2]
+    failed = "; the GPU probe failed: " + "; ".join(f.text for f in failures) if failures else ""
     return error(
-        "no vLLM engine stat lines, no GPU probe and no vllm/* metric: engines cannot be judged",
+        "no vLLM engine stat lines, no GPU probe and no vllm/* metric: engines cannot be judged"
+        + failed,
         missing=(MISSING_TELEMETRY,),
-        evidence=_log_head(evidence),
+        evidence=tuple(f.quote for f in failures) + _log_head(evidence),
         details=_details(evidence),
     )
 
