@@ -18,8 +18,9 @@ REASONING: ...
 NEXT ACTION: ...
 FLIP SIGNAL: ...
 ```
-Further quotes for a gate follow its line, indented by two spaces; the DYNAMICS line is followed by
-its metric window and phase table, indented the same way. A handoff follows NEXT ACTION, indented;
+Further quotes for a gate follow its line, indented by two spaces; then its detail lines and its
+tables (the DYNAMICS metric window and phase table, laid out by `reports.tables`), indented the
+same way. A handoff follows NEXT ACTION, indented;
 discrepancies, when there are any, close the report.
 
 Every value is rendered from `reports.bounds.bounded(report)`: redacted, control characters
@@ -32,6 +33,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 from reports.bounds import OMITTED_SOURCE, bounded_rendering
+from reports.tables import format_table
 from shared.models import GateName, GateResult, GateStatus, Handoff, Quote, Report, iso_utc
 
 __all__ = ["format_quote", "render_text"]
@@ -68,6 +70,7 @@ def _gate_lines(name: GateName, gate: GateResult) -> list[str]:
         return [f"{_LABELS[name]}N/A — {gate.summary}"]
     lines = _with_quotes(f"{_LABELS[name]}{gate.status.value} — {gate.summary}", gate.evidence)
     lines.extend(INDENT + detail for detail in gate.details)
+    lines.extend(INDENT + row for table in gate.tables for row in format_table(table))
     return lines
 
 

@@ -33,6 +33,10 @@ class Thresholds(BaseSettings):
     stall_factor: float = Field(4, gt=0)
     init_grace_s: float = Field(2700, ge=0)
     min_window_steps: int = Field(10, ge=1)
+    # Divergence needs NaN/inf through this many newest steps: one spike (a skipped optimizer step,
+    # one bad batch) is followed by finite steps, while NaN weights make every later step
+    # non-finite. Three rules out a lone spike and a loss-scale back-off of one or two steps.
+    non_finite_persist_steps: int = Field(3, ge=1)
     kv_floor_pct: float = Field(2, ge=0)
     kv_busy_pct: float = Field(10, ge=0)
     buffer_wait_share: float = Field(0.05, ge=0)

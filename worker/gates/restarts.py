@@ -37,38 +37,23 @@ import re
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from enum import StrEnum
+from typing import Final
 
 import polars as pl
 
 from shared.models import Quote, RestartsResult
+from worker.evidence.jobstate import JobState
 from worker.evidence.model import AttemptRecord, ControllerView, Evidence, LogTables
 from worker.evidence.quotes import quote, quote_rows
 from worker.evidence.schema import HARD_ERROR_KINDS
 from worker.gates.progress import finished_steps, newest_attempt
 
-__all__ = ["check", "failure_signature"]
+__all__ = ["check", "failure_signature", "is_specific_signature"]
 
 ATTEMPTS_SOURCE = "probes/attempts.json"
 CONTROLLER_SOURCE = "probes/controller.json"
 
 
-_IRIS_STATES = {
-    "1": "pending",
-    "2": "building",
-    "3": "running",
-    "4": "succeeded",
-    "5": "failed",
-    "6": "killed",
-    "7": "worker_failed",
-    "8": "unschedulable",
-    "9": "assigned",
-    "10": "preempted",
-    "11": "cosched_failed",
-    "12": "missing",
-}
-_FAILED = {"failed", "worker_failed", "cosched_failed"}
-_TRANSIENT_STATES = {"worker_failed", "preempted"}
-_ALIVE = {"running", "succeeded", "assigned", "building", "pending"}
 _TRANSIENT_REASON = re.compile(r"preempt|node|evict|spot", re.IGNORECASE)
 
 
@@ -109,6 +94,35 @@ _NORMALISE = (
 _EXIT_CODE = re.compile(r"exit code:?\s*(-?\d+)", re.IGNORECASE)
 
 
+_GENERIC_WORDS: Final = frozenset(
+    {
+        "exit", "exited", "code", "status", "signal", "failed", "failure", "fail", "error",
+        "errors", "killed", "kill", "terminated", "cancelled", "canceled", "timeout", "task",
+        "job", "attempt", "process", "container", "pod", "returned", "return", "nonzero",
+        "non", "zero", "with", "the", "and", "stderr", "stdout", "unknown", "none", "n",
+        "completed", "state", "reason", "node", "worker", "step",
+    }
+)  # fmt: skip
+_WORD: Final = re.compile(r"[a-z][a-z_]{2,}")
+
+
+def is_specific_signature(signature: str | None) -> bool:
+    """Whether a failure signature names a failure: an exception type, or at least two words
+    beyond exit codes and state names. `exit code N`, Slurm's bare `FAILED` and the like are no
+    signature (DOMAIN.md section 6): attempts that share only them may have died of anything.
+
+    This is the one test of specificity; a richer normaliser (exception type plus normalised
+    message from the log parser) can replace the heuristic here without touching its callers.
+    """
+    if not signature:
+        return False
+    head = signature.split(":", 1)[0].strip()
+    if _EXCEPTION.fullmatch(head):
+        return True
+    words = [w for w in _WORD.findall(signature.lower()) if w not in _GENERIC_WORDS]
+    return len(words) >= 2
+
+
 def _normalise(text: str) -> str:
     for pattern, placeholder in _NORMALISE:
         text = pattern.sub(placeholder, text)
@@ -136,16 +150,19 @@ def failure_signature(text: str | None, exit_code: int | None = None) -> str | N
 
 
 def _state(raw: str) -> str:
-    name = raw.strip().lower()
-    return _IRIS_STATES.get(name, name.removeprefix("task_state_").removeprefix("job_state_"))
+    state = JobState.parse(raw)
+    return state.value if state is not None else raw.strip().lower()
 
 
 def _outcome(state: str) -> Outcome:
-    if state in _FAILED:
+    parsed = JobState.parse(state)
+    if parsed is None:
+        return Outcome.OTHER
+    if parsed.failure:
         return Outcome.FAILED
-    if state == "preempted":
+    if parsed is JobState.PREEMPTED:
         return Outcome.PREEMPTED
-    return Outcome.ALIVE if state in _ALIVE else Outcome.OTHER
+    return Outcome.ALIVE if parsed.alive else Outcome.OTHER
 
 
 def _ms(value: int | None) -> datetime | None:
@@ -186,7 +203,8 @@ def _record_quote(record: AttemptRecord, state: str) -> Quote:
 def _from_record(record: AttemptRecord, logs: LogTables | None, single_task: bool) -> Attempt:
     state = _state(record.state)
     outcome = _outcome(state)
-    transient = state in _TRANSIENT_STATES or bool(
+    parsed = JobState.parse(state)
+    transient = (parsed is not None and parsed.transient) or bool(
         _TRANSIENT_REASON.search(record.terminal_reason or "")
     )
     quotes = [_record_quote(record, state)]
@@ -309,7 +327,7 @@ def _same_failure(failed: list[Attempt], known: bool) -> bool | None:
         return None
     if len(failed) < 2:
         return False
-    signatures = {a.signature for a in failed}
+    signatures = {a.signature if is_specific_signature(a.signature) else None for a in failed}
     if None in signatures:
         return None
     return len(signatures) == 1
@@ -354,7 +372,7 @@ def _judge(evidence: Evidence, attempts: list[Attempt], progress: Progress) -> _
         recovered=recovered,
         doomed=same is True and not recovered,
         retries_left=_retries_left(controller, failures),
-        signatures=_signatures(ended),
+        signatures=_signatures([*hard, *ended]),  # the repeated one first
     )
 
 
@@ -385,13 +403,21 @@ def _interpretation(
             f"{progress.newest_step}: recovered from the earlier loss"
         )
     elif judgement.same_failure is None and judgement.failed >= 2:
-        body = "a failed attempt carries no error text, so the signatures cannot be compared"
+        body = (
+            "a failed attempt carries no specific signature (no error text, or only a generic "
+            f"one such as `exit code N`: {_sig_list(judgement)}), so the attempts cannot be "
+            "shown to repeat one failure"
+        )
     elif judgement.count:
         sigs = "; ".join(f"`{s}`" for s in judgement.signatures) or "no error signature"
         body = f"signatures: {sigs}; the newest attempt has not yet stepped past its checkpoint"
     else:
         body = "no restart"
     return f"{head}; {body}; {_budget_text(judgement, controller)}."
+
+
+def _sig_list(judgement: _Judgement) -> str:
+    return "; ".join(f"`{s}`" for s in judgement.signatures) or "none"
 
 
 def _flip(judgement: _Judgement, progress: Progress) -> str:

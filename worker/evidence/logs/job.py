@@ -18,7 +18,7 @@ import polars as pl
 from worker.evidence.logs.incremental import LogCache
 from worker.evidence.logs.reader import FileRows, parse_file_rows
 from worker.evidence.logs.stitch import build_tables
-from worker.evidence.model import LogTables, ParseSummary
+from worker.evidence.model import ClockSkew, LogTables, ParseSummary
 from worker.evidence.paths import BundleFiles
 
 __all__ = ["Progress", "parse_job_logs"]
@@ -76,7 +76,23 @@ def _merge_summaries(parts: list[FileRows]) -> ParseSummary:
         serializations=tuple(sorted(k for k, v in records.items() if v)),
         first_timestamp=min(firsts, default=None),
         last_timestamp=_latest(lasts),
+        clock=_merge_clocks([s.clock for s in summaries]),
         **_head(summaries),
+    )
+
+
+def _merge_clocks(clocks: list[ClockSkew]) -> ClockSkew:
+    """The skew statistics of several files as one; the first disagreeing line of the first file."""
+    mins = [c.min_s for c in clocks if c.min_s is not None]
+    maxs = [c.max_s for c in clocks if c.max_s is not None]
+    first = next((c for c in clocks if c.first_line is not None), None)
+    return ClockSkew(
+        lines=sum(c.lines for c in clocks),
+        min_s=min(mins, default=None),
+        max_s=max(maxs, default=None),
+        off_lines=sum(c.off_lines for c in clocks),
+        first_line=first.first_line if first else None,
+        source=first.source if first else None,
     )
 
 

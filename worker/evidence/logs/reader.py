@@ -24,7 +24,7 @@ from worker.evidence.logs.lines import CHUNK_BYTES, iter_reads, read_tail, split
 from worker.evidence.logs.scan import Scan, scan
 from worker.evidence.logs.state import ParserState
 from worker.evidence.logs.stitch import Stitched, build_tables, restitch, stitch
-from worker.evidence.model import LogTables, ParseSummary
+from worker.evidence.model import ClockSkew, LogTables, ParseSummary
 
 __all__ = ["FileRows", "parse_file_rows", "parse_log_file"]
 
@@ -107,6 +107,8 @@ def _tail_timestamp(path: Path, size: int) -> datetime | None:
 
 
 def _summary(state: ParserState, source: str, size: int, tail_ts: datetime | None) -> ParseSummary:
+    # the tail's raw loguru time is not reconciled with the Iris prefix: unused when they disagree
+    tail_ts = tail_ts if state.skew_off_lines == 0 else None
     last = max((t for t in (state.last_ts, tail_ts) if t is not None), default=None)
     return ParseSummary(
         files=(source,),
@@ -120,6 +122,14 @@ def _summary(state: ParserState, source: str, size: int, tail_ts: datetime | Non
         last_timestamp=last,
         head=tuple(state.head),
         head_lines=tuple(state.head_lines),
+        clock=ClockSkew(
+            lines=state.skew_lines,
+            min_s=state.skew_min_s,
+            max_s=state.skew_max_s,
+            off_lines=state.skew_off_lines,
+            first_line=state.skew_first_line,
+            source=source,
+        ),
     )
 
 
