@@ -31,7 +31,6 @@ from shared.models import (
     Handoff,
     Quote,
     Report,
-    Verdict,
     iso_utc,
 )
 
@@ -183,24 +182,21 @@ def _stamp(value: Any) -> str | None:
 
 
 def _proof(report: Report) -> str:
-    """The kill proof (CONTRACT.md `kill_proof`), read from the report when it carries one."""
-    proof = getattr(report, "kill_proof", None)
+    """The kill proof (CONTRACT.md `kill_proof`): present exactly when the verdict is KILL."""
+    proof = report.kill_proof
     if proof is None:
-        if report.verdict is not Verdict.KILL:
-            return ""
-        return (
-            '<section class="missing-proof" id="kill-proof"><h2>Kill proof</h2>'
-            "<p>This report carries no kill proof.</p></section>"
-        )
+        return ""
     facts = _facts(
         [
-            ("rule", _stamp(_field(proof, "rule"))),
-            ("mechanism", _stamp(_field(proof, "mechanism"))),
-            ("established at", _stamp(_field(proof, "established_at"))),
+            ("rule", proof.rule),
+            ("mechanism", proof.mechanism),
+            ("established at", iso_utc(proof.established_at)),
         ]
     )
-    quotes = _quotes(_field(proof, "evidence") or ())
-    return f'<section class="proof" id="kill-proof"><h2>Kill proof</h2>{facts}{quotes}</section>'
+    return (
+        f'<section class="proof" id="kill-proof"><h2>Kill proof</h2>{facts}'
+        f"{_quotes(proof.evidence)}</section>"
+    )
 
 
 def _strip(report: Report) -> str:
