@@ -26,7 +26,7 @@ from worker.evidence.logs.stitch import Stitched
 __all__ = ["CacheEntry", "LogCache", "cache_key", "head_hash"]
 
 HEAD_BYTES: Final = 4096
-VERSION: Final = "3"
+VERSION: Final = "4"  # 4: ERRORS gained the failure columns
 _STITCHED: Final = ("metrics", "phases")
 
 
