@@ -24,6 +24,10 @@ COMMANDS: Final[dict[str, tuple[str, str]]] = {
     "worker": ("worker.cli.pipeline_cmd", "Start a Celery worker."),
     "verdicts": ("worker.cli.pipeline_cmd", "Read verdicts (the supervisor side)."),
     "replay": ("worker.cli.pipeline_cmd", "Re-diagnose an archived event."),
+    "signatures": (
+        "worker.cli.signatures_cmd",
+        "Show which log lines matched which failure catalogue entry or signature.",
+    ),
 }
 
 

@@ -88,6 +88,7 @@ def signature_expr(exc_type: pl.Expr, message: pl.Expr, text: pl.Expr) -> pl.Exp
     with_type = typed.otherwise(exc_type)
     plain = normalise_expr(text)
     found = pl.when(exc_type.is_not_null()).then(with_type).otherwise(plain)
+    found = found.str.slice(0, MAX_SIGNATURE)
     return pl.when(found.str.len_chars() > 0).then(found).otherwise(pl.lit(None, pl.String))
 
 

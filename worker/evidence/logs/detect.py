@@ -1,13 +1,13 @@
 """Line classification: which lines matter, their prefixes stripped, their kind.
 
 One capture-free literal alternation picks the few lines worth reading; other regexes run only on
-that subset. Prefixes removed: SGR colour codes, a leading RFC 3339 timestamp (`kubectl logs
---timestamps`) or Iris's `[HH:MM:SS] task=/u/j/t | `, then any number of process prefixes — Ray's
-`(Name pid=N, ip=X)` (nested ones too), the square-bracket form `[Name pid=N]`, system processes
-`(raylet)`, torchrun's `[rankN]:`, NCCL's `host:pid:tid [dev] ` — and Ray's `[repeated Nx across
-cluster]`. A loguru or vLLM header leaves `msg`. Failure lines are flagged by the catalogue's
-literals and the generic exception markers (`Error: `, `Exception: `, ...); `worker.evidence.logs
-.errors` decides which of them are failures.
+that subset. Prefixes removed: SGR colour codes, Iris's `[HH:MM:SS] task=/u/j/t | ` (or a leading
+RFC 3339 timestamp of `kubectl logs --timestamps`, or docker compose's `service-1  | `), then any
+number of process prefixes — Ray's `(Name pid=N, ip=X)` (nested ones too), the square-bracket form
+`[Name pid=N]`, system processes `(raylet)`, torchrun's `[rankN]:`, NCCL's `host:pid:tid [dev] ` —
+and Ray's `[repeated Nx across cluster]`. A loguru or vLLM header leaves `msg`. Failure lines are
+flagged by the catalogue's literals and the generic exception markers (`Error: `, `Exception: `,
+...); `worker.evidence.logs.errors` decides which of them are failures.
 """
 
 from __future__ import annotations
@@ -42,7 +42,9 @@ _PROCESS: Final = (
     r") ?"
 )
 _OUTER: Final = (
-    r"^(?:\[\d\d:\d\d:\d\d\] task=\S+ \| ?|\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(?:\.\d+)?Z )?"
+    r"^(?:\[\d\d:\d\d:\d\d\] task=\S+ \| ?"  # Iris
+    r"|\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(?:\.\d+)?Z "  # kubectl logs --timestamps
+    r"|[\w.-]+-\d+ +\| )?"  # docker compose: `service-1  | `
     rf"(?:{_PROCESS})*"
 )
 _HEADER: Final = (

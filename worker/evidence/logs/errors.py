@@ -8,14 +8,14 @@ Rows come from:
   `ActorDiedError: ... ray::...`) the block goes on to the wrapped exception's own final line.
 - **known lines**: the parser's literal rules (`kind` from ERROR_RULES) and the failure catalogue.
 - **final exception lines**: `package.Type: message` (`Type(Inner): message` for Ray wrappers)
-  that do not end a block of this chunk.
+  that lie in no block of this chunk.
 
 Each row has the exception type (the inner type of a wrapper) and message of its final line, the
 catalogue entry and class the failure matches (its final line first, then the wrapper, then its
 first line), the component (the entry's, else the `ray::Class` the text names, else the process
-prefix, else the driver), its first (`line`) and last line, and a signature (see
-`worker.evidence.failures.signature`). Work runs on the few candidate rows of a chunk, never per
-line in Python.
+prefix, else `engine` for a line with vLLM's logger header, else the driver), its first (`line`) and
+last line, and a signature (see `worker.evidence.failures.signature`). Work runs on the few
+candidate rows of a chunk, never per line in Python.
 """
 
 from __future__ import annotations
@@ -45,6 +45,7 @@ _EXCEPTION: Final = (
     r"^((?:[A-Za-z_]\w*\.)*(?:[A-Za-z_]\w*(?:Error|Exception|Exit|Interrupt|Failure)"
     r"|(?:errors|exceptions)\.[A-Z]\w*))(?:\(([A-Za-z_][\w.]*)\))?(:)?(?:\s+(.*))?$"
 )
+_VLLM_HEADER: Final = r"^(?:INFO|WARNING|ERROR|DEBUG|CRITICAL) \d\d-\d\d \d\d:\d\d:\d\d"
 _SYSTEM_PREFIX: Final = r"^\((?:raylet|gcs_server|autoscaler|monitor|dashboard|log_monitor)"
 # Process or Ray class names, by component (first that matches wins).
 _NAMED: Final[tuple[tuple[str, str], ...]] = (
@@ -178,11 +179,14 @@ def _component() -> pl.Expr:
     ray_class = [pl.col(c).str.extract(r"ray::[A-Za-z_]\w*", 0) for c in ("_final", "_wrap", "msg")]
     prefix = pl.col("prefix").fill_null("")
     system = pl.when(prefix.str.contains(_SYSTEM_PREFIX)).then(pl.lit("controller"))
+    # vLLM's own logger header (`ERROR 04-28 02:37:03 [core.py:398] `) marks an engine line
+    vllm = pl.when(pl.col("text").str.contains(_VLLM_HEADER)).then(pl.lit("engine"))
     return pl.coalesce(
         pl.col("entry_component"),
         *(_named(name) for name in ray_class),
         system,
         _named(prefix),
+        vllm,
         pl.lit("driver"),
     )
 
