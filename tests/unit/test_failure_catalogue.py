@@ -62,8 +62,17 @@ def test_generic_entries_are_exit_records_or_wrappers() -> None:
 
 
 def test_every_literal_is_flagged_by_the_parser() -> None:
-    """The prefilter searches every entry's literal, so no catalogued line can be skipped."""
+    """Every entry's literal holds a scan anchor, so no catalogued line can be skipped."""
     assert set(catalogue().literals) <= set(detect.FAILURE_LITERALS)
+    flags = set(detect._FLAG_LITERALS)
+    for literal in detect._INTEREST:
+        assert any(flag in literal for flag in flags), literal
+
+
+def test_the_shipped_literals_need_no_extra_alternatives() -> None:
+    """Every shipped literal holds one of the anchors: the scan's alternation stays short."""
+    assert detect._UNCOVERED == ()
+    assert len(detect._FLAG_LITERALS) <= 55
 
 
 def test_load_reads_fields_and_defaults() -> None:

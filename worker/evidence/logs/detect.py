@@ -126,9 +126,36 @@ _INTEREST: Final[list[str]] = sorted(
     | set(FAILURE_LITERALS)
 )
 
+# The scan flags a line when it holds one of these anchors: every literal above contains one, so
+# a line holding any literal is flagged, and the classification that follows (on the flagged lines
+# only) tests the literals themselves. The one pass over every byte stays fast only with a limited
+# set of literals (the regex engine's literal prefilter: ~23 ms a 48 MiB read with these, 92 ms with
+# every literal): words most failure lines hold, then the phrases of the few that hold none.
+# Anchors avoid bare lowercase words: an Iris job name in every line's prefix that held one would
+# flag every line (still correct, but slow).
+_ANCHORS: Final = (
+    # failure vocabulary
+    *("Error", " error", "ERROR", "Exception", ".errors.", ".exceptions.", "Exit", "Interrupt"),
+    *("NCCL", "ncclInvalid", "CUDA", "Cuda failure", "failed", "Failed", "FAILED", "FATAL"),
+    *("died", " dead", "killed", "SIG", "terminate called"),
+    # failure lines without those words
+    *("Sandbox", "limit exceeded", "Snapshot with", "pull access denied", "No reward file"),
+    *("DUE TO", "PreemptionMode", "In config: Override", "not in struct", "taking the entire"),
+    *("stored in KV",),
+    # the older literal rules
+    *("INTERNAL ASSERT", "Watchdog caught", "Could not override", "Trajectory ", "No available"),
+    *("ImagePullBackOff", TRACEBACK, "WANDB_MIRROR kind=", "Batch generation ", "Started: '"),
+    *("Finished: '", "': ", "{'", "reward/", "avg_final_rewards: ", "Progress"),
+    *("[iris setup] step 1/", "No checkpoint found", "Loading checkpoint from"),
+    *("Resuming from global_step",),
+)
+# A literal no anchor covers (a new catalogue entry, say) flags lines by itself.
+_UNCOVERED: Final = tuple(lit for lit in _INTEREST if not any(a in lit for a in _ANCHORS))
 
 # Every literal that flags a line, longest first: one leftmost-first search finds the first one.
-_FLAG_LITERALS: Final = sorted({*_INTEREST, ENGINE_LITERAL}, key=lambda lit: (-len(lit), lit))
+_FLAG_LITERALS: Final = sorted(
+    {*_ANCHORS, *_UNCOVERED, ENGINE_LITERAL}, key=lambda lit: (-len(lit), lit)
+)
 _ANY_FLAG: Final = "|".join(re.escape(lit) for lit in _FLAG_LITERALS)
 
 
