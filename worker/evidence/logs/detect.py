@@ -111,7 +111,6 @@ _EXCEPTION_MARKERS: Final = (
     "Exception: ",
     "Exception(",
     "Exit: ",
-    "Interrupt: ",
     ".errors.",
     ".exceptions.",
 )
@@ -135,13 +134,13 @@ _INTEREST: Final[list[str]] = sorted(
 # flag every line (still correct, but slow).
 _ANCHORS: Final = (
     # failure vocabulary
-    *("Error", " error", "ERROR", "Exception", ".errors.", ".exceptions.", "Exit", "Interrupt"),
-    *("NCCL", "ncclInvalid", "CUDA", "Cuda failure", "failed", "Failed", "FAILED", "FATAL"),
-    *("died", " dead", "killed", "SIG", "terminate called"),
+    *("Error", " error", "ERROR", "Exception", ".errors.", ".exceptions.", "Exit", "SIG"),
+    *("NCCL", "CUDA", "Cuda failure", "failed", "Failed", "FAILED", "FATAL"),
     # failure lines without those words
-    *("Sandbox", "limit exceeded", "Snapshot with", "pull access denied", "No reward file"),
-    *("DUE TO", "PreemptionMode", "In config: Override", "not in struct", "taking the entire"),
-    *("stored in KV",),
+    *("The actor", "A worker died", "marked dead", "Task was killed", "(OOM)", "shutting down"),
+    *("Sandbox", "Snapshot with", "pull access denied", "No reward file"),
+    *("PreemptionMode", "In config: Override", "not in struct", "taking the entire"),
+    *("terminate called",),
     # the older literal rules
     *("INTERNAL ASSERT", "Watchdog caught", "Could not override", "Trajectory ", "No available"),
     *("ImagePullBackOff", TRACEBACK, "WANDB_MIRROR kind=", "Batch generation ", "Started: '"),
