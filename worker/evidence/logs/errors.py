@@ -14,8 +14,11 @@ Each row has the exception type (the inner type of a wrapper) and message of its
 catalogue entry and class the failure matches (its final line first, then the wrapper, then its
 first line), the component (the entry's, else the `ray::Class` the text names, else the process
 prefix, else `engine` for a line with vLLM's logger header, else the driver), its first (`line`) and
-last line, and a signature (see `worker.evidence.failures.signature`). Work runs on the few
-candidate rows of a chunk, never per line in Python.
+last line, and a signature (see `worker.evidence.failures.signature`).
+
+Two stages keep the cost off the lines: each chunk keeps its few candidate rows with the texts
+they need (RAW_ERRORS, cheap); `annotate` gives a whole file's rows their meaning in one
+vectorised pass (the catalogue's ~60 expressions evaluated once per file, not per chunk).
 """
 
 from __future__ import annotations
@@ -24,11 +27,12 @@ from typing import Final
 
 import polars as pl
 
+from worker.evidence import schema
 from worker.evidence.failures import catalogue, signature_expr, specific_expr
 from worker.evidence.logs.detect import UNHANDLED
 from worker.evidence.logs.lines import WINDOW_LINES
 
-__all__ = ["error_rows", "open_tracebacks", "with_traceback_ends"]
+__all__ = ["RAW_ERRORS", "annotate", "error_rows", "open_tracebacks", "with_traceback_ends"]
 
 _NOT_ENDS: Final = (
     "Traceback",
@@ -124,6 +128,23 @@ def open_tracebacks(ev: pl.DataFrame, n_lines: int) -> pl.Series:
 
 # --- rows -----------------------------------------------------------------------------------
 
+# What a chunk keeps of each candidate row; `annotate` (once per file) gives it its meaning.
+RAW_ERRORS: Final[dict[str, pl.DataType]] = {
+    "source": pl.String(),
+    "line": pl.Int64(),
+    "timestamp": schema.TS,
+    "attempt": pl.Int32(),
+    "err": pl.String(),  # the older literal rule's kind, `traceback`, or null
+    "block": pl.Boolean(),  # a traceback or Ray unhandled-error report
+    "text": pl.String(),  # the final line, as quoted
+    "last_line": pl.Int64(),
+    "first_msg": pl.String(),  # messages: prefixes and logger header stripped
+    "final_msg": pl.String(),
+    "wrap_msg": pl.String(),  # the Ray wrapper a block passed
+    "prefix": pl.String(),  # the first line's process prefixes
+    "vllm_header": pl.Boolean(),  # the final line carries vLLM's logger header
+}
+
 
 def _candidates(ev: pl.DataFrame) -> pl.DataFrame:
     """Block starts, lines of a literal rule, and failure lines outside every block."""
@@ -134,21 +155,45 @@ def _candidates(ev: pl.DataFrame) -> pl.DataFrame:
     return ev.filter(pl.col("err").is_not_null() | _opens() | loose)
 
 
-def _with_lines(rows: pl.DataFrame, ev: pl.DataFrame) -> pl.DataFrame:
-    """`_final` and `_wrap`: the messages of a row's final line and of the wrapper it passed."""
-    msgs = ev.select("idx", "msg")
+def error_rows(ev: pl.DataFrame) -> pl.DataFrame:
+    """The candidate rows of `ev` (which has line, ts and attempt), in RAW_ERRORS (no source)."""
+    rows = _candidates(ev)
+    if rows.is_empty():
+        return schema.empty(RAW_ERRORS).drop("source")
+    lines = ev.select("idx", "msg", "text")
     final = pl.coalesce(pl.col("tb_end_idx"), pl.col("idx"))
-    rows = rows.with_columns(_fi=final)
-    rows = rows.join(
-        msgs.rename({"idx": "_fi", "msg": "_final"}), on="_fi", how="left", maintain_order="left"
+    rows = rows.with_columns(_fi=final).join(
+        lines.rename({"idx": "_fi", "msg": "final_msg", "text": "_final_text"}),
+        on="_fi",
+        how="left",
+        maintain_order="left",
     )
     rows = rows.join(
-        msgs.rename({"idx": "tb_wrap_idx", "msg": "_wrap"}),
+        lines.select(tb_wrap_idx="idx", wrap_msg="msg"),
         on="tb_wrap_idx",
         how="left",
         maintain_order="left",
     )
-    return rows.with_columns(_final=pl.col("_final").fill_null(pl.col("msg")))
+    block = pl.col("tb_end_idx").is_not_null() | _opens()
+    own = pl.col("text").str.strip_chars()
+    span = pl.col("tb_end_idx").cast(pl.Int64) - pl.col("idx").cast(pl.Int64)
+    return rows.select(
+        "line",
+        timestamp="ts",
+        attempt="attempt",
+        err="err",
+        block=block,
+        text=pl.coalesce(pl.col("tb_end"), own),
+        last_line=pl.col("line") + span.fill_null(0),
+        first_msg="msg",
+        final_msg=pl.col("final_msg").fill_null(pl.col("msg")),
+        wrap_msg="wrap_msg",
+        prefix="prefix",
+        vllm_header=pl.col("_final_text").fill_null("").str.contains(_VLLM_HEADER),
+    )
+
+
+# --- meaning, once per file ---------------------------------------------------------------
 
 
 def _exception_fields(msg: pl.Expr) -> dict[str, pl.Expr]:
@@ -176,11 +221,14 @@ def _named(text: pl.Expr) -> pl.Expr:
 
 def _component() -> pl.Expr:
     """The entry's component, else a `ray::Class` named, else the process prefix, else driver."""
-    ray_class = [pl.col(c).str.extract(r"ray::[A-Za-z_]\w*", 0) for c in ("_final", "_wrap", "msg")]
+    ray_class = [
+        pl.col(c).str.extract(r"ray::[A-Za-z_]\w*", 0)
+        for c in ("final_msg", "wrap_msg", "first_msg")
+    ]
     prefix = pl.col("prefix").fill_null("")
     system = pl.when(prefix.str.contains(_SYSTEM_PREFIX)).then(pl.lit("controller"))
     # vLLM's own logger header (`ERROR 04-28 02:37:03 [core.py:398] `) marks an engine line
-    vllm = pl.when(pl.col("text").str.contains(_VLLM_HEADER)).then(pl.lit("engine"))
+    vllm = pl.when(pl.col("vllm_header")).then(pl.lit("engine"))
     return pl.coalesce(
         pl.col("entry_component"),
         *(_named(name) for name in ray_class),
@@ -191,15 +239,48 @@ def _component() -> pl.Expr:
     )
 
 
-def _with_meaning(rows: pl.DataFrame) -> pl.DataFrame:
-    """Catalogue entry and class, kind, exception, component and signature of each row."""
-    cat = catalogue()
-    final, wrap, first = pl.col("_final"), pl.col("_wrap"), pl.col("msg")
-    rows = rows.with_columns(
-        entry=pl.coalesce(cat.match_expr(final), cat.match_expr(wrap), cat.match_expr(first)),
-        _first_entry=cat.match_expr(first),
-        **_exception_fields(final),
+def _entries(raw: pl.DataFrame) -> pl.DataFrame:
+    """`entry` (final line first, then the wrapper, then the first line) and `_first_entry`.
+
+    The three texts of every row are matched in one pass over a stacked frame, so the catalogue's
+    expressions are evaluated once per file, whatever the number of rows.
+    """
+    texts = pl.concat(
+        [
+            raw.select(_row="_row", _rank=pl.lit(rank, pl.Int8), _t=pl.col(column))
+            for rank, column in enumerate(("final_msg", "wrap_msg", "first_msg"))
+        ]
     )
+    found = texts.filter(pl.col("_t").is_not_null()).with_columns(
+        _e=catalogue().match_expr(pl.col("_t"))
+    )
+    best = found.filter(pl.col("_e").is_not_null()).sort("_row", "_rank")
+    entry = best.group_by("_row").agg(entry=pl.col("_e").first())
+    first = found.filter(pl.col("_rank") == 2).select("_row", _first_entry="_e")
+    raw = raw.join(entry, on="_row", how="left", maintain_order="left")
+    return raw.join(first, on="_row", how="left", maintain_order="left")
+
+
+def _is_failure() -> pl.Expr:
+    """Rows kept: a block, a literal rule, a catalogue entry, or a final `Type: message` line."""
+    exception_line = pl.col("exc_type").is_not_null() & pl.col("_colon")
+    return (
+        pl.col("err").is_not_null()
+        | pl.col("block")
+        | pl.col("entry").is_not_null()
+        | (exception_line)
+    )
+
+
+def annotate(raw: pl.DataFrame) -> pl.DataFrame:
+    """ERRORS rows (schema.ERRORS) from a file's RAW_ERRORS rows: the rows that are failures,
+    with exception, catalogue entry and class, kind, component and signature."""
+    if raw.is_empty():
+        return schema.empty(schema.ERRORS)
+    cat = catalogue()
+    rows = _entries(raw.with_row_index("_row"))
+    rows = rows.with_columns(**_exception_fields(pl.col("final_msg")))
+    rows = rows.filter(_is_failure())
     table = cat.table()
     first_kinds = table.select(_first_entry="entry", _first_kind="entry_kind")
     rows = rows.join(table, on="entry", how="left", maintain_order="left")
@@ -207,36 +288,10 @@ def _with_meaning(rows: pl.DataFrame) -> pl.DataFrame:
     kind = pl.coalesce(
         pl.col("err"), pl.col("_first_kind"), pl.col("entry_kind"), pl.lit("exception")
     )
-    sig = signature_expr(pl.col("exc_type"), pl.col("message"), final)
-    return rows.with_columns(kind=kind, component=_component(), signature=sig)
-
-
-def _is_failure() -> pl.Expr:
-    """Rows kept: a block, a literal rule, a catalogue entry, or a final `Type: message` line."""
-    exception_line = pl.col("exc_type").is_not_null() & pl.col("_colon")
-    return pl.col("err").is_not_null() | _opens() | pl.col("entry").is_not_null() | exception_line
-
-
-def error_rows(ev: pl.DataFrame) -> pl.DataFrame:
-    """ERRORS rows (without `source`) of `ev` (which has line, ts and attempt)."""
-    rows = _with_meaning(_with_lines(_candidates(ev), ev)).filter(_is_failure())
-    block = pl.col("tb_end_idx").is_not_null()
-    own = pl.col("text").str.strip_chars()
-    text = pl.when(block).then(pl.coalesce(pl.col("tb_end"), own)).otherwise(own)
-    span = pl.when(block).then(pl.col("tb_end_idx").cast(pl.Int64) - pl.col("idx")).otherwise(0)
+    signature = signature_expr(pl.col("exc_type"), pl.col("message"), pl.col("final_msg"))
+    rows = rows.with_columns(kind=kind, component=_component(), signature=signature)
     specific = specific_expr(pl.col("signature")) & ~pl.col("generic").fill_null(False)
     return rows.select(
-        "line",
-        timestamp="ts",
-        kind="kind",
-        text=text,
-        attempt="attempt",
-        exc_type="exc_type",
-        message="message",
-        component="component",
-        last_line=pl.col("line") + span,
-        entry="entry",
-        failure_class="failure_class",
-        signature="signature",
-        specific=specific,
+        pl.col(name).cast(dtype) if name != "specific" else specific.alias("specific")
+        for name, dtype in schema.ERRORS.items()
     )
