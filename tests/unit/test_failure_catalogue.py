@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from pathlib import Path
 
 import polars as pl
@@ -46,6 +48,33 @@ def test_the_shipped_catalogue_has_at_least_sixty_entries() -> None:
     assert len({e.id for e in entries}) == len(entries)
     assert {e.failure_class for e in entries} == set(FailureClass)
     assert all(e.source.startswith("https://") and e.note for e in entries)
+
+
+def test_every_pattern_compiles_for_the_parser() -> None:
+    """Each entry's regex is valid for polars' (Rust) engine too, which the parser uses."""
+    probe = pl.Series(["x"], dtype=pl.String)
+    for entry in catalogue().entries:
+        if entry.pattern:
+            probe.str.contains(entry.pattern)
+
+
+def test_a_forked_child_can_parse_after_the_parser_is_imported() -> None:
+    """Importing the parser runs no polars work, so a forked child (a Celery prefork worker)
+    does not inherit a started polars thread pool and hang in its first polars call."""
+    code = (
+        "import multiprocessing as mp\n"
+        "import worker.evidence.logs\n"
+        "def child():\n"
+        "    import polars as pl\n"
+        "    pl.DataFrame({'a': ['x'] * 10000}).select(pl.col('a').str.contains('x').sum())\n"
+        "p = mp.get_context('fork').Process(target=child)\n"
+        "p.start(); p.join(60)\n"
+        "raise SystemExit(0 if p.exitcode == 0 else 1)\n"
+    )
+    found = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, timeout=120, check=False
+    )
+    assert found.returncode == 0, found.stderr
 
 
 def test_benign_noise_is_catalogued() -> None:

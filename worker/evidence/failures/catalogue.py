@@ -94,12 +94,14 @@ def _check_fields(raw: dict[str, Any], where: str) -> None:
 
 
 def _pattern(raw: dict[str, Any], where: str) -> str | None:
+    """The entry's regex, checked with `re` (no polars work at import: a forked Celery worker
+    must not inherit polars' thread pool from its parent)."""
     pattern = raw.get("pattern") or None
     if pattern is None:
         return None
     try:
-        pl.Series([raw["literal"]], dtype=pl.String).str.contains(pattern)
-    except pl.exceptions.PolarsError as exc:
+        re.compile(pattern)
+    except re.error as exc:
         raise CatalogueError(f"{where}: pattern {pattern!r} does not compile: {exc}") from exc
     return str(pattern)
 
