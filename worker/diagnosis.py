@@ -16,7 +16,7 @@ from worker.evidence.logs.job import Progress
 from worker.evidence.model import BundleInfo, Evidence, ProbeEvidence
 from worker.evidence.paths import BundleFiles
 from worker.evidence.probes import read_probes
-from worker.evidence.trials import read_trials
+from worker.evidence.trials import missing_trials, read_trials
 from worker.gates.base import guarded
 from worker.gates.registry import GATES, check_restarts
 from worker.mode import declare_mode
@@ -67,12 +67,15 @@ def collect_evidence(
     logs = parse_job_logs(job_dir, reference_date=reference, files=files, progress=progress)
     trials = read_trials(job_dir, files=files)
     probes = read_probes(probes_dir) if probes_dir is not None else None
-    extra = [*(trials.unreadable if trials is not None else ()), *notes]
+    declared = declare_mode(mode, bundle.entrypoint)
+    missing = missing_trials(trials, agentic=declared.mode is Mode.AGENTIC)
+    extra = [*(trials.unreadable if trials is not None else ()), *([missing] if missing else [])]
+    extra += notes
     return Evidence(
         job_dir=evidence_label or str(job_dir),
         now=moment,
         thresholds=limits,
-        mode=declare_mode(mode, bundle.entrypoint),
+        mode=declared,
         bundle=bundle,
         logs=logs,
         trials=trials,

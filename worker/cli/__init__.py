@@ -25,6 +25,10 @@ COMMANDS: Final[dict[str, tuple[str, str]]] = {
     "verdicts": ("worker.cli.pipeline_cmd", "Read verdicts (the supervisor side)."),
     "replay": ("worker.cli.pipeline_cmd", "Re-diagnose an archived event."),
     "board": ("worker.cli.board_cmd", "Serve a read-only web page of recent verdicts."),
+    "signatures": (
+        "worker.cli.signatures_cmd",
+        "Show which log lines matched which failure catalogue entry or signature.",
+    ),
 }
 
 

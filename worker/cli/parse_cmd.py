@@ -55,6 +55,16 @@ def _write_trials(
     return [write_frame(trials.trials, out, "trials", fmt)]
 
 
+def _failures_line(logs: LogTables) -> str:
+    errors = logs.errors
+    known = errors.get_column("entry").is_not_null().sum()
+    return (
+        f"failure rows: {errors.height:,} ({known:,} catalogued, "
+        f"{errors.get_column('signature').n_unique():,} signatures; `rl-health signatures` "
+        "lists them)"
+    )
+
+
 def _summary_lines(logs: LogTables | None, trials: TrialTables | None) -> list[str]:
     lines: list[str] = []
     if logs is not None:
@@ -68,6 +78,7 @@ def _summary_lines(logs: LogTables | None, trials: TrialTables | None) -> list[s
             *(f"  {_shown(example)}" for example in s.malformed_examples),
             f"metric steps: {logs.metrics['step'].n_unique():,}; "
             f"metric keys: {logs.metrics['key'].n_unique():,}",
+            _failures_line(logs),
         ]
     if trials is not None:
         lines.append(f"trials: {trials.trials.height:,} ({len(trials.unreadable)} unreadable)")

@@ -29,6 +29,7 @@ import polars as pl
 
 from shared.redact import cut_bytes, redact_data, redact_frame
 from shared.settings import Thresholds
+from worker.evidence import schema
 from worker.evidence.model import (
     BundleInfo,
     Evidence,
@@ -46,6 +47,8 @@ FORMAT: Final = 1
 MARKER: Final = "evidence.json"
 LINE_MAX_BYTES: Final = 16 * 1024
 _LOG_FRAMES: Final = tuple(f.name for f in dataclasses.fields(LogTables) if f.name != "summary")
+# Tables that gained columns since format 1 was written: an older freeze thaws with them as nulls.
+_GROWN: Final[dict[str, dict[str, pl.DataType]]] = {"errors": schema.ERRORS}
 
 
 class FrozenEvidenceError(ValueError):
@@ -137,10 +140,19 @@ def _read_frame(path: Path) -> pl.DataFrame:
     return pl.read_parquet(path)
 
 
+def _with_new_columns(name: str, frame: pl.DataFrame) -> pl.DataFrame:
+    wanted = _GROWN.get(name, {})
+    missing = [pl.lit(None, dtype=t).alias(c) for c, t in wanted.items() if c not in frame.columns]
+    return frame.with_columns(missing) if missing else frame
+
+
 def _thaw_logs(meta: dict[str, Any] | None, directory: Path) -> LogTables | None:
     if meta is None:
         return None
-    frames = {name: _read_frame(directory / "logs" / f"{name}.parquet") for name in _LOG_FRAMES}
+    frames = {
+        name: _with_new_columns(name, _read_frame(directory / "logs" / f"{name}.parquet"))
+        for name in _LOG_FRAMES
+    }
     return LogTables(summary=ParseSummary.model_validate(meta["summary"]), **frames)
 
 

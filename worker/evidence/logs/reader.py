@@ -17,7 +17,7 @@ from typing import Final
 
 import polars as pl
 
-from worker.evidence.logs import detect
+from worker.evidence.logs import detect, errors
 from worker.evidence.logs.chunk import TABLES, parse_chunk
 from worker.evidence.logs.incremental import HEAD_BYTES, CacheEntry, LogCache, cache_key, head_hash
 from worker.evidence.logs.lines import CHUNK_BYTES, iter_reads, read_tail, split_lines
@@ -106,18 +106,21 @@ def _tail_timestamp(path: Path, size: int) -> datetime | None:
     return stamps if isinstance(stamps, datetime) else None
 
 
-def _summary(state: ParserState, source: str, size: int, tail_ts: datetime | None) -> ParseSummary:
+def _summary(
+    state: ParserState, source: str, size: int, tail_ts: datetime | None, n_errors: int
+) -> ParseSummary:
     # the tail's raw loguru time is not reconciled with the Iris prefix: unused when they disagree
     tail_ts = tail_ts if state.skew_off_lines == 0 else None
     last = max((t for t in (state.last_ts, tail_ts) if t is not None), default=None)
+    records = {**state.records, "error": n_errors} if n_errors else dict(state.records)
     return ParseSummary(
         files=(source,),
         lines=state.line,
         bytes=size,
-        records=dict(sorted(state.records.items())),
+        records=dict(sorted(records.items())),
         malformed=state.malformed,
         malformed_examples=tuple(state.malformed_examples),
-        serializations=tuple(sorted(k for k, v in state.records.items() if v)),
+        serializations=tuple(sorted(k for k, v in records.items() if v)),
         first_timestamp=state.first_ts,
         last_timestamp=last,
         head=tuple(state.head),
@@ -176,7 +179,11 @@ def _read_file(
         cache.store(key, entry)
     final = restitch(known, rows, [run.tail]) if known is not None else None
     tail_ts = _tail_timestamp(path, run.bytes_read)
-    return FileRows(rows, _summary(run.state, source, run.bytes_read, tail_ts)), final
+    if "errors" in rows:
+        rows["errors"] = errors.annotate(rows["errors"])
+    n_errors = rows["errors"].height if "errors" in rows else 0
+    summary = _summary(run.state, source, run.bytes_read, tail_ts, n_errors)
+    return FileRows(rows, summary), final
 
 
 def parse_file_rows(
