@@ -478,3 +478,14 @@ def test_a_failed_gpu_probe_is_quoted_when_the_engines_cannot_be_judged() -> Non
     assert result.status is GateStatus.ERROR
     assert "the GPU probe failed: `kubectl exec p -- nvidia-smi` exited 127" in result.summary
     assert result.evidence[0].source == "probes/probes.json"
+
+
+def test_the_parsers_component_names_the_rank_kind_and_others_fall_back_to_the_phase() -> None:
+    """`engine` and `policy` from the parser decide the rank; `driver` defers to the open phase."""
+    from worker.gates.resources.cuda import INFERENCE, POLICY, component_of
+
+    plain = {"text": "torch.OutOfMemoryError: CUDA out of memory.", "source": "finelog.log"}
+    assert component_of({**plain, "component": "engine"}, "policy_train").kind == INFERENCE
+    assert component_of({**plain, "component": "policy"}, "generate").kind == POLICY
+    assert component_of({**plain, "component": "driver"}, "generate").kind == INFERENCE
+    assert component_of({**plain, "component": "driver"}, "policy_train").kind == POLICY

@@ -50,6 +50,12 @@ _POLICY_TEXT = re.compile(
 )
 
 
+# The parser's `component` column (worker.evidence.failures.Component): engine and policy name the
+# rank kind; driver, sandbox, controller and configuration do not, so the text and phase decide.
+_PARSER_COMPONENTS: Final = {"engine": INFERENCE, "policy": POLICY}
+_OTHER_COMPONENTS: Final = frozenset({"driver", "sandbox", "controller", "configuration"})
+
+
 @dataclass(frozen=True)
 class Component:
     """Who hit the fault: policy or inference, how we know, and the label the report uses."""
@@ -62,9 +68,11 @@ def component_of(row: dict[str, Any], phase: str | None) -> Component:
     """The component of an error row: its `component` column, its text, else the open phase."""
     named = str(row.get("component") or "")
     text = str(row.get("text") or "")
-    if named:
+    kind = _PARSER_COMPONENTS.get(named)
+    if kind is None and named and named not in _OTHER_COMPONENTS:
         kind = INFERENCE if _INFERENCE_TEXT.search(named) else POLICY
-        return Component(kind, f"{'an inference rank' if kind == INFERENCE else 'a policy rank'}")
+    if kind is not None:
+        return Component(kind, "an inference rank" if kind == INFERENCE else "a policy rank")
     if _INFERENCE_TEXT.search(text):
         return Component(INFERENCE, "an inference rank (vLLM engine)")
     if _POLICY_TEXT.search(text):
