@@ -66,7 +66,7 @@ from worker.evidence.facts import CLOCK_TOLERANCE_S, LOG_LINE, PHASE, STEP, TRIA
 from worker.evidence.jobstate import JobState
 from worker.evidence.model import ArtifactState, Evidence, LogTables
 from worker.evidence.quotes import quote, quote_rows
-from worker.evidence.schema import HARD_ERROR_KINDS
+from worker.gates import configuration, deaths
 from worker.gates.base import error, passed
 from worker.gates.progress import initialization, minute_utc, newest_attempt, started_at
 from worker.gates.rules import rule
@@ -79,7 +79,6 @@ STILL_QUIET_FACTOR = 2.0
 stacks alone do not show a wedge, so the silence must be well past what the run's cadence allows."""
 _DEATH_KINDS = ("actor_died", "worker_crashed")
 _AFTER_WATCHDOG = ("actor_died", "worker_crashed", "traceback", "train_loop_failed")
-_HARD_KINDS = HARD_ERROR_KINDS
 STACKS_NEEDED = "py-spy stacks captured while the job exists"
 
 
@@ -370,19 +369,20 @@ def _complete(ctx: Context) -> GateResult | None:
     )
 
 
-def _newest_hard_error(ctx: Context) -> pl.DataFrame:
-    if ctx.logs is None:
-        return pl.DataFrame()
-    attempt = newest_attempt(ctx.logs)
-    errors = ctx.logs.errors.filter(
-        (pl.col("attempt") == attempt) & pl.col("kind").is_in(_HARD_KINDS)
-    )
-    return errors.sort("line").head(1)
+def _newest_failure(ctx: Context) -> pl.DataFrame:
+    """The failure of the newest attempt (`Facts.attempt_failures`), as a one-row frame."""
+    facts = ctx.evidence.facts
+    return facts.attempt_failures.filter(pl.col("attempt") == facts.newest_attempt)
 
 
 def _config_handoff(row: pl.DataFrame, quotes: tuple[Quote, ...]) -> Handoff | None:
-    if row.is_empty() or row["kind"][0] != "config_override":
+    """The catalogue's handoff for a configuration-class failure; an override error the parser
+    did not annotate (an older freeze) gets the Hydra one."""
+    if row.is_empty():
         return None
+    found = configuration.config_handoff(row.row(0, named=True), quotes)
+    if found is not None or row["kind"][0] != "config_override":
+        return found
     text = str(row["text"][0])
     return Handoff(
         evidence=quotes,
@@ -391,6 +391,14 @@ def _config_handoff(row: pl.DataFrame, quotes: tuple[Quote, ...]) -> Handoff | N
         proposed_behavior="drop or rename the key, or add it to the config schema",
         test="compose the launched overrides with the config schema and assert it parses",
     )
+
+
+def _configuration(ctx: Context) -> GateResult | None:
+    """`configuration.config_failure` with the run's stall limit (a registered rule there)."""
+    if ctx.logs is None or ctx.controller.state is None:
+        return None
+    limit = _cadence(ctx.evidence, ctx.logs).threshold_s
+    return configuration.config_failure(ctx.evidence, limit, ctx.base_quotes())
 
 
 @rule("liveness")
@@ -402,7 +410,7 @@ def _terminal(ctx: Context) -> GateResult | None:
         return None
     if state is JobState.SUCCEEDED:
         return passed(f"job completed (state succeeded, {ctx.controller.source})")
-    log_error = _newest_hard_error(ctx)
+    log_error = _newest_failure(ctx)
     quotes = ctx.base_quotes() + quote_rows(log_error)
     probes = ctx.evidence.probes
     controller_error = probes.controller.error if probes and probes.controller else None
@@ -484,6 +492,7 @@ RULES: tuple[Rule, ...] = (
     _stale,
     _terminal_disagrees,
     _complete,
+    _configuration,
     _terminal,
     _no_pods,
     _waiting,
@@ -529,9 +538,11 @@ def _death(ctx: Context) -> pl.DataFrame:
         & (pl.col("timestamp") >= ctx.advancement.at)
         & (pl.col("timestamp") <= ctx.now)
     ).sort("line")
-    deaths = after.filter(pl.col("kind").is_in(_DEATH_KINDS))
-    if not deaths.is_empty():
-        return deaths.head(2)
+    # an engine actor's death is judged by `deaths.logged_death` (every engine, or no proof)
+    trainer = pl.col("component").fill_null("driver") != "engine"
+    dead = after.filter(pl.col("kind").is_in(_DEATH_KINDS) & trainer)
+    if not dead.is_empty():
+        return dead.head(2)
     watchdog = after.filter(pl.col("kind") == "nccl_watchdog_timeout").head(1)
     if watchdog.is_empty():
         return watchdog
@@ -570,6 +581,12 @@ def _dead(ctx: Context, quiet: str) -> GateResult | None:
         next_action="Supervisor: kill the job; its trainer died and it will not advance again.",
         flip_signal=_next_line_signal(ctx),
     )
+
+
+def _logged_death(ctx: Context, cadence: Cadence) -> GateResult | None:
+    """`deaths.logged_death` with the run's stall limit (a registered rule there)."""
+    limit = _limit_text(ctx, cadence)
+    return deaths.logged_death(ctx.evidence, cadence.threshold_s, limit, ctx.base_quotes())
 
 
 def _dump_window(ctx: Context) -> DumpWindow:
@@ -739,7 +756,7 @@ def _quiet_verdict(ctx: Context, quiet_s: float, cadence: Cadence) -> GateResult
             missing=("a fresh finelog sync",),
             evidence=ctx.base_quotes(),
         )
-    dead = _dead(ctx, quiet)
+    dead = _dead(ctx, quiet) or _logged_death(ctx, cadence)
     if dead is not None:
         return dead
     failed = _probe_failed(ctx, quiet, limit)
@@ -767,6 +784,11 @@ def _judge_quiet(ctx: Context) -> GateResult:
             evidence=ctx.base_quotes(),
         )
     early = _initialising(ctx)
+    if early is not None or ctx.advancement is None:
+        # a logged death is not initialisation: the death line establishes it
+        death = _logged_death(ctx, _cadence(ctx.evidence, ctx.logs))
+        if death is not None:
+            return death
     if early is not None:
         return early
     if ctx.advancement is None:
