@@ -350,3 +350,16 @@ def test_a_configuration_failure_caught_mid_run_ends_nothing() -> None:
     result = configuration.config_failure(ended, 600.0, ())
     assert result is not None and result.proof is not None
     assert result.proof.rule == "config_failure" and result.handoff is None  # unknown entry
+
+
+def test_a_failure_the_attempt_trained_past_did_not_end_it() -> None:
+    """A verifier traceback logged before the attempt's last step (a trial failed, training went
+    on) is not the attempt's failure; the row after the last step is."""
+    found = attempt_failures(
+        tables(
+            err(3, "traceback", entry=None, failure_class=None, signature="VerifierError: x"),
+            err(9, "nccl_error", signature=NCCL),
+            timers=[STEP],
+        )
+    )
+    assert found["line"].to_list() == [9]

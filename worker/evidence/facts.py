@@ -375,11 +375,24 @@ def _can_end_an_attempt() -> pl.Expr:
     return (catalogued | unknown | legacy).fill_null(value=False)
 
 
+def _after_the_last_advancement(logs: LogTables, rows: pl.DataFrame) -> pl.DataFrame:
+    """The rows logged after their attempt's last timer or train metric line (same file): a
+    failure the attempt trained past (a trial's verifier traceback, an error caught and logged)
+    did not end it."""
+    moved = pl.concat(
+        [frame.select("attempt", "source", "line") for frame in (logs.timers, logs.metrics)]
+    )
+    last = moved.group_by("attempt", "source").agg(_last=pl.col("line").max())
+    joined = rows.join(last, on=["attempt", "source"], how="left", maintain_order="left")
+    return joined.filter(pl.col("_last").is_null() | (pl.col("line") > pl.col("_last")))
+
+
 def attempt_failures(logs: LogTables) -> pl.DataFrame:
-    """One ERRORS row per attempt of the attempt source: its first row (by line) that may end an
-    attempt and whose signature is specific, else its first such row (a generic exit record or
-    banner, never a signature on its own): a Hydra banner before the real exception, or
-    torchrun's exit record after it, does not hide it. Vectorised: one sort over the few rows."""
+    """One ERRORS row per attempt of the attempt source: the failure that ended it. Among the rows
+    that may end an attempt (`_can_end_an_attempt`) and come after its last advancement, the
+    first (by line) whose signature is specific, else the first (a generic exit record or banner,
+    never a signature on its own): a Hydra banner before the real exception, or torchrun's exit
+    record after it, does not hide it. Vectorised: one join and one sort over the few rows."""
     errors = logs.errors
     if errors.is_empty():
         return _no_failures()
@@ -387,9 +400,10 @@ def attempt_failures(logs: LogTables) -> pl.DataFrame:
     rows = errors.filter(_can_end_an_attempt())
     if source is not None:
         rows = rows.filter(pl.col("source") == source)
+    rows = _after_the_last_advancement(logs, rows)
     ranked = rows.with_columns(_rank=(~pl.col("specific").fill_null(value=False)).cast(pl.Int8))
     first = ranked.sort("attempt", "_rank", "line").unique("attempt", keep="first")
-    return first.sort("attempt").drop("_rank")
+    return first.sort("attempt").drop("_rank", "_last")
 
 
 def _no_failures() -> pl.DataFrame:

@@ -2,14 +2,15 @@
 (DOMAIN.md section 6: "a configuration that cannot parse"), with a handoff fed from the catalogue
 entry that knows the failure (its component and note). Proof rule `config_failure`.
 
-Reads `Facts.attempt_failures` (the failure of each attempt: its first specific hard or
-configuration row), the TIMERS and METRICS rows of each attempt, and the job state.
+Reads `Facts.attempt_failures` (the failure that ended each attempt: its first specific hard or
+configuration row after the attempt's last timer or train metric line) and the job state.
 
 - **Every attempt**: attempts 0 to the newest each have a failure, and each failure's catalogue
   class is `configuration` (an override of a missing key, a key not in a struct config,
   `max_model_len` beyond the KV cache, a GPU the build has no kernel for, a spent sandbox quota).
-- **Ended it**: nothing advanced in that attempt after the row (no timer or train metric line):
-  a configuration error caught and logged while training went on ended nothing.
+- **Ended it**: nothing advanced in that attempt after the row (no timer or train metric line;
+  `Facts.attempt_failures` keeps only such rows): a configuration error caught and logged while
+  training went on ended nothing.
 - **The newest attempt is over**: the job state is a failure, or `now` is past the stall limit
   after the newest attempt's failure with nothing advancing since. A succeeded job never is.
 """
@@ -24,7 +25,7 @@ import polars as pl
 from shared.models import GateResult, GateStatus, Handoff, KillProof, Quote
 from worker.evidence.failures import Entry, FailureClass, catalogue
 from worker.evidence.jobstate import JobState
-from worker.evidence.model import Evidence, LogTables
+from worker.evidence.model import Evidence
 from worker.evidence.quotes import quote_rows
 from worker.gates.progress import minute_utc
 from worker.gates.rules import rule
@@ -86,25 +87,15 @@ def config_handoff(row: dict[str, Any], quotes: tuple[Quote, ...]) -> Handoff | 
     )
 
 
-def _ended(logs: LogTables, rows: pl.DataFrame) -> pl.DataFrame:
-    """The rows after which nothing advanced in their attempt (no timer or train metric line)."""
-    moved = pl.concat(
-        [frame.select("attempt", "source", "line") for frame in (logs.timers, logs.metrics)]
-    )
-    last = moved.group_by("attempt", "source").agg(_last=pl.col("line").max())
-    joined = rows.join(last, on=["attempt", "source"], how="left")
-    return joined.filter(pl.col("_last").is_null() | (pl.col("_last") < pl.col("line")))
-
-
-def _every_attempt(evidence: Evidence, logs: LogTables) -> pl.DataFrame | None:
-    """The configuration failure that ended each attempt, when every attempt has one."""
+def _every_attempt(evidence: Evidence) -> pl.DataFrame | None:
+    """The configuration failure that ended each attempt, when every attempt has one (an
+    attempt's failure comes after its last advancement: `Facts.attempt_failures`)."""
     facts = evidence.facts
     attempts = set(range(facts.newest_attempt + 1))
     rows = facts.attempt_failures.filter(pl.col("failure_class") == CONFIGURATION)
     if set(rows["attempt"].to_list()) != attempts:
         return None
-    ended = _ended(logs, rows)
-    return ended.drop("_last").sort("attempt") if ended.height == len(attempts) else None
+    return rows.sort("attempt")
 
 
 def _over(evidence: Evidence, newest: dict[str, Any], limit_s: float) -> datetime | None:
@@ -131,8 +122,7 @@ def config_failure(
 
     `limit_s` is the stall limit for a newest attempt the controller still calls alive; `base`
     the controller quote and the newest advancement."""
-    logs = evidence.logs
-    rows = _every_attempt(evidence, logs) if logs is not None else None
+    rows = _every_attempt(evidence) if evidence.logs is not None else None
     if rows is None:
         return None
     newest = rows.row(-1, named=True)
