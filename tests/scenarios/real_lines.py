@@ -117,6 +117,7 @@ RAY_ACTOR_ERROR = line("https://github.com/ray-project/ray/issues/9293", "RayAct
 ATTRIBUTE_ERROR = line("https://github.com/NovaSky-AI/SkyRL/pull/69", "AttributeError")
 FATAL_ABORT = line("https://github.com/pytorch/pytorch/issues/12744", "terminate called")
 CHILD_FAILED = line("https://github.com/lmzpai/roboMamba/issues/10", "ChildFailedError")
+REWARD_FILE_MISSING = line("https://github.com/Human-Agent-Society/reef/issues/215", "No reward")
 
 # Benign noise (the catalogue's benign class) and a per-rollout skip (transient): scary words, no
 # failure by themselves.
@@ -178,6 +179,24 @@ def relaunched(text: str, attempt: int) -> str:
     """`text` as attempt `attempt` prints it: every Ray process prefix `(Name pid=N` gets another
     pid (the text after the prefixes, pids a message names included, is unchanged)."""
     return _PREFIX_PID.sub(lambda m: f"{m[1]}{int(m[2]) + 1000 * attempt}", text)
+
+
+def trained_past(root: Path, name: str, text: str, attempts_n: int = 3) -> Built:
+    """`attempts_n` attempts of six steps each, every one logging `text` during its third step
+    (a trial's failure the trainer goes on past) and then ending without a failure line (a
+    relaunch, as after a preemption); the newest is running at step 4 of its resume."""
+    b = JobBuilder(root, name, T0)
+    moment = T0
+    for attempt in range(attempts_n):
+        resume = None if attempt == 0 else 3
+        moment = start_attempt(b, moment, resume=resume)
+        first = 1 if attempt == 0 else 4
+        last = first + (5 if attempt < attempts_n - 1 else 0)
+        moment = run_steps(b, moment, range(first, first + 2))
+        b.raw(moment, relaunched(text, attempt))
+        moment = run_steps(b, moment, range(first + 2, last + 1)) + timedelta(minutes=2)
+    controller(b, "running")
+    return finish(b, root, moment, probes=True)
 
 
 def engines_argv(n: int) -> list[str]:

@@ -194,6 +194,16 @@ def test_generic_and_transient_lines_never_loop(line: real.RealLine, tmp_path: P
     assert report.verdict.value != "KILL"
 
 
+def test_a_failure_every_attempt_trained_past_is_no_crash_loop(tmp_path: Path) -> None:
+    """Harbor's `No reward file found` (reef#215, hard class) logged by a trial during each of
+    three attempts, each of which went on stepping and was then relaunched: the attempts did not
+    die of it, so it is no loop and no KILL."""
+    report = judge(real.trained_past(tmp_path, "rl-trained-past", real.REWARD_FILE_MISSING.text))
+    assert report.restarts.same_failure is not True
+    assert not report.restarts.doomed
+    assert report.verdict.value != "KILL", report.reasoning
+
+
 # --- benign noise ---------------------------------------------------------------------------------
 
 

@@ -22,21 +22,29 @@ never count; the parser has judged each line by its Iris prefix time when its ow
    `finished_at`, else when the state was observed).
 3. PASS when the newest global step reached the PROGRESS total (max_steps): the run is complete
    and its tail errors are noise.
+3b. FAIL hard (proof `config_failure`, `worker.gates.configuration`) when a configuration-class
+   failure ended every attempt and the newest is over (a failed job, or silence past the
+   threshold); the handoff comes from the catalogue entry.
 4. Terminal states: succeeded PASS ("job completed"); killed and unschedulable FAIL; failed /
    worker_failed FAIL, with hard_failure (proof `terminal_failure`) only when both the controller's
-   error and a hard error line of the newest attempt are quoted (a `Could not override` line adds
-   a configuration handoff).
+   error and the newest attempt's failure row (`Facts.attempt_failures`) are quoted (a
+   configuration-class failure adds the catalogue's handoff).
 5. ERROR when the controller says running but the manifest's `pod_logs` says no pod (a waiting
    status or 0 pods) and the job was submitted more than STALL_FLOOR_S ago.
 6. pending / building / assigned: PASS initialising within INIT_GRACE_S of submission, else FAIL
    (not scheduled; not a hard failure).
 7. ERROR without a trainer log. PASS with initializing=True while the newest attempt has finished
-   no step and is within INIT_GRACE_S of its start (flip: no `Finished: 'step'` by the deadline).
+   no step and is within INIT_GRACE_S of its start (flip: no `Finished: 'step'` by the deadline),
+   unless a logged death (below) is established first.
 8. PASS when quiet <= threshold. When the quiet time exceeds it:
    - ERROR when the finelog class is stale in the bundle (the quiet time cannot be judged);
    - FAIL hard (proof `process_death`) when, after the newest advancement, an
-     `actor_died`/`worker_crashed` line or an NCCL watchdog timeout followed by a death line
-     (traceback, actor death, train loop failed) is logged (a lone watchdog line proves nothing);
+     `actor_died`/`worker_crashed` line not of an engine, or an NCCL watchdog timeout followed by
+     a death line (traceback, actor death, train loop failed) is logged (a lone watchdog line
+     proves nothing);
+   - FAIL hard (proof `logged_death`, `worker.gates.deaths`) when a death line of the trainer or
+     of every inference engine was logged after the newest advancement and the silence since that
+     line exceeds the threshold (one engine of several is no proof);
    - ERROR when a py-spy probe failed (quoting the command and its exit): the stacks cannot cover
      every process;
    - FAIL hard (proof `stall_stacks`) when two live dumps of each process prove a stall
