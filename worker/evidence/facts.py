@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import shlex
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Any, Final
 
@@ -90,7 +90,8 @@ class Facts:
     clock_note: str | None  # the log's clock against the Iris prefix, when they disagree
     probe_failures: tuple[ProbeFailure, ...]
     identity: str | None  # the manifest names another job than the directory holds
-    attempt_failures: pl.DataFrame  # ERRORS rows: the failure of each attempt (`attempt_failures`)
+    # ERRORS rows: the failure of each attempt (`attempt_failures`); a table, so not compared
+    attempt_failures: pl.DataFrame = field(compare=False)
 
     def attempt_failure(self, attempt: int) -> dict[str, Any] | None:
         """The row of the failure that ended `attempt` in the logs, or None."""
