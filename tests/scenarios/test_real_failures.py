@@ -204,6 +204,21 @@ def test_a_failure_every_attempt_trained_past_is_no_crash_loop(tmp_path: Path) -
     assert report.verdict.value != "KILL", report.reasoning
 
 
+def test_a_credential_in_the_failure_line_never_reaches_the_report(tmp_path: Path) -> None:
+    """The signature shown in the report is normalised after redaction: a bearer token in the
+    line that kills every attempt is `<redacted:bearer>`, not digits replaced inside the token
+    (which no redaction rule would recognise), and the loop is still one signature."""
+    from reports.json_report import render_json
+    from reports.text import render_text
+    from tests.security.corpus import SECRETS, leaks
+
+    jwt = next(secret for secret in SECRETS if secret.startswith("eyJ"))
+    report = judge(real.loop(tmp_path, "rl-token", [[f"RuntimeError: Bearer {jwt}"]] * 3))
+    assert report.restarts.doomed
+    assert report.restarts.signatures[0] == "RuntimeError: Bearer <redacted:bearer>"
+    assert leaks(render_text(report) + render_json(report)) == []
+
+
 # --- benign noise ---------------------------------------------------------------------------------
 
 

@@ -19,6 +19,8 @@ from typing import TYPE_CHECKING, Any, Final
 import polars as pl
 
 from shared.models import Quote
+from shared.redact import redact_text
+from worker.evidence import failures
 from worker.evidence.jobstate import JobState
 from worker.evidence.model import ClockSkew, LogTables, ProbeCommand, ProbeEvidence
 from worker.evidence.quotes import quote
@@ -38,6 +40,7 @@ __all__ = [
     "attempt_source",
     "derive",
     "newest_attempt",
+    "row_signature",
 ]
 
 CLOCK_TOLERANCE_S: Final = 60.0
@@ -405,6 +408,17 @@ def attempt_failures(logs: LogTables) -> pl.DataFrame:
     ranked = rows.with_columns(_rank=(~pl.col("specific").fill_null(value=False)).cast(pl.Int8))
     first = ranked.sort("attempt", "_rank", "line").unique("attempt", keep="first")
     return first.sort("attempt").drop("_rank", "_last")
+
+
+def row_signature(row: dict[str, Any]) -> str | None:
+    """The signature of a failure row as a report may show it: the parser's signature of the
+    row's message with credentials redacted *first* (normalising replaces the digits inside a
+    token, which would hide it from the redaction). Equal to the row's `signature` when the line
+    holds no credential; a row the parser did not sign (an older freeze) has none."""
+    if row.get("signature") is None:
+        return None
+    message = redact_text(str(row.get("message") or ""))
+    return failures.signature(row.get("exc_type"), message, message) or row.get("signature")
 
 
 def _no_failures() -> pl.DataFrame:

@@ -23,6 +23,7 @@ from typing import Any, Final
 import polars as pl
 
 from shared.models import GateResult, GateStatus, Handoff, KillProof, Quote
+from worker.evidence.facts import row_signature
 from worker.evidence.failures import Entry, FailureClass, catalogue
 from worker.evidence.jobstate import JobState
 from worker.evidence.model import Evidence
@@ -75,7 +76,7 @@ def config_handoff(row: dict[str, Any], quotes: tuple[Quote, ...]) -> Handoff | 
         return None
     component = entry.component.value if entry.component else str(row.get("component") or "")
     where, behaviour = _WHERE.get(component, _DEFAULT)
-    signature = row.get("signature") or row.get("text")
+    signature = row_signature(row) or row.get("text")
     return Handoff(
         evidence=quotes,
         likely_cause=f"{entry.note} (catalogue `{entry.id}`): `{row.get('text')}`",

@@ -46,7 +46,9 @@ from enum import StrEnum
 import polars as pl
 
 from shared.models import Quote, RestartsResult
+from shared.redact import redact_text
 from worker.evidence import failures
+from worker.evidence.facts import row_signature
 from worker.evidence.jobstate import JobState
 from worker.evidence.model import AttemptRecord, ControllerView, Evidence, LogTables
 from worker.evidence.quotes import quote, quote_rows
@@ -101,8 +103,9 @@ def is_specific_signature(signature: str | None) -> bool:
 def failure_signature(text: str | None, exit_code: int | None = None) -> str | None:
     """The signature of a controller's error text, normalised as the log parser normalises a
     row's (`worker.evidence.failures.signature`): exception type + normalised message of the
-    first line naming an exception; else `exit code N` + the normalised first line."""
-    lines = [line.strip() for line in (text or "").splitlines() if line.strip()]
+    first line naming an exception; else `exit code N` + the normalised first line. Credentials
+    are redacted first: normalising digits inside a token would hide it from the redaction."""
+    lines = [line.strip() for line in redact_text(text or "").splitlines() if line.strip()]
     for line in lines:
         match = _EXCEPTION.search(line)
         if match:
@@ -126,11 +129,12 @@ class RowFailure:
 
 def _row_failure(evidence: Evidence, attempt: int) -> RowFailure | None:
     """The failure that ended `attempt` in the logs (`Facts.attempt_failures`): the row's own
-    signature and specificity; a row the parser did not sign (an older freeze) is signed here."""
+    signature (credentials redacted before it is normalised: `row_signature`) and specificity;
+    a row the parser did not sign (an older freeze) is signed here."""
     row = evidence.facts.attempt_failure(attempt)
     if row is None:
         return None
-    signature = row.get("signature") or failure_signature(str(row.get("text") or ""))
+    signature = row_signature(row) or failure_signature(str(row.get("text") or ""))
     specific = row.get("specific")
     specific = is_specific_signature(signature) if specific is None else bool(specific)
     frame = pl.DataFrame([row], schema=evidence.facts.attempt_failures.schema, orient="row")
