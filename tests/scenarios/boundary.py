@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from tests.scenarios import crafted
+from tests.scenarios import real_lines as real
 from tests.scenarios.builder import JobBuilder
 from tests.scenarios.catalog import (
     AGENTIC_ARGV,
@@ -306,6 +307,33 @@ def _buffer_wait(late: float) -> Metrics:
     return lambda s: (
         healthy_metrics(s) | {"timing/wait_for_generation_buffer": 1.0 if s <= 12 else late}
     )
+
+
+def _loop(name: str, *failures: real.RealLine) -> Build:
+    """Three failed attempts (logs only, job failed), attempt i dying on `failures[i]`."""
+    return lambda root: real.loop(root, name, [[f.text] for f in failures])
+
+
+def _engines_dead(name: str, dead: int, silent_min: float) -> Build:
+    """Two engines; the first `dead` of them log their death line (vLLM's own words, behind the
+    engine actor's prefix), then `silent_min` of silence."""
+    texts = (real.ENGINE_DIED.text, real.ENGINE_DIED_DP1.text)
+    deaths = [(i, texts[i]) for i in range(dead)]
+    return lambda root: real.engine_death(root, name, engines=2, dead=deaths, silent_min=silent_min)
+
+
+def _trainer_dead(name: str, silent_min: float) -> Build:
+    return lambda root: real.trainer_death(
+        root, name, text=real.FATAL_ABORT.text, silent_min=silent_min
+    )
+
+
+def _config_then(name: str, silent_min: float, *, step_after: bool = False) -> Build:
+    return lambda root: real.config_then(root, name, silent_min=silent_min, step_after=step_after)
+
+
+# Three attempts dying at start-up: the trainer never stepped, so only liveness can judge.
+LOOP = {"liveness": "FAIL", "resources": "ERROR", "rollouts": "ERROR", "dynamics": "ERROR"}
 
 
 # --- the pairs ------------------------------------------------------------------------------------
@@ -636,6 +664,86 @@ PAIRS: tuple[Pair, ...] = (
             dynamics="ERROR",
         ),
         side(crafted.generic_exit_codes, NO_KILL, liveness="FAIL"),
+    ),
+    Pair(
+        "signature_normalised",
+        "crash_loop: one NCCL failure from two reports (other path, line, version, rank) on "
+        "every attempt vs another NCCL message under the same exception type on one of them",
+        side(
+            _loop(
+                "rl-sig-same", real.NCCL_UNHANDLED, real.NCCL_UNHANDLED_VERL, real.NCCL_UNHANDLED
+            ),
+            KILL,
+            **LOOP,
+        ),
+        side(
+            _loop("rl-sig-other", real.NCCL_UNHANDLED, real.NCCL_INVALID, real.NCCL_UNHANDLED),
+            ERROR,
+            **LOOP,
+        ),
+    ),
+    Pair(
+        "signature_failure_class",
+        "crash_loop: the attempt's failure is hard or configuration class: NCCL's unhandled CUDA "
+        "error (hard) vs its remote-process-exited error (transient) on every attempt",
+        side(_loop("rl-class-hard", *(real.NCCL_UNHANDLED,) * 3), KILL, **LOOP),
+        side(_loop("rl-class-transient", *(real.NCCL_REMOTE_EXITED,) * 3), ERROR, **LOOP),
+    ),
+    Pair(
+        "signature_generic_entry",
+        "crash_loop: a specific failure on every attempt vs only torchrun's ChildFailedError (a "
+        "generic catalogue entry: a wrapper, never a signature, though it names an exception)",
+        side(_loop("rl-generic-specific", *(real.NCCL_UNHANDLED,) * 3), KILL, **LOOP),
+        side(_loop("rl-generic-child", *(real.CHILD_FAILED,) * 3), ERROR, **LOOP),
+    ),
+    Pair(
+        "logged_death_silence",
+        "logged_death: every engine's death line, then silence 11 min vs 9 min (the 10 min limit)",
+        side(_engines_dead("rl-engines-11", 2, 11), KILL, liveness="FAIL"),
+        side(_engines_dead("rl-engines-9", 2, 9), ERROR, liveness="ERROR"),
+    ),
+    Pair(
+        "logged_death_engines",
+        "logged_death: a death line of every engine (2 of 2) vs of some engines (1 of 2), then "
+        "3 h of silence",
+        side(_engines_dead("rl-engines-all", 2, 180), KILL, liveness="FAIL"),
+        side(_engines_dead("rl-engines-some", 1, 180), ERROR, liveness="ERROR"),
+    ),
+    Pair(
+        "logged_death_trainer",
+        "logged_death: the trainer's abort (`terminate called after throwing`), then silence "
+        "11 min vs 9 min",
+        side(_trainer_dead("rl-abort-11", 11), KILL, liveness="FAIL"),
+        side(_trainer_dead("rl-abort-9", 9), ERROR, liveness="ERROR"),
+    ),
+    Pair(
+        "config_failure_every_attempt",
+        "config_failure: a key not in the struct config ends every attempt (3 of 3) vs the "
+        "newest attempt dying of something else",
+        side(_loop("rl-config-all", *(real.KEY_NOT_IN_STRUCT,) * 3), KILL, **LOOP),
+        side(
+            _loop(
+                "rl-config-two",
+                real.KEY_NOT_IN_STRUCT,
+                real.KEY_NOT_IN_STRUCT,
+                real.ATTRIBUTE_ERROR,
+            ),
+            ERROR,
+            **LOOP,
+        ),
+    ),
+    Pair(
+        "config_failure_silence",
+        "config_failure: a running attempt's configuration failure, then silence 11 min vs 9 min",
+        side(_config_then("rl-config-11", 11), KILL, liveness="FAIL"),
+        side(_config_then("rl-config-9", 9), NO_KILL),
+    ),
+    Pair(
+        "config_failure_ends_attempt",
+        "config_failure: the configuration failure ended the attempt (11 min of silence) vs the "
+        "trainer went on and finished the step",
+        side(_config_then("rl-config-ended", 11), KILL, liveness="FAIL"),
+        side(_config_then("rl-config-caught", 11, step_after=True), NO_KILL),
     ),
     Pair(
         "oom_progress_after",

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -489,3 +490,64 @@ def test_the_parsers_component_names_the_rank_kind_and_others_fall_back_to_the_p
     assert component_of({**plain, "component": "policy"}, "generate").kind == POLICY
     assert component_of({**plain, "component": "driver"}, "generate").kind == INFERENCE
     assert component_of({**plain, "component": "driver"}, "policy_train").kind == POLICY
+
+
+# Real CUDA OOM lines of vLLM engine cores and of a verl driver (verbatim, with their URLs).
+REAL_OOMS = (
+    (  # https://github.com/noonghunna/club-3090/issues/16
+        "(EngineCore pid=112) ERROR 05-01 14:39:06 [core.py:1131] torch.OutOfMemoryError: CUDA out "
+        "of memory. Tried to allocate 50.00 MiB. GPU 0 has a total capacity of 23.56 GiB of which "
+        "21.75 MiB is free. Including non-PyTorch memory, this process has 23.50 GiB memory in "
+        "use. Of the allocated memory 22.88 GiB is allocated by PyTorch, with 24.00 MiB "
+        "allocated in private pools (e.g., CUDA Graphs), and 275.38 MiB is reserved by PyTorch "
+        "but unallocated. "
+        "If reserved but unallocated memory is large try setting "
+        "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True to avoid fragmentation.  See "
+        "documentation for Memory Management  (https://docs.pytorch.org/docs/stable/notes/"
+        "cuda.html#optimizing-memory-usage-with-pytorch-cuda-alloc-conf)",
+        "engine",
+    ),
+    (  # https://github.com/Sandermage/genesis-vllm-patches/issues/1
+        "(EngineCore pid=229) ERROR 04-19 12:21:04 [core.py:1134] torch.OutOfMemoryError: CUDA out "
+        "of memory. Tried to allocate 72.00 MiB. GPU 0 has a total capacity of 31.33 GiB of which "
+        "2.56 MiB is free. Including non-PyTorch memory, this process has 31.28 GiB memory in use. "
+        "Of the allocated memory 29.83 GiB is allocated by PyTorch, with 18.00 MiB allocated in "
+        "private pools (e.g., CUDA Graphs), and 711.09 MiB is reserved by PyTorch but unallocated. "
+        "If reserved but unallocated memory is large try setting "
+        "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True to avoid fragmentation.  See "
+        "documentation for Memory Management  (https://docs.pytorch.org/docs/stable/notes/"
+        "cuda.html#optimizing-memory-usage-with-pytorch-cuda-alloc-conf)",
+        "engine",
+    ),
+    (  # https://github.com/qiancheng0/ToolRL/issues/39 (verl's driver prints a worker's OOM)
+        "(main_task pid=2396241) torch.OutOfMemoryError: CUDA out of memory. Tried to allocate "
+        "5.22 GiB. GPU 0 has a total capacity of 23.69 GiB of which 1.18 GiB is free. Including "
+        "non-PyTorch memory, this process has 22.48 GiB memory in use. Of the allocated memory "
+        "21.54 GiB is allocated by PyTorch, and 517.58 MiB is reserved by PyTorch but "
+        "unallocated. If reserved but unallocated memory is large try setting "
+        "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True to avoid fragmentation.  See "
+        "documentation for Memory Management  (https://pytorch.org/docs/stable/notes/"
+        "cuda.html#environment-variables)",
+        "driver",
+    ),
+)
+
+
+@pytest.mark.parametrize(("text", "component"), REAL_OOMS, ids=["club-3090", "genesis", "verl"])
+def test_real_vllm_ooms_are_engine_ooms_whatever_phase_is_open(
+    text: str, component: str, tmp_path: Path
+) -> None:
+    """A real vLLM engine-core OOM line is an inference rank's OOM even during a policy phase
+    (its `component` column, not the phase, decides); a driver's line defers to the phase."""
+    from worker.evidence.logs import parse_log_file
+    from worker.gates.resources.cuda import INFERENCE, POLICY, component_of
+
+    path = tmp_path / "finelog.log"
+    path.write_text(text + "\n", encoding="utf-8")
+    rows = parse_log_file(path, "finelog.log").errors
+    assert rows["kind"].to_list() == ["cuda_oom"]
+    row = rows.row(0, named=True)
+    assert row["component"] == component
+    during_training = component_of(row, "policy_train").kind
+    assert during_training == (INFERENCE if component == "engine" else POLICY)
+    assert component_of(row, "generate").kind == INFERENCE

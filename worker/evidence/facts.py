@@ -1,6 +1,6 @@
 """Facts derived from the evidence once, for every gate and the verdict: the job state, the current
 attempt, the newest progress of each kind, evidence dated after `now`, the log's clock offset,
-probes that failed and sources that disagree.
+probes that failed, sources that disagree, and the failure that ended each attempt.
 
 Time is checked, not assumed (DOMAIN.md section 6): a row dated after `now` is never progress;
 one dated more than CLOCK_TOLERANCE_S after it is a discrepancy named in the report. The parser has
@@ -12,27 +12,35 @@ from __future__ import annotations
 
 import shlex
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Any, Final
 
 import polars as pl
 
 from shared.models import Quote
+from shared.redact import redact_text
+from worker.evidence import failures
 from worker.evidence.jobstate import JobState
 from worker.evidence.model import ClockSkew, LogTables, ProbeCommand, ProbeEvidence
 from worker.evidence.quotes import quote
+from worker.evidence.schema import ERRORS, HARD_ERROR_KINDS
 
 if TYPE_CHECKING:
     from worker.evidence.model import Evidence
 
 __all__ = [
     "CLOCK_TOLERANCE_S",
+    "FAILURE_CLASSES",
+    "UNCATALOGUED_FAILURE_KINDS",
     "Facts",
     "Moment",
     "ProbeFailure",
+    "attempt_failures",
+    "attempt_source",
     "derive",
     "newest_attempt",
+    "row_signature",
 ]
 
 CLOCK_TOLERANCE_S: Final = 60.0
@@ -43,6 +51,11 @@ PHASE: Final = "phase"
 STEP: Final = "step"
 LOG_LINE: Final = "log line"
 TRIAL: Final = "finished trial"
+
+FAILURE_CLASSES: Final = ("hard", "configuration")
+"""Catalogue classes that can be the failure of an attempt; benign and transient never are."""
+UNCATALOGUED_FAILURE_KINDS: Final = ("traceback", "exception")
+"""Kinds of rows no catalogue entry knows that still count: any traceback, any final exception."""
 
 _SKEW_CONSTANT_S: Final = 60.0
 """Own-minus-prefix offsets spread by less than this over every line are one constant offset."""
@@ -80,6 +93,13 @@ class Facts:
     clock_note: str | None  # the log's clock against the Iris prefix, when they disagree
     probe_failures: tuple[ProbeFailure, ...]
     identity: str | None  # the manifest names another job than the directory holds
+    # ERRORS rows: the failure of each attempt (`attempt_failures`); a table, so not compared
+    attempt_failures: pl.DataFrame = field(compare=False)
+
+    def attempt_failure(self, attempt: int) -> dict[str, Any] | None:
+        """The row of the failure that ended `attempt` in the logs, or None."""
+        rows = self.attempt_failures.filter(pl.col("attempt") == attempt)
+        return rows.row(0, named=True) if not rows.is_empty() else None
 
     def newest(self, *kinds: str) -> Moment | None:
         """The newest progress of the given kinds (all kinds when none is given)."""
@@ -335,6 +355,76 @@ def _identity(evidence: Evidence) -> str | None:
     return None
 
 
+# --- the failure of each attempt ----------------------------------------------------------------
+
+
+def attempt_source(logs: LogTables) -> str | None:
+    """The file whose attempt numbering the gates follow: the one with attempt boundaries, else the
+    finelog. Attempt indices of different files (a pod log holds only the newest attempt) do not
+    line up, so an attempt's failure is read from this one file (None: every file)."""
+    boundaries = logs.resumes.filter(pl.col("kind") == "attempt_boundary")
+    if not boundaries.is_empty():
+        return str(boundaries["source"].mode().sort()[0])
+    sources = set(logs.errors["source"].unique().to_list())
+    return "finelog.log" if "finelog.log" in sources else None
+
+
+def _can_end_an_attempt() -> pl.Expr:
+    """A row that may be an attempt's failure: a hard or configuration catalogue entry, an
+    uncatalogued traceback or final exception line, or (rows the parser did not annotate: an
+    older freeze, a hand-built table) an older hard kind. Benign and transient rows never are."""
+    catalogued = pl.col("failure_class").is_in(FAILURE_CLASSES)
+    unknown = pl.col("entry").is_null() & pl.col("kind").is_in(UNCATALOGUED_FAILURE_KINDS)
+    legacy = pl.col("signature").is_null() & pl.col("kind").is_in(HARD_ERROR_KINDS)
+    return (catalogued | unknown | legacy).fill_null(value=False)
+
+
+def _after_the_last_advancement(logs: LogTables, rows: pl.DataFrame) -> pl.DataFrame:
+    """The rows logged after their attempt's last timer or train metric line (same file): a
+    failure the attempt trained past (a trial's verifier traceback, an error caught and logged)
+    did not end it."""
+    moved = pl.concat(
+        [frame.select("attempt", "source", "line") for frame in (logs.timers, logs.metrics)]
+    )
+    last = moved.group_by("attempt", "source").agg(_last=pl.col("line").max())
+    joined = rows.join(last, on=["attempt", "source"], how="left", maintain_order="left")
+    return joined.filter(pl.col("_last").is_null() | (pl.col("line") > pl.col("_last")))
+
+
+def attempt_failures(logs: LogTables) -> pl.DataFrame:
+    """One ERRORS row per attempt of the attempt source: the failure that ended it. Among the rows
+    that may end an attempt (`_can_end_an_attempt`) and come after its last advancement, the
+    first (by line) whose signature is specific, else the first (a generic exit record or banner,
+    never a signature on its own): a Hydra banner before the real exception, or torchrun's exit
+    record after it, does not hide it. Vectorised: one join and one sort over the few rows."""
+    errors = logs.errors
+    if errors.is_empty():
+        return _no_failures()
+    source = attempt_source(logs)
+    rows = errors.filter(_can_end_an_attempt())
+    if source is not None:
+        rows = rows.filter(pl.col("source") == source)
+    rows = _after_the_last_advancement(logs, rows)
+    ranked = rows.with_columns(_rank=(~pl.col("specific").fill_null(value=False)).cast(pl.Int8))
+    first = ranked.sort("attempt", "_rank", "line").unique("attempt", keep="first")
+    return first.sort("attempt").drop("_rank", "_last")
+
+
+def row_signature(row: dict[str, Any]) -> str | None:
+    """The signature of a failure row as a report may show it: the parser's signature of the
+    row's message with credentials redacted *first* (normalising replaces the digits inside a
+    token, which would hide it from the redaction). Equal to the row's `signature` when the line
+    holds no credential; a row the parser did not sign (an older freeze) has none."""
+    if row.get("signature") is None:
+        return None
+    message = redact_text(str(row.get("message") or ""))
+    return failures.signature(row.get("exc_type"), message, message) or row.get("signature")
+
+
+def _no_failures() -> pl.DataFrame:
+    return pl.DataFrame(schema=ERRORS)
+
+
 # --- the whole -----------------------------------------------------------------------------------
 
 
@@ -361,4 +451,5 @@ def derive(evidence: Evidence) -> Facts:
         clock_note=_clock_note(logs.summary.clock) if logs is not None else None,
         probe_failures=_probe_failures(evidence.probes),
         identity=_identity(evidence),
+        attempt_failures=attempt_failures(logs) if logs is not None else _no_failures(),
     )

@@ -161,6 +161,7 @@ ERRORS: Final[dict[str, pl.DataType]] = {
     "exc_type": pl.String(),  # last dotted name of the exception (a Ray wrapper's inner type)
     "message": pl.String(),  # the exception's message, or the line without its prefixes
     "component": pl.String(),  # policy | engine | driver | sandbox | controller | configuration
+    "prefix": pl.String(),  # the first line's process prefixes `(Name pid=N, ip=X)`: who logged it
     "last_line": pl.Int64(),
     "entry": pl.String(),  # the catalogue entry id, null when none matched
     "failure_class": pl.String(),  # hard | transient | benign | configuration; null: uncatalogued

@@ -22,21 +22,29 @@ never count; the parser has judged each line by its Iris prefix time when its ow
    `finished_at`, else when the state was observed).
 3. PASS when the newest global step reached the PROGRESS total (max_steps): the run is complete
    and its tail errors are noise.
+3b. FAIL hard (proof `config_failure`, `worker.gates.configuration`) when a configuration-class
+   failure ended every attempt and the newest is over (a failed job, or silence past the
+   threshold); the handoff comes from the catalogue entry.
 4. Terminal states: succeeded PASS ("job completed"); killed and unschedulable FAIL; failed /
    worker_failed FAIL, with hard_failure (proof `terminal_failure`) only when both the controller's
-   error and a hard error line of the newest attempt are quoted (a `Could not override` line adds
-   a configuration handoff).
+   error and the newest attempt's failure row (`Facts.attempt_failures`) are quoted (a
+   configuration-class failure adds the catalogue's handoff).
 5. ERROR when the controller says running but the manifest's `pod_logs` says no pod (a waiting
    status or 0 pods) and the job was submitted more than STALL_FLOOR_S ago.
 6. pending / building / assigned: PASS initialising within INIT_GRACE_S of submission, else FAIL
    (not scheduled; not a hard failure).
 7. ERROR without a trainer log. PASS with initializing=True while the newest attempt has finished
-   no step and is within INIT_GRACE_S of its start (flip: no `Finished: 'step'` by the deadline).
+   no step and is within INIT_GRACE_S of its start (flip: no `Finished: 'step'` by the deadline),
+   unless a logged death (below) is established first.
 8. PASS when quiet <= threshold. When the quiet time exceeds it:
    - ERROR when the finelog class is stale in the bundle (the quiet time cannot be judged);
    - FAIL hard (proof `process_death`) when, after the newest advancement, an
-     `actor_died`/`worker_crashed` line or an NCCL watchdog timeout followed by a death line
-     (traceback, actor death, train loop failed) is logged (a lone watchdog line proves nothing);
+     `actor_died`/`worker_crashed` line not of an engine, or an NCCL watchdog timeout followed by
+     a death line (traceback, actor death, train loop failed) is logged (a lone watchdog line
+     proves nothing);
+   - FAIL hard (proof `logged_death`, `worker.gates.deaths`) when a death line of the trainer or
+     of every inference engine was logged after the newest advancement and the silence since that
+     line exceeds the threshold (one engine of several is no proof);
    - ERROR when a py-spy probe failed (quoting the command and its exit): the stacks cannot cover
      every process;
    - FAIL hard (proof `stall_stacks`) when two live dumps of each process prove a stall
@@ -66,7 +74,7 @@ from worker.evidence.facts import CLOCK_TOLERANCE_S, LOG_LINE, PHASE, STEP, TRIA
 from worker.evidence.jobstate import JobState
 from worker.evidence.model import ArtifactState, Evidence, LogTables
 from worker.evidence.quotes import quote, quote_rows
-from worker.evidence.schema import HARD_ERROR_KINDS
+from worker.gates import configuration, deaths
 from worker.gates.base import error, passed
 from worker.gates.progress import initialization, minute_utc, newest_attempt, started_at
 from worker.gates.rules import rule
@@ -79,7 +87,6 @@ STILL_QUIET_FACTOR = 2.0
 stacks alone do not show a wedge, so the silence must be well past what the run's cadence allows."""
 _DEATH_KINDS = ("actor_died", "worker_crashed")
 _AFTER_WATCHDOG = ("actor_died", "worker_crashed", "traceback", "train_loop_failed")
-_HARD_KINDS = HARD_ERROR_KINDS
 STACKS_NEEDED = "py-spy stacks captured while the job exists"
 
 
@@ -370,19 +377,20 @@ def _complete(ctx: Context) -> GateResult | None:
     )
 
 
-def _newest_hard_error(ctx: Context) -> pl.DataFrame:
-    if ctx.logs is None:
-        return pl.DataFrame()
-    attempt = newest_attempt(ctx.logs)
-    errors = ctx.logs.errors.filter(
-        (pl.col("attempt") == attempt) & pl.col("kind").is_in(_HARD_KINDS)
-    )
-    return errors.sort("line").head(1)
+def _newest_failure(ctx: Context) -> pl.DataFrame:
+    """The failure of the newest attempt (`Facts.attempt_failures`), as a one-row frame."""
+    facts = ctx.evidence.facts
+    return facts.attempt_failures.filter(pl.col("attempt") == facts.newest_attempt)
 
 
 def _config_handoff(row: pl.DataFrame, quotes: tuple[Quote, ...]) -> Handoff | None:
-    if row.is_empty() or row["kind"][0] != "config_override":
+    """The catalogue's handoff for a configuration-class failure; an override error the parser
+    did not annotate (an older freeze) gets the Hydra one."""
+    if row.is_empty():
         return None
+    found = configuration.config_handoff(row.row(0, named=True), quotes)
+    if found is not None or row["kind"][0] != "config_override":
+        return found
     text = str(row["text"][0])
     return Handoff(
         evidence=quotes,
@@ -391,6 +399,14 @@ def _config_handoff(row: pl.DataFrame, quotes: tuple[Quote, ...]) -> Handoff | N
         proposed_behavior="drop or rename the key, or add it to the config schema",
         test="compose the launched overrides with the config schema and assert it parses",
     )
+
+
+def _configuration(ctx: Context) -> GateResult | None:
+    """`configuration.config_failure` with the run's stall limit (a registered rule there)."""
+    if ctx.logs is None or ctx.controller.state is None:
+        return None
+    limit = _cadence(ctx.evidence, ctx.logs).threshold_s
+    return configuration.config_failure(ctx.evidence, limit, ctx.base_quotes())
 
 
 @rule("liveness")
@@ -402,7 +418,7 @@ def _terminal(ctx: Context) -> GateResult | None:
         return None
     if state is JobState.SUCCEEDED:
         return passed(f"job completed (state succeeded, {ctx.controller.source})")
-    log_error = _newest_hard_error(ctx)
+    log_error = _newest_failure(ctx)
     quotes = ctx.base_quotes() + quote_rows(log_error)
     probes = ctx.evidence.probes
     controller_error = probes.controller.error if probes and probes.controller else None
@@ -484,6 +500,7 @@ RULES: tuple[Rule, ...] = (
     _stale,
     _terminal_disagrees,
     _complete,
+    _configuration,
     _terminal,
     _no_pods,
     _waiting,
@@ -529,9 +546,11 @@ def _death(ctx: Context) -> pl.DataFrame:
         & (pl.col("timestamp") >= ctx.advancement.at)
         & (pl.col("timestamp") <= ctx.now)
     ).sort("line")
-    deaths = after.filter(pl.col("kind").is_in(_DEATH_KINDS))
-    if not deaths.is_empty():
-        return deaths.head(2)
+    # an engine actor's death is judged by `deaths.logged_death` (every engine, or no proof)
+    trainer = pl.col("component").fill_null("driver") != "engine"
+    dead = after.filter(pl.col("kind").is_in(_DEATH_KINDS) & trainer)
+    if not dead.is_empty():
+        return dead.head(2)
     watchdog = after.filter(pl.col("kind") == "nccl_watchdog_timeout").head(1)
     if watchdog.is_empty():
         return watchdog
@@ -570,6 +589,12 @@ def _dead(ctx: Context, quiet: str) -> GateResult | None:
         next_action="Supervisor: kill the job; its trainer died and it will not advance again.",
         flip_signal=_next_line_signal(ctx),
     )
+
+
+def _logged_death(ctx: Context, cadence: Cadence) -> GateResult | None:
+    """`deaths.logged_death` with the run's stall limit (a registered rule there)."""
+    limit = _limit_text(ctx, cadence)
+    return deaths.logged_death(ctx.evidence, cadence.threshold_s, limit, ctx.base_quotes())
 
 
 def _dump_window(ctx: Context) -> DumpWindow:
@@ -739,7 +764,7 @@ def _quiet_verdict(ctx: Context, quiet_s: float, cadence: Cadence) -> GateResult
             missing=("a fresh finelog sync",),
             evidence=ctx.base_quotes(),
         )
-    dead = _dead(ctx, quiet)
+    dead = _dead(ctx, quiet) or _logged_death(ctx, cadence)
     if dead is not None:
         return dead
     failed = _probe_failed(ctx, quiet, limit)
@@ -767,6 +792,11 @@ def _judge_quiet(ctx: Context) -> GateResult:
             evidence=ctx.base_quotes(),
         )
     early = _initialising(ctx)
+    if early is not None or ctx.advancement is None:
+        # a logged death is not initialisation: the death line establishes it
+        death = _logged_death(ctx, _cadence(ctx.evidence, ctx.logs))
+        if death is not None:
+            return death
     if early is not None:
         return early
     if ctx.advancement is None:

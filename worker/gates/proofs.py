@@ -16,6 +16,7 @@ from typing import Final
 
 from shared.models import KillProof, RestartsResult
 from worker.evidence.facts import CLOCK_TOLERANCE_S, PHASE, STEP
+from worker.evidence.jobstate import JobState
 from worker.evidence.model import Evidence
 from worker.gates.restarts import is_specific_signature
 
@@ -69,6 +70,42 @@ def _death_after_progress(proof: KillProof, evidence: Evidence) -> str | None:
     return None
 
 
+def _log_quoted(proof: KillProof) -> bool:
+    return any(q.line is not None and not _is_stack(q.source) for q in proof.evidence)
+
+
+def _death_line(proof: KillProof, evidence: Evidence) -> str | None:
+    """The death line is quoted, nothing advanced after it, and at least STALL_FLOOR_S of silence
+    has passed since (the gate used the run's own limit, never less than the floor)."""
+    if not _log_quoted(proof):
+        return "no death line of a log is quoted"
+    advanced = _death_after_progress(proof, evidence)
+    if advanced is not None:
+        return advanced
+    silent = (evidence.now - proof.established_at).total_seconds()
+    floor = evidence.thresholds.stall_floor_s
+    if silent <= floor:
+        return f"only {silent:.0f}s of silence since the death line (STALL_FLOOR_S {floor:g}s)"
+    return None
+
+
+def _configuration_over(proof: KillProof, evidence: Evidence) -> str | None:
+    """A failure row is quoted, the job did not succeed, nothing advanced after the newest
+    attempt's failure, and the attempt is over: a failed job, or STALL_FLOOR_S of silence."""
+    state = evidence.facts.state
+    if not _log_quoted(proof):
+        return "no configuration failure line is quoted"
+    if state is None or state is JobState.SUCCEEDED:
+        return f"the job state is {state or 'unknown'}"
+    advanced = _death_after_progress(proof, evidence)
+    if advanced is not None:
+        return advanced
+    silent = (evidence.now - proof.established_at).total_seconds()
+    if not state.failure and silent <= evidence.thresholds.stall_floor_s:
+        return f"the newest attempt may still run ({state}, {silent:.0f}s since its failure)"
+    return None
+
+
 def _terminal(proof: KillProof, evidence: Evidence) -> str | None:
     """The job is in a failed terminal state."""
     state = evidence.facts.state
@@ -85,6 +122,11 @@ RULES: Final = (
               "finished trial", _stacks_live),
     ProofRule("process_death", "liveness", False, "a death line after the newest advancement, "
               "silence past the stall limit since", _death_after_progress),
+    ProofRule("logged_death", "liveness", False, "a death line of the trainer or of every "
+              "inference engine after the newest advancement, silence past the stall limit "
+              "since", _death_line),
+    ProofRule("config_failure", "liveness", False, "a configuration-class failure (catalogue) "
+              "that ended every attempt, the newest over", _configuration_over),
     ProofRule("terminal_failure", "liveness", False, "a failed job whose controller error and "
               "log error line are both quoted", _terminal),
     ProofRule("crash_loop", "restarts", False, "one specific signature on every failed attempt, "

@@ -21,7 +21,6 @@ import time
 from collections.abc import Callable
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Final
 
 from shared.settings import Settings
 from worker.backends import (
@@ -33,13 +32,18 @@ from worker.backends import (
     run_refresh,
 )
 from worker.backends.base import ProbePlan, Recorder, Runner, probe_job
+from worker.evidence.jobstate import JobState
 from worker.evidence.model import Evidence
 from worker.evidence.probes import write_probes
 from worker.pipeline.metrics import probes_ran
 
 __all__ = ["capture_live", "needs_live_probes", "quiet_reason", "stale_reason"]
 
-TERMINAL: Final = frozenset({"succeeded", "failed", "killed", "worker_failed"})
+
+def _terminal(state: str | None) -> bool:
+    """The one job-state enum decides (`worker.evidence.jobstate`), whatever form the state has."""
+    parsed = JobState.parse(state)
+    return parsed is not None and parsed.terminal
 
 
 def _now() -> datetime:
@@ -61,7 +65,7 @@ def stale_reason(evidence: Evidence) -> str | None:
 
 def quiet_reason(evidence: Evidence) -> str | None:
     """Why live stacks are needed: the trainer log is quiet beyond STALL_FLOOR_S, job not over."""
-    if evidence.bundle.state in TERMINAL or evidence.logs is None:
+    if _terminal(evidence.bundle.state) or evidence.logs is None:
         return None
     last = evidence.logs.summary.last_timestamp
     floor = evidence.thresholds.stall_floor_s
@@ -88,13 +92,13 @@ def _missing_reasons(evidence: Evidence) -> list[str]:
 def _contradiction(evidence: Evidence) -> str | None:
     bundle = evidence.bundle
     last = evidence.logs.summary.last_timestamp if evidence.logs else None
-    if bundle.state in TERMINAL and bundle.finished_at and last and last > bundle.finished_at:
+    if _terminal(bundle.state) and bundle.finished_at and last and last > bundle.finished_at:
         finished, advanced = bundle.finished_at.isoformat(), last.isoformat()
         return (
             f"contradictory: controller state {bundle.state} (finished {finished}) but the log "
             f"advanced at {advanced}"
         )
-    if bundle.state not in TERMINAL and bundle.state and bundle.finished_at:
+    if not _terminal(bundle.state) and bundle.state and bundle.finished_at:
         return f"contradictory: controller state {bundle.state} but a finished_at is recorded"
     return None
 
