@@ -1,4 +1,4 @@
-# The worker / ingest / flower image of rl-job-health.
+# The worker / ingest / flower / board image of rl-job-health.
 FROM python:3.11-slim
 
 ENV PYTHONDONTWRITEBYTECODE=1 PYTHONUNBUFFERED=1 PIP_NO_CACHE_DIR=1

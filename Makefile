@@ -7,6 +7,7 @@ STAMP := $(VENV)/.installed
 DEMO_BUNDLE := examples/jobs/cw-rno2a/ops/rl-gsm8k-stalled
 DEMO_PROBES := examples/probes/rl-gsm8k-stalled
 DEMO_NOW := 2026-07-30T19:17:00Z
+DEMO_OUT := build/demo
 
 .PHONY: demo test lint typecheck unit system-deps venv bench clean drills
 
@@ -18,19 +19,25 @@ $(STAMP): pyproject.toml
 
 venv: $(STAMP)
 
-## Install the system services the tests use (redis-server, docker-compose) when they are missing.
+## Install the system services the tests use (redis-server, docker-compose, and Debian's chromium
+## for the browser tests, driven through Playwright with executable_path, never its own download)
+## when they are missing.
 system-deps:
 	@missing=""; \
 	command -v redis-server >/dev/null 2>&1 || missing="$$missing redis-server"; \
 	command -v docker-compose >/dev/null 2>&1 || missing="$$missing docker-compose"; \
+	command -v chromium >/dev/null 2>&1 || missing="$$missing chromium"; \
 	if [ -n "$$missing" ]; then \
 	  echo "installing:$$missing"; \
 	  export DEBIAN_FRONTEND=noninteractive; \
 	  apt-get update -qq && apt-get install -y -qq --no-install-recommends $$missing >/dev/null; \
 	fi
 
+## Prints the text report; writes it with the JSON and the HTML report (plots) under $(DEMO_OUT).
 demo: $(STAMP)
-	$(BIN)/rl-health diagnose $(DEMO_BUNDLE) --probes $(DEMO_PROBES) --now $(DEMO_NOW)
+	$(BIN)/rl-health diagnose $(DEMO_BUNDLE) --probes $(DEMO_PROBES) --now $(DEMO_NOW) \
+	  --out $(DEMO_OUT)
+	@echo "HTML report: $(abspath $(DEMO_OUT))/report.html"
 
 lint: $(STAMP)
 	$(BIN)/ruff check shared worker reports tests bench

@@ -1,19 +1,23 @@
 """Where a finished report goes: a local folder, S3 (write-once), and the verdict stream.
 
 The order is the contract's: the report is in S3 before its verdict entry is announced, so every
-`report_uri` a supervisor reads can be fetched.
+`report_uri` a supervisor reads can be fetched. Both renderings are bounded and redacted
+(`reports.bounds`); the verdict entry's job id is cleaned, and S3 key segments made from bundle
+values keep only `[A-Za-z0-9._-]`.
 """
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Final
 
 from reports.json_report import render_json
 from reports.local import write_local
 from reports.text import render_text
 from shared.models import Report, VerdictEntry, iso_utc
+from shared.redact import clean, cut_bytes
 
 if TYPE_CHECKING:
     from worker.pipeline.coalesce import Coalescer
@@ -21,9 +25,12 @@ if TYPE_CHECKING:
 
 __all__ = ["LocalFolderSink", "S3ReportSink", "StoredReport", "VerdictStreamSink", "report_key"]
 
+_UNSAFE_KEY: Final = re.compile(r"[^A-Za-z0-9._-]+")
+
 
 def _segment(value: str | None, fallback: str) -> str:
-    text = (value or "").strip("/").replace("/", "_")
+    """One key segment from a bundle value: only `[A-Za-z0-9._-]`, never `.` or `..` alone."""
+    text = _UNSAFE_KEY.sub("_", (value or "").strip("/"))[:128].lstrip(".")
     return text or fallback
 
 
@@ -83,7 +90,7 @@ class VerdictStreamSink:
         return VerdictEntry(
             event_id=lead,
             event_ids=report.event_ids or (lead,),
-            job_id=report.job_id,
+            job_id=cut_bytes(clean(report.job_id), 512),  # it comes from the bundle: data
             verdict=report.verdict,
             confidence=report.confidence,
             report_uri=stored.uri,

@@ -18,15 +18,22 @@ REASONING: ...
 NEXT ACTION: ...
 FLIP SIGNAL: ...
 ```
-Further quotes for a gate follow its line, indented by two spaces; the DYNAMICS line is followed by
-its metric window and phase table, indented the same way. A handoff follows NEXT ACTION, indented;
+Further quotes for a gate follow its line, indented by two spaces; then its detail lines and its
+tables (the DYNAMICS metric window and phase table, laid out by `reports.tables`), indented the
+same way. A handoff follows NEXT ACTION, indented;
 discrepancies, when there are any, close the report.
+
+Every value is rendered from `reports.bounds.bounded(report)`: redacted, control characters
+escaped (no evidence value can forge a line), lists capped with `… and N more`, the whole report
+under `MAX_REPORT_BYTES`.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable
 
+from reports.bounds import OMITTED_SOURCE, bounded_rendering
+from reports.tables import format_table
 from shared.models import GateName, GateResult, GateStatus, Handoff, Quote, Report, iso_utc
 
 __all__ = ["format_quote", "render_text"]
@@ -43,6 +50,8 @@ _LABELS: dict[GateName, str] = {
 
 def format_quote(quote: Quote) -> str:
     """`"text" (source:line, timestamp)`, omitting what is unknown."""
+    if quote.source == OMITTED_SOURCE:  # the "… and N more" entry of a capped list
+        return quote.text
     where = quote.source if quote.line is None else f"{quote.source}:{quote.line}"
     stamp = iso_utc(quote.timestamp)
     origin = f"{where}, {stamp}" if stamp else where
@@ -61,6 +70,7 @@ def _gate_lines(name: GateName, gate: GateResult) -> list[str]:
         return [f"{_LABELS[name]}N/A — {gate.summary}"]
     lines = _with_quotes(f"{_LABELS[name]}{gate.status.value} — {gate.summary}", gate.evidence)
     lines.extend(INDENT + detail for detail in gate.details)
+    lines.extend(INDENT + row for table in gate.tables for row in format_table(table))
     return lines
 
 
@@ -90,6 +100,7 @@ def _discrepancy_lines(items: Iterable[str]) -> list[str]:
     return ["", "DISCREPANCIES:", *(f"{INDENT}- {item}" for item in items)]
 
 
+@bounded_rendering  # every value cleaned, every list capped, the whole under a byte ceiling
 def render_text(report: Report) -> str:
     """The full text report, ending with a newline."""
     lines = [

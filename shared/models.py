@@ -6,6 +6,7 @@ boundary, and the rest of the code trusts the types.
 
 from __future__ import annotations
 
+import math
 from datetime import UTC, datetime
 from enum import StrEnum
 from typing import Annotated, Any
@@ -17,7 +18,10 @@ from pydantic import (
     Field,
     field_serializer,
     field_validator,
+    model_validator,
 )
+
+from shared.redact import clean_cut
 
 __all__ = [
     "Confidence",
@@ -26,10 +30,12 @@ __all__ = [
     "GateResult",
     "GateStatus",
     "Handoff",
+    "KillProof",
     "Mode",
     "Quote",
     "Report",
     "RestartsResult",
+    "Table",
     "UtcDatetime",
     "Verdict",
     "VerdictEntry",
@@ -93,13 +99,26 @@ class GateName(StrEnum):
     DUTY_CYCLE = "duty_cycle"
 
 
+QUOTE_MAX_BYTES = 1024  # a hard ceiling; `worker.evidence.quotes.quote` cuts shorter
+SOURCE_MAX_BYTES = 512
+
+
+def _quoted_text(value: str) -> str:
+    """Every quote is redacted, escaped and cut by bytes wherever it is made (docs/security.md)."""
+    return clean_cut(value, QUOTE_MAX_BYTES)
+
+
+def _quoted_source(value: str) -> str:
+    return clean_cut(value, SOURCE_MAX_BYTES)
+
+
 class Quote(Frozen):
     """One piece of quoted evidence: where it came from and what it said."""
 
-    source: str
+    source: Annotated[str, AfterValidator(_quoted_source)]
     line: int | None = None
     timestamp: UtcDatetime | None = None
-    text: str
+    text: Annotated[str, AfterValidator(_quoted_text)]
 
     @field_serializer("timestamp")
     def _ts(self, value: datetime | None) -> str | None:
@@ -116,30 +135,96 @@ class Handoff(Frozen):
     test: str
 
 
+class KillProof(Frozen):
+    """Why a KILL stands: the rule that established the hard failure, the mechanism in a few words,
+    when it was established, and the quotes that prove it (CONTRACT.md `kill_proof`)."""
+
+    rule: str = Field(min_length=1)
+    mechanism: str = Field(min_length=1)
+    established_at: UtcDatetime
+    evidence: tuple[Quote, ...] = Field(min_length=1)
+
+    def contract_dict(self) -> dict[str, Any]:
+        return {
+            "rule": self.rule,
+            "mechanism": self.mechanism,
+            "established_at": iso_utc(self.established_at),
+            "evidence": [q.model_dump(mode="json") for q in self.evidence],
+        }
+
+
+Cell = float | int | str | None
+
+
+class Table(Frozen):
+    """A table a gate reports as data; `reports/` lays it out (widths, number format, units)."""
+
+    title: str
+    columns: tuple[str, ...]
+    rows: tuple[tuple[Cell, ...], ...] = ()
+    units: tuple[str, ...] = ()  # a suffix per column ("" for none), e.g. "×"
+
+    def contract_dict(self) -> dict[str, Any]:
+        """Title, columns, units and rows; NaN and infinities as strings (strict JSON)."""
+        return {
+            "title": self.title,
+            "columns": list(self.columns),
+            "units": list(self.units),
+            "rows": [[_json_cell(c) for c in r] for r in self.rows],
+        }
+
+
+def _json_cell(value: Cell) -> Cell:
+    if isinstance(value, float) and not math.isfinite(value):
+        return "NaN" if math.isnan(value) else ("inf" if value > 0 else "-inf")
+    return value
+
+
 class GateResult(Frozen):
     """What one gate concluded.
 
     `status`, `summary` and `evidence` are the contract (CONTRACT.md `G`). The remaining fields are
-    what the verdict rules need to join gates: whether a hard failure is established, whether the
-    job is still initialising, what evidence is missing, and the mechanism, flip signal and handoff
-    a FAIL proposes.
+    what the verdict rules need to join gates: whether a hard failure is established (with the
+    proof the verdict checks), whether the job is still initialising, which required inputs are
+    missing (`missing`, load-bearing: the gate cannot PASS) and which are not (`gaps`: they lower
+    the confidence), and the mechanism (`kind` names it for agreement between gates), flip signal
+    and handoff a FAIL proposes. `tables` are rendered by `reports/`.
+
+    Invariants: a PASS carries no hard failure and no missing required input; a hard failure is a
+    FAIL with a proof; only a FAIL carries a proof.
     """
 
     status: GateStatus
     summary: str
     evidence: tuple[Quote, ...] = ()
     details: tuple[str, ...] = ()
+    tables: tuple[Table, ...] = ()
     hard_failure: bool = False
     learning_quality: bool = False
     initializing: bool = False
     missing: tuple[str, ...] = ()
+    gaps: tuple[str, ...] = ()
     mechanism: str | None = None
+    kind: str | None = None
+    proof: KillProof | None = None
     next_action: str | None = None
     flip_signal: str | None = None
     handoff: Handoff | None = None
 
+    @model_validator(mode="after")
+    def _coherent(self) -> GateResult:
+        if self.status is GateStatus.PASS and self.hard_failure:
+            raise ValueError("a PASS cannot carry a hard failure")
+        if self.status is GateStatus.PASS and self.missing:
+            raise ValueError(f"a PASS cannot miss required inputs: {', '.join(self.missing)}")
+        if self.hard_failure and (self.status is not GateStatus.FAIL or self.proof is None):
+            raise ValueError("a hard failure is a FAIL with a proof")
+        if self.proof is not None and self.status is not GateStatus.FAIL:
+            raise ValueError("only a FAIL carries a proof")
+        return self
+
     def contract_dict(self) -> dict[str, Any]:
-        """The JSON shape of CONTRACT.md, plus the detail lines when there are any."""
+        """The JSON shape of CONTRACT.md, plus the detail lines and tables when there are any."""
         body: dict[str, Any] = {
             "status": self.status.value,
             "summary": self.summary,
@@ -147,6 +232,8 @@ class GateResult(Frozen):
         }
         if self.details:
             body["details"] = list(self.details)
+        if self.tables:
+            body["tables"] = [t.contract_dict() for t in self.tables]
         return body
 
 
@@ -191,6 +278,13 @@ class Report(Frozen):
     flip_signal: str
     handoff: Handoff | None = None
     discrepancies: tuple[str, ...] = ()
+    kill_proof: KillProof | None = None
+
+    @model_validator(mode="after")
+    def _proof_with_kill(self) -> Report:
+        if (self.verdict is Verdict.KILL) != (self.kill_proof is not None):
+            raise ValueError("kill_proof is present exactly when the verdict is KILL")
+        return self
 
     def contract_dict(self) -> dict[str, Any]:
         """The JSON report, keys in the order CONTRACT.md lists them."""
@@ -210,6 +304,7 @@ class Report(Frozen):
             "flip_signal": self.flip_signal,
             "handoff": self.handoff.model_dump(mode="json") if self.handoff else None,
             "discrepancies": list(self.discrepancies),
+            "kill_proof": self.kill_proof.contract_dict() if self.kill_proof else None,
         }
 
 

@@ -33,6 +33,10 @@ class Thresholds(BaseSettings):
     stall_factor: float = Field(4, gt=0)
     init_grace_s: float = Field(2700, ge=0)
     min_window_steps: int = Field(10, ge=1)
+    # Divergence needs NaN/inf through this many newest steps: one spike (a skipped optimizer step,
+    # one bad batch) is followed by finite steps, while NaN weights make every later step
+    # non-finite. Three rules out a lone spike and a loss-scale back-off of one or two steps.
+    non_finite_persist_steps: int = Field(3, ge=1)
     kv_floor_pct: float = Field(2, ge=0)
     kv_busy_pct: float = Field(10, ge=0)
     buffer_wait_share: float = Field(0.05, ge=0)
@@ -77,6 +81,11 @@ class Settings(BaseSettings):
     iris_command: str = "iris"  # the iris CLI as shell words, e.g. "uv run iris"
     kube_context: str | None = None
     refresh_command: str | None = None
+    # Connections and tools come from these settings only, never from a bundle (docs/security.md)
+    kubeconfig: Path | None = None
+    kube_namespace: str | None = None
+    clusters: str | None = None  # JSON or TOML map cluster -> connection, or a .json/.toml path
+    tool_path: str | None = None  # where cluster tools are resolved at start-up (default: PATH)
     probe_timeout_s: float = Field(60, gt=0)
     probe_interval_s: float = Field(5, gt=0)  # between the two py-spy dumps of one process
     probe_process_match: str | None = None  # regex picking the trainer's processes for py-spy

@@ -12,10 +12,11 @@ from shared.models import GateName, GateResult, Mode, Report, RestartsResult
 from shared.settings import Thresholds, load_thresholds
 from worker.evidence.bundle import bundle_discrepancies, read_bundle
 from worker.evidence.logs import parse_job_logs
+from worker.evidence.logs.job import Progress
 from worker.evidence.model import BundleInfo, Evidence, ProbeEvidence
 from worker.evidence.paths import BundleFiles
 from worker.evidence.probes import read_probes
-from worker.evidence.trials import read_trials
+from worker.evidence.trials import missing_trials, read_trials
 from worker.gates.base import guarded
 from worker.gates.registry import GATES, check_restarts
 from worker.mode import declare_mode
@@ -54,21 +55,27 @@ def collect_evidence(
     thresholds: Thresholds | None = None,
     evidence_label: str | None = None,
     notes: Sequence[str] = (),
+    progress: Progress | None = None,
 ) -> Evidence:
-    """Read everything the gates judge from a job directory (and a probe directory)."""
+    """Read everything the gates judge from a job directory (and a probe directory); `progress`
+    is told about each log file before it is read."""
     moment = (now or datetime.now(UTC)).astimezone(UTC)
     limits = thresholds or load_thresholds()
     files = BundleFiles(job_dir)
     bundle = read_bundle(job_dir, moment, limits, files)
-    logs = parse_job_logs(job_dir, reference_date=_reference_date(bundle, job_dir), files=files)
+    reference = _reference_date(bundle, job_dir)
+    logs = parse_job_logs(job_dir, reference_date=reference, files=files, progress=progress)
     trials = read_trials(job_dir, files=files)
     probes = read_probes(probes_dir) if probes_dir is not None else None
-    extra = [*(trials.unreadable if trials is not None else ()), *notes]
+    declared = declare_mode(mode, bundle.entrypoint)
+    missing = missing_trials(trials, agentic=declared.mode is Mode.AGENTIC)
+    extra = [*(trials.unreadable if trials is not None else ()), *([missing] if missing else [])]
+    extra += notes
     return Evidence(
         job_dir=evidence_label or str(job_dir),
         now=moment,
         thresholds=limits,
-        mode=declare_mode(mode, bundle.entrypoint),
+        mode=declared,
         bundle=bundle,
         logs=logs,
         trials=trials,

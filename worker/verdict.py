@@ -1,22 +1,30 @@
-"""The seed's verdict rules, ordered by the precedence rule of DOMAIN.md section 6.
+"""The seed's verdict rules, ordered by the precedence rule of DOMAIN.md section 6. A KILL is a
+proof the verdict checks; a blind spot is an ERROR.
 
-1. Hard failure: a FAIL that establishes a hard failure with quoted evidence (the same crash on
-   every attempt, a configuration that cannot parse, NaN weights, a stall proven by live stacks)
-   gives KILL even when other gates lack evidence; those gaps are listed and lower the confidence.
-2. Otherwise a core gate (liveness, resources, rollouts, dynamics) that lacks evidence or whose
-   sources disagree gives ERROR. Missing evidence is never a conservative NO-KILL.
-3. A learning-quality FAIL gives KILL only with the minimum window (the gate's job), a named
-   mechanism, trainer and trial agreement where both exist, and no sign of recovery. A plateau alone
-   never kills (the dynamics gate passes it). Without agreement the sources disagree: ERROR.
-4. Other FAILs (a pipeline bubble, sandbox churn, starved engines) are inefficiencies, not death:
-   NO-KILL with the handoff and the gate's flip signal.
-5. Everything passes: NO-KILL; low confidence while the job is still initialising.
+0. Sources that disagree about which job this is (manifest vs directory vs probes) give ERROR.
+1. Hard failure: a FAIL (or a doomed restarts result) whose proof passes `proofs.validate` gives
+   KILL even when other gates lack evidence; those gaps are listed and lower the confidence. A
+   hard FAIL whose proof does not pass becomes an ERROR of its gate, with the reason; an invalid
+   crash-loop proof is dropped with the reason and the other rules decide (it may be NO-KILL).
+2. Otherwise a core gate (liveness, resources, rollouts, dynamics) that is ERROR (evidence missing,
+   a needed probe failed, sources disagree) gives ERROR. Missing evidence is never a conservative
+   NO-KILL.
+3. A learning-quality FAIL gives KILL only with a valid proof (the gate held it over the window
+   and found no recovery for that mechanism), a named mechanism, and in agentic runs the trials
+   failing on the same mechanism (`GateResult.kind`). Without agreement the sources disagree:
+   ERROR. A plateau alone never kills (the dynamics gate passes it).
+4. Other FAILs (a pipeline bubble, sandbox churn, starved engines, a survived OOM) are
+   inefficiencies, not death: NO-KILL with the handoff and the gate's flip signal.
+5. Everything passes: NO-KILL; low confidence while the job is still initialising; medium when
+   inputs that are not load-bearing are missing (`GateResult.gaps`, a failed probe, a discrepancy).
+
+Every KILL carries its `kill_proof` in the report (CONTRACT.md).
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 
 from shared.models import (
     Confidence,
@@ -24,12 +32,16 @@ from shared.models import (
     GateResult,
     GateStatus,
     Handoff,
+    KillProof,
     Mode,
     Report,
     RestartsResult,
     Verdict,
+    iso_utc,
 )
 from worker.evidence.model import Evidence
+from worker.gates.base import error
+from worker.gates.proofs import PROOF_RULES, crash_loop_check, restarts_proof, validate
 from worker.retention import retention_note
 
 __all__ = ["CORE_GATES", "Decision", "decide"]
@@ -41,6 +53,8 @@ CORE_GATES: tuple[GateName, ...] = (
     GateName.DYNAMICS,
 )
 
+Gates = Mapping[GateName, GateResult]
+
 
 @dataclass(frozen=True)
 class Decision:
@@ -50,13 +64,30 @@ class Decision:
     next_action: str
     flip_signal: str
     handoff: Handoff | None = None
+    proof: KillProof | None = None
+
+
+@dataclass(frozen=True)
+class Judging:
+    """What the rules read: the evidence, the gates (invalid proofs already demoted), the restarts
+    result, the reasons proofs were refused, and the inputs missing without being load-bearing."""
+
+    evidence: Evidence
+    restarts: RestartsResult
+    gates: Gates
+    refused: tuple[str, ...] = ()
+    soft_gaps: tuple[str, ...] = field(default=())
+
+    @property
+    def mode(self) -> Mode:
+        return self.evidence.mode.mode
 
 
 def _label(name: GateName) -> str:
     return name.value.replace("_", " ")
 
 
-def _failing(gates: Mapping[GateName, GateResult], **flags: bool) -> list[GateName]:
+def _failing(gates: Gates, **flags: bool) -> list[GateName]:
     return [
         name
         for name, gate in gates.items()
@@ -65,120 +96,201 @@ def _failing(gates: Mapping[GateName, GateResult], **flags: bool) -> list[GateNa
     ]
 
 
-def _gaps(gates: Mapping[GateName, GateResult], mode: Mode) -> list[GateName]:
+def _gaps(gates: Gates, mode: Mode) -> list[GateName]:
     names = list(CORE_GATES)
     if mode is Mode.UNDECLARED:
         names.append(GateName.DUTY_CYCLE)
     return [name for name in names if gates[name].status is GateStatus.ERROR]
 
 
-def _gap_text(gates: Mapping[GateName, GateResult], gaps: Sequence[GateName]) -> str:
+def _gap_text(gates: Gates, gaps: Sequence[GateName]) -> str:
     return "; ".join(f"{_label(name)}: {gates[name].summary}" for name in gaps)
 
 
-def _first_handoff(
-    gates: Mapping[GateName, GateResult], names: Sequence[GateName]
-) -> Handoff | None:
+def _first_handoff(gates: Gates, names: Sequence[GateName]) -> Handoff | None:
     return next((gates[n].handoff for n in names if gates[n].handoff is not None), None)
 
 
-def _hard_kill(
-    restarts: RestartsResult, gates: Mapping[GateName, GateResult], mode: Mode
-) -> Decision | None:
-    hard = _failing(gates, hard_failure=True)
-    if not hard and not restarts.doomed:
-        return None
-    causes = [f"{_label(n)}: {gates[n].mechanism or gates[n].summary}" for n in hard]
+def _proof_text(proof: KillProof) -> str:
+    return (
+        f" Kill proof: rule `{proof.rule}` ({PROOF_RULES[proof.rule].meaning}), established "
+        f"{iso_utc(proof.established_at)}, {len(proof.evidence)} quote(s)."
+    )
+
+
+# --- proofs --------------------------------------------------------------------------------------
+
+
+def _demote(gate: GateResult, why: str) -> GateResult:
+    """A hard FAIL whose proof does not stand becomes an ERROR of its gate, saying why."""
+    return error(
+        f"{gate.summary} — not established: {why}",
+        missing=(f"a valid proof ({why})",),
+        evidence=gate.evidence,
+        details=gate.details,
+        tables=gate.tables,
+        next_action=gate.next_action,
+        flip_signal=gate.flip_signal,
+    )
+
+
+def _checked(evidence: Evidence, restarts: RestartsResult, gates: Gates) -> Judging:
+    """Validate every proposed proof; demote the gates whose proofs fail and say why."""
+    checked, refused = dict(gates), []
+    for name, gate in gates.items():
+        if gate.status is not GateStatus.FAIL or (gate.proof is None and not gate.hard_failure):
+            continue
+        why = validate(gate.proof, evidence)
+        if why is not None:
+            refused.append(f"{_label(name)} proof refused: {why}")
+            checked[name] = _demote(gate, why)
     if restarts.doomed:
-        causes.insert(0, f"restarts: {restarts.interpretation}")
-    gaps = _gaps(gates, mode)
+        why = crash_loop_check(restarts) or validate(restarts_proof(restarts, evidence), evidence)
+        if why is not None:
+            refused.append(f"restarts proof refused: {why}")
+            restarts = restarts.model_copy(update={"doomed": False})
+    return Judging(evidence, restarts, checked, tuple(refused), _soft_gaps(evidence, checked))
+
+
+def _soft_gaps(evidence: Evidence, gates: Gates) -> tuple[str, ...]:
+    """Inputs missing without being load-bearing: they lower the confidence."""
+    found = [f"{_label(n)}: {gap}" for n, g in gates.items() for gap in g.gaps]
+    found += [f"probe failed: {f.text}" for f in evidence.facts.probe_failures]
+    found += list(evidence.facts.discrepancies())
+    return tuple(dict.fromkeys(found))
+
+
+# --- the rules -----------------------------------------------------------------------------------
+
+
+def _identity(j: Judging) -> Decision | None:
+    """Sources that disagree about which job this is: nothing may be said about it."""
+    identity = j.evidence.facts.identity
+    if identity is None:
+        return None
+    return Decision(
+        verdict=Verdict.ERROR,
+        confidence=Confidence.LOW,
+        reasoning=f"Authoritative sources disagree and no rule resolves it — {identity}.",
+        next_action="Check which job the bundle and the probes belong to, then re-diagnose.",
+        flip_signal="a manifest, a directory and probes that name the same job",
+    )
+
+
+def _hard_kill(j: Judging) -> Decision | None:
+    hard = _failing(j.gates, hard_failure=True)
+    doomed = restarts_proof(j.restarts, j.evidence) if j.restarts.doomed else None
+    if not hard and doomed is None:
+        return None
+    proof = doomed or j.gates[hard[0]].proof
+    assert proof is not None
+    causes = [f"{_label(n)}: {j.gates[n].mechanism or j.gates[n].summary}" for n in hard]
+    if doomed is not None:
+        causes.insert(0, f"restarts: {j.restarts.interpretation}")
+    gaps = _gaps(j.gates, j.mode)
     reasoning = "Hard failure established with quoted evidence — " + "; ".join(causes) + "."
-    if gaps:
+    listed = [_gap_text(j.gates, gaps)] if gaps else []
+    listed += j.soft_gaps
+    if listed:
         reasoning += (
-            f" Evidence gaps (they lower confidence, not the verdict): {_gap_text(gates, gaps)}."
+            f" Evidence gaps (they lower confidence, not the verdict): {'; '.join(listed)}."
         )
-    flip = restarts.flip_signal if restarts.doomed and restarts.flip_signal else None
-    flip = flip or next((gates[n].flip_signal for n in hard if gates[n].flip_signal), None)
-    failing = [*hard, *(n for n in _failing(gates) if n not in hard)]
-    action = next((gates[n].next_action for n in failing if gates[n].next_action), None)
-    handoff = _first_handoff(gates, failing)
+    flip = j.restarts.flip_signal if doomed is not None and j.restarts.flip_signal else None
+    flip = flip or next((j.gates[n].flip_signal for n in hard if j.gates[n].flip_signal), None)
+    failing = [*hard, *(n for n in _failing(j.gates) if n not in hard)]
+    action = next((j.gates[n].next_action for n in failing if j.gates[n].next_action), None)
     return Decision(
         verdict=Verdict.KILL,
-        confidence=Confidence.MEDIUM if gaps else Confidence.HIGH,
-        reasoning=reasoning,
+        confidence=Confidence.MEDIUM if gaps or j.soft_gaps else Confidence.HIGH,
+        reasoning=reasoning + _proof_text(proof),
         next_action=action
         or "Supervisor: kill the job; relaunching unchanged repeats the failure.",
         flip_signal=flip
         or "evidence that the quoted failure is transient: a later attempt that advances past it",
-        handoff=handoff,
+        handoff=_first_handoff(j.gates, failing),
+        proof=proof,
     )
 
 
-def _error(gates: Mapping[GateName, GateResult], mode: Mode) -> Decision | None:
-    gaps = _gaps(gates, mode)
+def _error(j: Judging) -> Decision | None:
+    gaps = _gaps(j.gates, j.mode)
     if not gaps:
         return None
-    missing = [m for name in gaps for m in gates[name].missing] or [_gap_text(gates, gaps)]
+    missing = [m for name in gaps for m in j.gates[name].missing] or [_gap_text(j.gates, gaps)]
     return Decision(
         verdict=Verdict.ERROR,
         confidence=Confidence.LOW,
-        reasoning=f"Required evidence is missing or sources disagree — {_gap_text(gates, gaps)}. "
+        reasoning=f"Required evidence is missing or sources disagree — {_gap_text(j.gates, gaps)}. "
         "Missing evidence is not a conservative NO-KILL.",
         next_action="Obtain the missing evidence, then re-diagnose: "
         + "; ".join(dict.fromkeys(missing)),
         flip_signal=next(
-            (flip for n in gaps if (flip := gates[n].flip_signal)),
+            (flip for n in gaps if (flip := j.gates[n].flip_signal)),
             "the missing evidence captured: " + "; ".join(dict.fromkeys(missing)),
         ),
     )
 
 
-def _trial_agreement(gates: Mapping[GateName, GateResult], mode: Mode, lq: list[GateName]) -> bool:
-    """Trainer and trial evidence agree: in agentic runs both rollouts and dynamics must fail."""
-    if mode is not Mode.AGENTIC:
-        return True
-    return GateName.ROLLOUTS in lq or gates[GateName.ROLLOUTS].status is GateStatus.FAIL
-
-
-def _learning_kill(gates: Mapping[GateName, GateResult], mode: Mode) -> Decision | None:
-    lq = _failing(gates, learning_quality=True, hard_failure=False)
-    if not lq:
+def _disagree(j: Judging, mechanisms: str, lq: list[GateName]) -> Decision | None:
+    """Agentic runs: the trainer's learning-quality failure needs the trials' on the same
+    mechanism (`kind`); a trial-side failure alone disagrees with a passing trainer."""
+    if j.mode is not Mode.AGENTIC:
         return None
-    named = [n for n in lq if gates[n].mechanism]
-    mechanisms = "; ".join(f"{_label(n)}: {gates[n].mechanism or gates[n].summary}" for n in lq)
-    if not named:
-        return Decision(
-            verdict=Verdict.ERROR,
-            confidence=Confidence.LOW,
-            reasoning=f"A learning-quality concern without a named mechanism — {mechanisms}.",
-            next_action="Attribute the anomaly to a mechanism before any action.",
-            flip_signal=gates[lq[0]].flip_signal or "a named mechanism for the anomaly",
-        )
-    if not _trial_agreement(gates, mode, lq):
-        return Decision(
-            verdict=Verdict.ERROR,
-            confidence=Confidence.LOW,
-            reasoning=f"Trainer evidence shows {mechanisms}, but the trial outputs do not agree "
-            f"(rollouts: {gates[GateName.ROLLOUTS].summary}); sources disagree without resolution.",
-            next_action="Open a sample of recent trials and the trainer window side by side.",
-            flip_signal="trial rewards and exceptions that show the same failure as the trainer",
-        )
+    trainer = [n for n in lq if n is not GateName.ROLLOUTS]
+    rollouts = j.gates[GateName.ROLLOUTS]
+    kinds = {j.gates[n].kind for n in trainer}
+    if trainer and rollouts.status is GateStatus.FAIL and rollouts.kind in kinds:
+        return None
     return Decision(
-        verdict=Verdict.KILL,
-        confidence=Confidence.MEDIUM,
-        reasoning=f"Learning-quality failure over the configured window with a named mechanism "
-        f"and no sign of recovery — {mechanisms}.",
-        next_action=next((gates[n].next_action for n in lq if gates[n].next_action), None)
-        or "Supervisor: stop the run and relaunch from the last checkpoint before the collapse.",
-        flip_signal=gates[lq[0]].flip_signal or "the metric recovering over a full window",
-        handoff=_first_handoff(gates, lq),
+        verdict=Verdict.ERROR,
+        confidence=Confidence.LOW,
+        reasoning=f"Learning-quality evidence — {mechanisms} — is not matched by the other side "
+        f"on the same mechanism (rollouts: {rollouts.summary}; dynamics: "
+        f"{j.gates[GateName.DYNAMICS].summary}); sources disagree without resolution.",
+        next_action="Open a sample of recent trials and the trainer window side by side.",
+        flip_signal="trial rewards and exceptions that show the same failure as the trainer",
     )
 
 
-def _soft_fail(gates: Mapping[GateName, GateResult]) -> Decision | None:
-    soft = _failing(gates, hard_failure=False, learning_quality=False)
+def _learning_kill(j: Judging) -> Decision | None:
+    lq = _failing(j.gates, learning_quality=True, hard_failure=False)
+    if not lq:
+        return None
+    mechanisms = "; ".join(f"{_label(n)}: {j.gates[n].mechanism or j.gates[n].summary}" for n in lq)
+    unnamed = [n for n in lq if not j.gates[n].mechanism or j.gates[n].proof is None]
+    if unnamed:
+        return Decision(
+            verdict=Verdict.ERROR,
+            confidence=Confidence.LOW,
+            reasoning=f"A learning-quality concern without a named mechanism and its proof — "
+            f"{mechanisms}.",
+            next_action="Attribute the anomaly to a mechanism before any action.",
+            flip_signal=j.gates[lq[0]].flip_signal or "a named mechanism for the anomaly",
+        )
+    disagreement = _disagree(j, mechanisms, lq)
+    if disagreement is not None:
+        return disagreement
+    proof = j.gates[lq[0]].proof
+    assert proof is not None
+    return Decision(
+        verdict=Verdict.KILL,
+        confidence=Confidence.MEDIUM,
+        reasoning=f"Learning-quality failure held over the configured window of "
+        f"{j.evidence.thresholds.min_window_steps} steps, with a named mechanism and no recovery "
+        f"of that mechanism's signal in the newest steps — {mechanisms}." + _proof_text(proof),
+        next_action=next((j.gates[n].next_action for n in lq if j.gates[n].next_action), None)
+        or "Supervisor: stop the run and relaunch from the last checkpoint before the collapse.",
+        flip_signal=j.gates[lq[0]].flip_signal or "the metric recovering over a full window",
+        handoff=_first_handoff(j.gates, lq),
+        proof=proof,
+    )
+
+
+def _soft_fail(j: Judging) -> Decision | None:
+    soft = _failing(j.gates, hard_failure=False, learning_quality=False)
     if not soft:
         return None
+    gates = j.gates
     issues = "; ".join(f"{_label(n)}: {gates[n].mechanism or gates[n].summary}" for n in soft)
     handoff = _first_handoff(gates, soft)
     action = next((gates[n].next_action for n in soft if gates[n].next_action), None)
@@ -186,7 +298,7 @@ def _soft_fail(gates: Mapping[GateName, GateResult]) -> Decision | None:
         verdict=Verdict.NO_KILL,
         confidence=Confidence.MEDIUM,
         reasoning=f"The job is alive and learning; the anomaly is an inefficiency, not death — "
-        f"{issues}.",
+        f"{issues}.{_soft_gap_text(j)}",
         next_action=action
         or (
             "Implementation handoff (below); keep the job running."
@@ -200,7 +312,14 @@ def _soft_fail(gates: Mapping[GateName, GateResult]) -> Decision | None:
     )
 
 
-def _healthy(gates: Mapping[GateName, GateResult]) -> Decision:
+def _soft_gap_text(j: Judging) -> str:
+    if not j.soft_gaps:
+        return ""
+    return f" Not load-bearing, but missing or disputed: {'; '.join(j.soft_gaps)}."
+
+
+def _healthy(j: Judging) -> Decision:
+    gates = j.gates
     liveness = gates[GateName.LIVENESS]
     initializing = [n for n, g in gates.items() if g.initializing]
     if initializing:
@@ -210,41 +329,48 @@ def _healthy(gates: Mapping[GateName, GateResult]) -> Decision:
         reason = "All gates pass — " + "; ".join(
             f"{_label(n)}: {gates[n].summary}" for n in CORE_GATES
         )
-        confidence = Confidence.HIGH
+        confidence = Confidence.MEDIUM if j.soft_gaps else Confidence.HIGH
     return Decision(
         verdict=Verdict.NO_KILL,
         confidence=confidence,
-        reasoning=reason + ".",
+        reasoning=reason + "." + _soft_gap_text(j),
         next_action="Supervisor: no action; keep the job running.",
         flip_signal=liveness.flip_signal or "a hard failure or a stall in any gate",
     )
 
 
-def _decision(
-    evidence: Evidence, restarts: RestartsResult, gates: Mapping[GateName, GateResult]
-) -> Decision:
-    mode = evidence.mode.mode
+def _decision(j: Judging) -> Decision:
     return (
-        _hard_kill(restarts, gates, mode)
-        or _error(gates, mode)
-        or _learning_kill(gates, mode)
-        or _soft_fail(gates)
-        or _healthy(gates)
+        _identity(j)
+        or _hard_kill(j)
+        or _error(j)
+        or _learning_kill(j)
+        or _soft_fail(j)
+        or _healthy(j)
     )
+
+
+def _with_refusals(decision: Decision, refused: tuple[str, ...]) -> Decision:
+    if not refused:
+        return decision
+    note = " Proofs refused: " + "; ".join(refused) + "."
+    return replace(decision, reasoning=decision.reasoning + note)
 
 
 def decide(
     evidence: Evidence,
     restarts: RestartsResult,
-    gates: Mapping[GateName, GateResult],
+    gates: Gates,
     *,
     event_id: str | None = None,
     event_ids: Sequence[str] = (),
 ) -> Report:
-    """Join the restarts result and the gate results into the report."""
-    decision = _decision(evidence, restarts, gates)
+    """Join the restarts result and the gate results into the report; a KILL carries its proof."""
+    judging = _checked(evidence, restarts, gates)
+    decision = _with_refusals(_decision(judging), judging.refused)
     note = retention_note(evidence)
     reasoning = f"{decision.reasoning} {note}" if note else decision.reasoning
+    discrepancies = (*evidence.discrepancies, *evidence.facts.discrepancies(), *judging.refused)
     return Report(
         job_id=evidence.job_id,
         event_id=event_id,
@@ -254,11 +380,12 @@ def decide(
         verdict=decision.verdict,
         confidence=decision.confidence,
         mode=evidence.mode.mode,
-        restarts=restarts,
-        gates=dict(gates),
+        restarts=judging.restarts,
+        gates=dict(judging.gates),
         reasoning=reasoning,
         next_action=decision.next_action,
         flip_signal=decision.flip_signal,
         handoff=decision.handoff,
-        discrepancies=evidence.discrepancies,
+        discrepancies=tuple(dict.fromkeys(discrepancies)),
+        kill_proof=decision.proof if decision.verdict is Verdict.KILL else None,
     )

@@ -21,6 +21,7 @@ from shared.streams import StreamNames
 from tests.integration.services import (
     PREFIX,
     RL_HEALTH,
+    free_port,
     service_env,
     settings_from,
     spawn,
@@ -44,6 +45,7 @@ class Services:
     store: S3Store
     bundle_root: Path
     logs: Path
+    metrics: dict[str, str]  # process ("worker", "ingest") -> its /metrics URL
 
     @property
     def names(self) -> StreamNames:
@@ -97,16 +99,33 @@ def services(
     store.ensure_bucket()
     logs = base / "logs"
     logs.mkdir()
+    ports = {"worker": free_port(), "ingest": free_port()}
     worker = spawn(
-        [RL_HEALTH, "worker", "--concurrency", "2", "--pool", "prefork", "--loglevel", "WARNING"],
+        [
+            RL_HEALTH,
+            "worker",
+            "--concurrency",
+            "2",
+            "--pool",
+            "prefork",
+            "--loglevel",
+            "WARNING",
+            "--metrics-port",
+            str(ports["worker"]),
+            "--metrics-dir",
+            str(base / "worker-metrics"),
+        ],
         env,
         logs / "worker.log",
     )
-    ingest = spawn([RL_HEALTH, "ingest"], env, logs / "ingest.log")
+    ingest = spawn(
+        [RL_HEALTH, "ingest", "--metrics-port", str(ports["ingest"])], env, logs / "ingest.log"
+    )
     app = make_app(settings)
     wait_for(lambda: bool(app.control.ping(timeout=0.5)), 60, "the celery worker")
     client = redis.Redis.from_url(redis_url)
-    yield Services(env, settings, client, store, base / "bundles", logs)
+    metrics = {name: f"http://127.0.0.1:{port}/metrics" for name, port in ports.items()}
+    yield Services(env, settings, client, store, base / "bundles", logs, metrics)
     for process in (ingest, worker):
         stop(process, timeout=20)
 

@@ -21,7 +21,7 @@ from tests.integration.iris_jobdir import (
     start_cluster,
     toy_argv,
 )
-from worker.backends import JobRef, Recorder, default_runner, make_backend
+from worker.backends import ClusterConnection, JobRef, Recorder, make_backend, resolve_tools
 from worker.backends.base import ProbePlan, probe_job
 from worker.diagnosis import collect_evidence
 from worker.evidence.probes import read_probes, write_probes
@@ -73,9 +73,12 @@ def _settings(cluster: IrisTestCluster) -> Settings:
 
 
 def _probe(cluster: IrisTestCluster, job_id: str, plan: ProbePlan, out: Path) -> Recorder:
-    job = JobRef(job_id=job_id, process_match="hung_trainer")
-    backend = make_backend("iris", job, _settings(cluster), iris_command=SHIM_COMMAND)
-    rec = Recorder(default_runner(SHIM_COMMAND), timeout_s=60)
+    settings = _settings(cluster)
+    tools = resolve_tools(settings, iris_command=SHIM_COMMAND)
+    connection = ClusterConnection(iris_controller_url=cluster.url)
+    job = JobRef(job_id=job_id, connection=connection, process_match="hung_trainer")
+    backend = make_backend("iris", job, settings, tools)
+    rec = Recorder(tools.runner(), timeout_s=60)
     evidence = probe_job(backend, rec, plan, job_id=job_id, clock=lambda: datetime.now(UTC))
     write_probes(evidence, rec.outputs, out)
     return rec

@@ -43,16 +43,16 @@ def compose() -> dict[str, Any]:
 
 
 def test_services_are_all_there_with_health_checks(compose: dict[str, Any]) -> None:
-    """redis, minio, worker, ingest and flower exist, each with a health check."""
+    """redis, minio, worker, ingest, flower, board and prometheus exist, each health-checked."""
     services = compose["services"]
-    assert set(services) == {"redis", "minio", "worker", "ingest", "flower"}
+    assert set(services) == {"redis", "minio", "worker", "ingest", "flower", "board", "prometheus"}
     assert all("healthcheck" in service for service in services.values())
 
 
 def test_app_services_get_the_settings_the_code_reads(compose: dict[str, Any]) -> None:
     """worker, ingest and flower carry every connection setting, each a real Settings field."""
     fields = {f"RLHEALTH_{name.upper()}" for name in Settings.model_fields}
-    for name in ("worker", "ingest", "flower"):
+    for name in ("worker", "ingest", "flower", "board"):
         env = compose["services"][name]["environment"]
         rlhealth = {key for key in env if key.startswith("RLHEALTH_")}
         assert rlhealth >= CONNECTIONS
@@ -66,7 +66,7 @@ def test_commands_and_ports(compose: dict[str, Any]) -> None:
     services = compose["services"]
     assert services["worker"]["command"][:2] == ["rl-health", "worker"]
     assert "prefork" in services["worker"]["command"]
-    assert services["ingest"]["command"] == ["rl-health", "ingest"]
+    assert services["ingest"]["command"][:2] == ["rl-health", "ingest"]
 
     def published(name: str) -> set[int]:
         return {
@@ -99,3 +99,43 @@ def test_redis_keeps_its_data_across_a_restart(compose: dict[str, Any]) -> None:
     assert command[command.index("--appendfsync") + 1] in {"everysec", "always"}
     assert any(str(v).endswith(":/data") or "/data" in str(v) for v in redis["volumes"])
     assert "redis-data" in compose["volumes"]
+
+
+def _metrics_port(command: list[str]) -> int:
+    return int(command[command.index("--metrics-port") + 1])
+
+
+def test_prometheus_scrapes_every_worker_replica_and_ingest(compose: dict[str, Any]) -> None:
+    """Prometheus mounts deploy/prometheus.yml read-only; it finds worker replicas and ingest by
+    their compose names, on the ports their commands serve /metrics on."""
+    services = compose["services"]
+    prometheus = services["prometheus"]
+    mounts = [
+        v if isinstance(v, str) else f"{v['source']}:{v['target']}:ro"
+        for v in prometheus["volumes"]
+    ]
+    assert any(
+        m.endswith("/deploy/prometheus.yml:/etc/prometheus/prometheus.yml:ro") for m in mounts
+    )
+    config = yaml.safe_load((ROOT / "deploy/prometheus.yml").read_text())
+    targets = {
+        sd["names"][0]: sd["port"]
+        for job in config["scrape_configs"]
+        for sd in job.get("dns_sd_configs", [])
+    }
+    assert targets == {
+        "worker": _metrics_port(services["worker"]["command"]),
+        "ingest": _metrics_port(services["ingest"]["command"]),
+    }
+    assert "--metrics-dir" in services["worker"]["command"]  # the prefork pool's shared files
+
+
+def test_the_board_is_served_read_only_on_its_port(compose: dict[str, Any]) -> None:
+    """The board runs `rl-health board` on all interfaces of its container, published on 8080."""
+    board = compose["services"]["board"]
+    assert board["command"][:2] == ["rl-health", "board"]
+    assert board["command"][board["command"].index("--port") + 1] == "8080"
+    assert any(
+        (p["target"] if isinstance(p, dict) else int(str(p).split(":")[-1])) == 8080
+        for p in board["ports"]
+    )

@@ -600,9 +600,9 @@ def undeclared_crash_loop(root: Path) -> Built:
 # --- agentic scenarios -----------------------------------------------------------------------
 
 
-def _trials(b: JobBuilder, start: datetime, n: int, **kwargs: Any) -> None:
+def _trials(b: JobBuilder, start: datetime, n: int, *, every_s: float = 20, **kwargs: Any) -> None:
     for i in range(n):
-        b.trial(f"fix-git-history__{i:07x}", start + timedelta(seconds=20 * i), **kwargs)
+        b.trial(f"fix-git-history__{i:07x}", start + timedelta(seconds=every_s * i), **kwargs)
 
 
 def agentic_healthy(root: Path) -> Built:
@@ -635,10 +635,11 @@ def daytona_quota(root: Path) -> Built:
     for step in range(1, 13):
         b.batch(moment, 0, 32, {"DaytonaValidationError": 32})
         moment = run_steps(b, moment, range(step, step + 1), zero, seconds=90)
-    _trials(
+    _trials(  # every trial finished before the capture (none dated after `now`)
         b,
-        T0 + timedelta(minutes=5),
+        T0 + timedelta(minutes=2),
         60,
+        every_s=15,
         reward=0.0,
         exception="DaytonaValidationError",
         message="Snapshot quota exceeded. Maximum allowed: 100",
@@ -751,7 +752,13 @@ SCENARIOS: tuple[Scenario, ...] = (
     Scenario(
         "terminal_but_fresh_log", terminal_but_fresh_log, "ERROR", STD | {"liveness": "ERROR"}
     ),
-    Scenario("running_without_pods", running_without_pods, "ERROR", STD | {"liveness": "ERROR"}),
+    Scenario(
+        "running_without_pods",
+        running_without_pods,
+        "ERROR",
+        # 5 steps past the initialization grace: no learning-quality window (issue 8, item 8)
+        STD | {"liveness": "ERROR", "dynamics": "ERROR"},
+    ),
     Scenario("stale_manifest", stale_manifest, "ERROR", STD | {"liveness": "ERROR"}),
     Scenario("starved_engines", starved_engines, "NO-KILL", STD | {"resources": "FAIL"}),
     Scenario("backpressure", backpressure, "NO-KILL", STD),

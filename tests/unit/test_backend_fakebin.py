@@ -9,7 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from worker.backends import JobRef, Recorder, default_runner
+from shared.settings import Settings
+from worker.backends import ClusterConnection, JobRef, Recorder, default_runner, resolve_tools
 from worker.backends.base import ProbePlan, probe_job
 from worker.backends.kubernetes import KubernetesBackend
 from worker.backends.slurm import SlurmBackend
@@ -58,12 +59,25 @@ def _kube_replies() -> dict[str, object]:
     exec_ = "kubectl --context=cw exec rl-job-0 --"
     return {
         "kubectl --context=cw get pods -l job-name=rl-job -o json": {"stdout": json.dumps(PODS)},
-        "kubectl --context=cw logs rl-job-0 --since=1h --tail=2000": {"stdout": "step 7\n"},
+        "kubectl --context=cw logs --since=1h --tail=2000 -- rl-job-0": {"stdout": "step 7\n"},
         f"{exec_} ps -ww -eo pid,ppid,args": {"stdout": PS},
         f"{exec_} py-spy dump --pid 41": {"stdout": STACK},
         f"{exec_} nvidia-smi --query-gpu=index,utilization.gpu,memory.used,memory.total,"
         "power.draw,power.limit --format=csv": {"stdout": GPU},
     }
+
+
+CW = ClusterConnection(kube_context="cw")
+
+
+def _kube(job: JobRef) -> KubernetesBackend:
+    """The Kubernetes backend on the kubectl resolved now (the fake one, first on PATH)."""
+    return KubernetesBackend(job, kubectl=resolve_tools(Settings()).argv0("kubectl"))
+
+
+def _slurm(job: JobRef) -> SlurmBackend:
+    tools = resolve_tools(Settings())
+    return SlurmBackend(job, sacct=tools.argv0("sacct"), squeue=tools.argv0("squeue"))
 
 
 def _capture(backend: KubernetesBackend | SlurmBackend, out: Path, stacks: bool) -> Recorder:
@@ -82,8 +96,8 @@ def test_kubernetes_probes_pods_logs_stacks_and_gpus(
 ) -> None:
     """Pods, restarts, a log tail, two stack dumps and the GPU csv land in the probe layout."""
     log = _fake(monkeypatch, tmp_path, _kube_replies())
-    job = JobRef(job_id="/ops/rl-job", kube_context="cw")
-    rec = _capture(KubernetesBackend(job), tmp_path / "probes", stacks=True)
+    job = JobRef(job_id="/ops/rl-job", connection=CW)
+    rec = _capture(_kube(job), tmp_path / "probes", stacks=True)
     assert rec.failures == []
     probes = read_probes(tmp_path / "probes")
     assert probes.controller is not None and probes.controller.state == "running"
@@ -112,9 +126,7 @@ def test_kubernetes_exec_failure_is_recorded(
         "exit": 1,
     }
     _fake(monkeypatch, tmp_path, replies)
-    rec = _capture(
-        KubernetesBackend(JobRef("/ops/rl-job", kube_context="cw")), tmp_path / "p", True
-    )
+    rec = _capture(_kube(JobRef("/ops/rl-job", connection=CW)), tmp_path / "p", True)
     assert any("Permission denied" in f for f in rec.failures)
     probes = read_probes(tmp_path / "p")
     assert probes.stacks == ()
@@ -140,7 +152,7 @@ def test_slurm_attempts_from_sacct_and_state_from_squeue(
             "squeue -j 812 -h -o %i|%T|%N|%r": {"stdout": "812|RUNNING|jupiter-0107|None\n"},
         },
     )
-    _capture(SlurmBackend(JobRef(job_id="/ops/812")), tmp_path / "p", stacks=True)
+    _capture(_slurm(JobRef(job_id="/ops/812")), tmp_path / "p", stacks=True)
     probes = read_probes(tmp_path / "p")
     assert probes.controller is not None and probes.controller.state == "running"
     assert probes.attempts is not None

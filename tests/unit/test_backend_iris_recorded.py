@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from worker.backends import JobRef, Recorder
+from worker.backends import ClusterConnection, JobRef, Recorder
 from worker.backends.base import ProbePlan, probe_job
 from worker.backends.iris import IrisBackend
 from worker.backends.recorded import RecordedRunner, read_recorded
@@ -18,9 +18,8 @@ RECORDED = Path(__file__).resolve().parents[1] / "fixtures" / "iris" / "recorded
 
 def _replay(scenario: str, job_id: str, out: Path) -> RecordedRunner:
     runner = RecordedRunner(RECORDED / scenario)
-    backend = IrisBackend.connect(
-        JobRef(job_id), controller_url="http://controller.test", cluster=None
-    )
+    connection = ClusterConnection(iris_controller_url="http://controller.test")
+    backend = IrisBackend.connect(JobRef(job_id, connection=connection))
     rec = Recorder(runner, timeout_s=60)
     clock = lambda: datetime(2026, 7, 30, 21, 0, tzinfo=UTC)  # noqa: E731
     write_probes(probe_job(backend, rec, ProbePlan(), job_id=job_id, clock=clock), rec.outputs, out)

@@ -12,7 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from worker.backends import JobRef, Recorder, default_runner
+from shared.settings import Settings
+from worker.backends import JobRef, Recorder, default_runner, resolve_tools
 from worker.backends.base import ProbePlan, probe_job
 from worker.backends.local import LocalBackend, proc_state
 from worker.evidence.probes import read_probes, write_probes
@@ -36,7 +37,8 @@ def sleeper(monkeypatch: pytest.MonkeyPatch) -> Iterator[subprocess.Popen[str]]:
 
 def test_local_process_stacks_taken_twice(sleeper: subprocess.Popen[str], tmp_path: Path) -> None:
     """/proc status and two py-spy dumps of a live process land in the probe layout."""
-    backend = LocalBackend(JobRef(job_id=f"/local/{sleeper.pid}"))
+    tools = resolve_tools(Settings())
+    backend = LocalBackend(JobRef(job_id=f"/local/{sleeper.pid}"), tools=dict(tools.paths))
     rec = Recorder(default_runner(), timeout_s=30, retry_wait_s=0)
     plan = ProbePlan(stacks=True, interval_s=1.0)
     evidence = probe_job(
@@ -57,7 +59,8 @@ def test_gone_process_is_missing(tmp_path: Path) -> None:
     process = subprocess.Popen([sys.executable, "-c", "pass"])
     process.wait()
     time.sleep(0.1)
-    backend = LocalBackend(JobRef(job_id=f"/local/{process.pid}"))
+    tools = resolve_tools(Settings())
+    backend = LocalBackend(JobRef(job_id=f"/local/{process.pid}"), tools=dict(tools.paths))
     rec = Recorder(default_runner(), timeout_s=10, retry_wait_s=0)
     evidence = probe_job(
         backend,

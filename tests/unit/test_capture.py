@@ -91,8 +91,9 @@ def test_refresh_runs_exactly_the_configured_command(
     """The refresh template is filled with the job id and cluster and run through spawn."""
     monkeypatch.setenv("RLHEALTH_IRIS_COMMAND", "/nonexistent/iris")
     target = tmp_path / "refreshed.txt"
-    script = f"import sys; open({str(target)!r}, 'w').write(' '.join(sys.argv[1:]))"
-    template = shlex.join([sys.executable, "-c", script]) + " {job_id} {cluster}"
+    script = tmp_path / "watcher.py"
+    script.write_text(f"import sys\nopen({str(target)!r}, 'w').write(' '.join(sys.argv[1:]))\n")
+    template = shlex.join([sys.executable, str(script)]) + " {job_id} {cluster}"
     stale = replace(_evidence(synced_at=NOW - timedelta(hours=2)), job_dir=str(tmp_path / "nojob"))
     settings = Settings(refresh_command=template, probe_timeout_s=10)
     _, notes = capture_live(stale, "iris", tmp_path / "p", settings)
@@ -119,3 +120,26 @@ def test_stall_floor_comes_from_the_thresholds() -> None:
     """Lowering STALL_FLOOR_S makes a shorter quiet a reason."""
     short = _evidence(quiet_min=2, thresholds=Thresholds(stall_floor_s=60))
     assert any("quiet" in reason for reason in needs_live_probes(short))
+
+
+def test_probes_run_and_failed_are_counted_per_backend(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The capture policy counts every probe command it ran, and the failed ones, for Prometheus."""
+    from prometheus_client import REGISTRY
+
+    def sample(name: str) -> float:
+        return REGISTRY.get_sample_value(name, {"backend": "iris"}) or 0.0
+
+    before = sample("rlhealth_probes_run_total"), sample("rlhealth_probes_failed_total")
+    monkeypatch.setenv("RLHEALTH_IRIS_COMMAND", "/nonexistent/iris")
+    settings = Settings(iris_controller_url="http://c.test", probe_timeout_s=5)
+    probe_dir, _ = capture_live(
+        _evidence(quiet_min=30), "iris", tmp_path / "p", settings, sleep=lambda _: None
+    )
+    assert probe_dir is not None
+    probes = read_probes(probe_dir)
+    run = sample("rlhealth_probes_run_total") - before[0]
+    failed = sample("rlhealth_probes_failed_total") - before[1]
+    assert run == len(probes.commands) > 0
+    assert failed == sum(1 for c in probes.commands if c.exit_code != 0) > 0

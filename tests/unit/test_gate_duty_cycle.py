@@ -73,7 +73,7 @@ def test_sandbox_churn_after_the_grace_period_fails() -> None:
     assert "p90 45.0s" in result.summary
     assert result.evidence and all(q.source.endswith("result.json") for q in result.evidence)
     assert all(q.timestamp is not None for q in result.evidence)
-    assert any(line.startswith("sandbox |") for line in result.details)
+    assert any(row[0] == "sandbox" for table in result.tables for row in table.rows)
 
 
 def test_start_up_burst_is_not_churn() -> None:
@@ -87,10 +87,11 @@ def test_healthy_duty_cycle_passes_with_a_share_table() -> None:
     """Short set-ups pass, and the details tabulate every phase's share."""
     result = check(HEALTHY_LATE)
     assert result.status is GateStatus.PASS
-    phases = [line.split(" | ")[0] for line in result.details[1:]]
+    (table,) = result.tables
+    phases = [row[0] for row in table.rows]
     assert phases == ["llm", "tools", "sandbox", "agent_setup", "verifier", "unattributed"]
-    llm = next(line for line in result.details if line.startswith("llm |"))
-    assert "150.0" in llm  # p50 seconds of LLM time
+    llm = next(row for row in table.rows if row[0] == "llm")
+    assert llm[2] == pytest.approx(150.0)  # p50 seconds of LLM time
 
 
 def test_duty_shares_are_time_weighted() -> None:

@@ -21,7 +21,6 @@ REWARD = "reward/avg_raw_reward"
 ENTROPY = "policy/policy_entropy"
 LOSS = "policy/policy_loss"
 GRAD = "policy/raw_grad_norm"
-TABLE_HEADER = "TIS ratio / |log r| / exact"
 PHASE_HEADER = "first-window median s"
 
 
@@ -211,8 +210,8 @@ CASES = (
         lambda: run(healthy(N, {LOSS: [0.01] * 24 + [math.nan] * 6})),
         GateStatus.FAIL,
         hard=True,
-        summary=("non-finite policy/policy_loss at step 25",),
-        mechanism="non-finite policy/policy_loss from step 25",
+        summary=("non-finite policy/policy_loss from step 25", "newest 6 steps"),
+        mechanism="non-finite policy/policy_loss from step 25, persisting",
         quotes=(("finelog.log", line_of(25)), ("finelog.log", line_of(30))),
     ),
     Case(
@@ -229,19 +228,26 @@ CASES = (
     ),
     Case(
         "short_quiet",
-        "Fewer steps than the window with nothing anomalous passes without a judgement.",
+        "Fewer steps than the window past the grace is an ERROR naming the missing window.",
         lambda: run(healthy(5)),
-        GateStatus.PASS,
-        summary=("5 steps < window of 10: no learning-quality judgement",),
+        GateStatus.ERROR,
+        summary=("5 steps < window of 10 past the initialization grace",),
     ),
     Case(
-        "short_nan",
-        "A NaN grad norm fails hard even before a full window exists.",
+        "short_nan_spike",
+        "One inf grad norm followed by finite steps is a spike: the short run is ERROR, not hard.",
         lambda: run(healthy(5, {GRAD: [1.0, 1.0, math.inf, 1.0, 1.0]})),
+        GateStatus.ERROR,
+        summary=("5 steps < window of 10",),
+    ),
+    Case(
+        "short_nan_persisting",
+        "NaN on the newest three steps fails hard even before a full window exists.",
+        lambda: run(healthy(5, {GRAD: [1.0, 1.0, math.inf, math.inf, math.nan]})),
         GateStatus.FAIL,
         hard=True,
-        summary=("non-finite policy/raw_grad_norm at step 3",),
-        quotes=(("finelog.log", line_of(3)),),
+        summary=("non-finite policy/raw_grad_norm from step 3",),
+        quotes=(("finelog.log", line_of(3)), ("finelog.log", line_of(5))),
     ),
     Case(
         "short_all_zero",
@@ -446,32 +452,27 @@ def test_dynamics_case(case: Case) -> None:
         assert result.evidence, "every FAIL and ERROR quotes evidence"
     assert_quotes(result, case.quotes)
     assert (result.handoff is not None) is case.handoff
-    assert any(TABLE_HEADER in line for line in result.details) is case.table
+    assert any(t.title.startswith("window:") for t in result.tables) is case.table
     assert "\n" not in result.summary
 
 
 def test_window_table_rows() -> None:
-    """The window table has one row per window step with the reward and step seconds."""
+    """The window table (data) has one row per window step with the reward and step seconds."""
     result = dynamics.check(run(healthy()))
-    rows = [line for line in result.details if line.strip().startswith(("21 |", "30 |"))]
-    assert len(rows) == 2
-    assert rows[-1].split("|")[1].strip() == "0.6"
-    assert rows[-1].split("|")[-1].strip() == "40"
-    assert any(line.startswith("window: last 10 of 30 steps (21–30)") for line in result.details)
+    window = next(t for t in result.tables if t.title.startswith("window:"))
+    assert window.title.startswith("window: last 10 of 30 steps (21–30)")
+    assert [row[0] for row in window.rows] == list(range(21, 31))
+    assert window.columns[1] == "reward" and window.rows[-1][1] == pytest.approx(0.6)
+    assert window.columns[-1] == "step s" and window.rows[-1][-1] == 40.0
 
 
 def test_phase_table_lists_each_phase() -> None:
     """The phase table gives each phase's first- and last-window medians and their ratio."""
     result = dynamics.check(run(healthy(), steady_phases(sync_weights=[2.0] * 15 + [10.0] * 15)))
-    assert any(PHASE_HEADER in line for line in result.details)
-    sync = next(line for line in result.details if line.startswith("sync_weights"))
-    assert [cell.strip() for cell in sync.split("|")] == [
-        "sync_weights",
-        "2",
-        "10",
-        "5.00×",
-        "INFLATED",
-    ]
+    table = next(t for t in result.tables if PHASE_HEADER in t.columns)
+    sync = next(row for row in table.rows if row[0] == "sync_weights")
+    assert sync == ("sync_weights", 2.0, 10.0, 5.0, "INFLATED")
+    assert table.units[3] == "×"
 
 
 def test_collapse_flip_signal_names_the_line() -> None:
@@ -530,7 +531,9 @@ def test_thresholds_come_from_settings() -> None:
     wider = evidence(
         log_tables=ev.logs, thresholds=ev.thresholds.model_copy(update={"min_window_steps": 40})
     )
-    assert dynamics.check(wider).summary.startswith("30 steps < window of 40")
+    result = dynamics.check(wider)
+    assert result.status is GateStatus.ERROR
+    assert result.summary.startswith("30 steps < window of 40")
 
 
 @pytest.mark.parametrize(
@@ -592,3 +595,30 @@ def test_never_raises_and_quotes_every_fail(n: int, data: st.DataObject) -> None
     assert "could not be computed" not in result.summary, result.summary
     if result.status is not GateStatus.PASS:
         assert result.evidence and all(q.source for q in result.evidence)
+
+
+def test_non_finite_on_fewer_newest_steps_than_the_persistence_is_error() -> None:
+    """NaN on the newest 2 steps (persistence 3) is too few to tell spike from divergence."""
+    result = dynamics.check(run(healthy(N, {LOSS: [0.01] * (N - 2) + [math.nan] * 2})))
+    assert result.status is GateStatus.ERROR
+    assert "fewer than NON_FINITE_PERSIST_STEPS 3" in result.summary
+
+
+def test_persistence_is_a_threshold() -> None:
+    """A campaign may ask for five persisting steps; three then are not yet divergence."""
+    ev = run(healthy(N, {LOSS: [0.01] * (N - 3) + [math.nan] * 3}))
+    assert dynamics.check(ev).hard_failure
+    stricter = evidence(
+        log_tables=ev.logs,
+        thresholds=ev.thresholds.model_copy(update={"non_finite_persist_steps": 5}),
+    )
+    assert dynamics.check(stricter).status is GateStatus.ERROR
+
+
+def test_hard_and_learning_quality_fails_carry_their_proofs() -> None:
+    """A hard FAIL proposes its proof (`non_finite`), a learning-quality FAIL its own."""
+    nan = dynamics.check(run(healthy(N, {LOSS: [0.01] * 24 + [math.nan] * 6})))
+    assert nan.proof is not None and nan.proof.rule == "non_finite"
+    assert nan.proof.established_at == at(1)
+    tis = dynamics.check(run(healthy(N, {"policy/tis/imp_ratio_mean": [0.5] * N})))
+    assert tis.proof is not None and (tis.proof.rule, tis.kind) == ("off_policy", "off_policy")

@@ -6,12 +6,13 @@ from datetime import timedelta
 from typing import Any
 
 from shared.models import GateResult, GateStatus
-from tests.factories import NOW, at, evidence, logs
+from tests.factories import NOW, at, evidence, logs, trials
 from worker.evidence.model import (
     ArtifactState,
     ArtifactStatus,
     AttemptRecord,
     ControllerView,
+    ProbeCommand,
     ProbeEvidence,
     StackDump,
 )
@@ -302,3 +303,77 @@ def test_lone_watchdog_line_is_not_proof() -> None:
     result = check(evidence(log_tables=tables, probes=controller_probe()))
     assert result.status is GateStatus.ERROR
     assert STACKS_NEEDED in result.missing
+
+
+# --- issue 8: proofs, time, blind spots ----------------------------------------------------------
+
+
+def wedged_rows() -> list[dict[str, Any]]:
+    rows = [*steady_steps(30), timer("started", "policy_train", 29, 900, step=9)]
+    return rows + [
+        timer("finished", "policy_train", 40 - i, 200 + i, seconds=20.0) for i in range(3)
+    ]
+
+
+def test_a_proven_stall_carries_its_proof() -> None:
+    """The stall FAIL proposes a `stall_stacks` proof dated by its newer dump, quoting both."""
+    probe = controller_probe(stacks=wedged_dumps())
+    result = check(evidence(log_tables=logs(timers=wedged_rows()), probes=probe))
+    assert result.proof is not None and result.proof.rule == "stall_stacks"
+    assert result.proof.established_at == NOW - timedelta(seconds=20)
+    assert sum(q.source.startswith("probes/stacks/") for q in result.proof.evidence) == 2
+
+
+def test_dumps_before_the_newest_progress_do_not_prove_a_stall() -> None:
+    """A trial finished after both dumps: they predate the newest progress, so they are stale
+    and the stall is not proven (ERROR saying why)."""
+    trial = {"trial_name": "t", "status": "finished", "finished_at": NOW - timedelta(seconds=10),
+             "source": "trace_jobs/t/result.json"}  # fmt: skip
+    probe = controller_probe(stacks=wedged_dumps())
+    ev = evidence(log_tables=logs(timers=wedged_rows()), probes=probe, trial_tables=trials([trial]))
+    result = check(ev)
+    assert result.status is GateStatus.ERROR
+    assert "stale (dump taken" in result.summary and "before the newest progress" in result.summary
+
+
+def test_a_trainer_line_dated_after_now_is_error() -> None:
+    """A timer row an hour after `now` is no fresh progress: liveness ERROR, quoting it."""
+    rows = [*steady_steps(30), timer("finished", "step", -60, 999, seconds=60.0, step=99)]
+    result = check(evidence(log_tables=logs(timers=rows), probes=controller_probe()))
+    assert result.status is GateStatus.ERROR
+    assert result.summary.startswith("evidence dated after now")
+    assert result.evidence[0].line == 999
+
+
+def test_a_failed_pyspy_probe_is_error_quoting_command_and_exit() -> None:
+    """Quiet beyond the limit and a py-spy probe that failed: ERROR with the command."""
+    command = ProbeCommand(
+        argv=("iris", "task", "exec", "/ops/rl-job/0", "--", "py-spy", "dump", "--pid", "7"),
+        exit_code=1,
+        output="stacks/rl-job-0-pid7-1.txt",
+    )
+    probe = controller_probe(stacks=wedged_dumps(), commands=(command,))
+    result = check(evidence(log_tables=logs(timers=wedged_rows()), probes=probe))
+    assert result.status is GateStatus.ERROR
+    assert "py-spy dump --pid 7` exited 1" in result.summary
+    assert result.evidence[0].source == "probes/probes.json"
+
+
+def test_unschedulable_is_terminal_not_initialising() -> None:
+    """Unschedulable is one of the terminal states (one enum): a FAIL, not a waiting PASS."""
+    result = check(evidence(log_tables=logs(timers=steady_steps(5)), probes=controller_probe(
+        "unschedulable")))  # fmt: skip
+    assert result.status is GateStatus.FAIL
+    assert not result.hard_failure and not result.initializing
+
+
+def test_a_failed_controller_probe_is_quoted_when_the_evidence_is_stale() -> None:
+    """A stale manifest and a controller probe that timed out: ERROR quoting the command."""
+    command = ProbeCommand(argv=("iris", "job", "summary", "/ops/rl-job", "--json"), exit_code=None)
+    probe = ProbeEvidence(directory="probes", captured_at=NOW, commands=(command,))
+    result = check(evidence(log_tables=logs(timers=steady_steps(125)), synced_at=at(120),
+                            probes=probe))  # fmt: skip
+    assert result.status is GateStatus.ERROR
+    assert "the controller probe failed: `iris job summary /ops/rl-job --json` timed out" in (
+        result.summary
+    )

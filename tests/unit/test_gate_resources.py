@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -242,10 +243,12 @@ def test_under_fed_engines_name_the_buffer_wait() -> None:
 
 
 def test_policy_rank_oom_that_killed_the_attempt_is_hard() -> None:
-    """A CUDA OOM during policy_train followed by an actor death is a hard FAIL on a policy rank."""
+    """A CUDA OOM during policy_train followed by an actor death, and no step since, is a hard FAIL
+    on a policy rank."""
+    before = [r | {"timestamp": f.at(9 - r["step"])} for r in REWARD_STEPS]
     tables = f.logs(
         engines=fleet(SATURATED),
-        metrics=REWARD_STEPS,
+        metrics=before,
         timers=[timer("policy_train", "started", 4990, 6)],
         errors=[
             cuda_error(
@@ -265,6 +268,7 @@ def test_policy_rank_oom_that_killed_the_attempt_is_hard() -> None:
     assert "policy rank" in result.summary
     assert "policy_train" in result.summary
     assert result.handoff is not None
+    assert result.proof is not None and result.proof.rule == "cuda_fatal"
     assert_quoted(result)
     assert [q.line for q in result.evidence] == [5000, 5040]
 
@@ -312,13 +316,14 @@ def test_no_log_at_all_quotes_the_manifest() -> None:
     assert result.evidence[0].source == "manifest.json"
 
 
-def test_gpu_probes_alone_pass_with_reduced_claims() -> None:
-    """GPU probes without stat lines pass, saying saturation was not judged."""
+def test_gpu_probes_alone_are_an_error() -> None:
+    """GPU probes without stat lines are point-in-time readings: ERROR, not a reduced PASS."""
     gpu = {"utilization.gpu [%]": 97.0, "memory.used [MiB]": 70000.0, "memory.total [MiB]": 81559.0}
     probes = ProbeEvidence(directory="probes", gpus={"pod-0": (gpu, gpu)})
     result = resources.check(f.evidence(log_tables=f.logs(metrics=REWARD_STEPS), probes=probes))
-    assert result.status is GateStatus.PASS
-    assert "saturation not judged" in result.summary
+    assert result.status is GateStatus.ERROR
+    assert "point-in-time" in result.summary
+    assert result.evidence[0].source == "probes/gpus/pod-0.csv"
     assert any(d.startswith("gpus pod-0 (2 GPU(s)") for d in result.details)
 
 
@@ -389,3 +394,160 @@ def test_any_engine_samples_give_a_result(samples: list[Sample], every_min: floa
     assert result.status in {GateStatus.PASS, GateStatus.FAIL, GateStatus.ERROR}
     if result.status is not GateStatus.PASS:
         assert result.evidence
+
+
+# --- issue 8: an OOM is hard only when its component made no progress after it ------------------
+
+
+def test_a_fresh_oom_with_nothing_after_it_is_too_recent() -> None:
+    """An OOM logged a minute ago, nothing after it: ERROR (too recent), never a hard failure."""
+    before = [r | {"timestamp": f.at(9 - r["step"])} for r in REWARD_STEPS]
+    oom = cuda_error("cuda_oom", "torch.OutOfMemoryError: CUDA out of memory", 5000, 1)
+    result = resources.check(f.evidence(log_tables=f.logs(metrics=before, errors=[oom])))
+    assert result.status is GateStatus.ERROR
+    assert "too recent" in result.summary and not result.hard_failure
+
+
+def test_an_oom_followed_by_silence_past_the_floor_is_hard() -> None:
+    """An OOM eleven minutes ago with no step since (no death line) is hard, with its proof."""
+    before = [r | {"timestamp": f.at(20 - r["step"])} for r in REWARD_STEPS]
+    oom = cuda_error("cuda_oom", "torch.OutOfMemoryError: CUDA out of memory", 5000, 11)
+    result = resources.check(f.evidence(log_tables=f.logs(metrics=before, errors=[oom])))
+    assert result.status is GateStatus.FAIL and result.hard_failure
+    assert result.proof is not None and result.proof.rule == "cuda_fatal"
+    assert result.proof.established_at == f.at(1)  # the OOM plus STALL_FLOOR_S
+
+
+def test_a_vllm_logger_line_names_an_inference_rank_even_in_a_policy_phase() -> None:
+    """A vLLM logger header (`ERROR MM-DD HH:MM:SS [core.py:N]`) is an engine's line, whatever
+    trainer phase is open; a step after it means it survived."""
+    text = "ERROR 07-30 21:05:00 [core.py:586] torch.OutOfMemoryError: CUDA out of memory"
+    tables = f.logs(
+        metrics=REWARD_STEPS,
+        timers=[timer("policy_train", "started", 4990, 12)],
+        errors=[cuda_error("cuda_oom", text, 5000, 10)],
+    )
+    result = resources.check(f.evidence(log_tables=tables))
+    assert result.status is GateStatus.FAIL and not result.hard_failure
+    assert "inference rank (vLLM engine)" in result.summary
+    assert "policy rank" not in result.summary
+    assert "survived" in result.summary
+
+
+def test_the_open_phase_is_only_an_inferred_component() -> None:
+    """A bare OOM line during policy_train is attributed to a policy rank, labelled inferred."""
+    tables = f.logs(
+        timers=[timer("policy_train", "started", 4990, 12)],
+        errors=[cuda_error("cuda_oom", "CUDA out of memory", 5000, 11)],
+    )
+    result = resources.check(f.evidence(log_tables=tables))
+    assert "a policy rank (inferred from the open phase policy_train)" in result.summary
+
+
+VLLM_TUPLE = ("num_requests_running", "num_requests_waiting", "gpu_cache_usage_perc",
+              "generation_tokens_per_s")  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("keys", "steps", "status"),
+    [
+        (VLLM_TUPLE, 10, GateStatus.PASS),
+        (VLLM_TUPLE, 9, GateStatus.ERROR),
+        (VLLM_TUPLE[:3], 12, GateStatus.ERROR),
+        (VLLM_TUPLE[:1], 12, GateStatus.ERROR),
+    ],
+)
+def test_vllm_metrics_stand_in_only_for_the_whole_tuple_over_a_window(
+    keys: tuple[str, ...], steps: int, status: GateStatus
+) -> None:
+    """Without stat lines, `vllm/*` keys pass only when they cover running, waiting, KV use and
+    throughput over MIN_WINDOW_STEPS steps; otherwise ERROR naming what is missing."""
+    rows = f.metric_rows({f"vllm/{k}": [1.0] * steps for k in keys})
+    result = resources.check(f.evidence(log_tables=f.logs(metrics=rows)))
+    assert result.status is status
+    if status is GateStatus.ERROR:
+        assert result.missing and "engine tuple" in result.missing[0]
+
+
+def test_a_failed_gpu_probe_is_quoted_when_the_engines_cannot_be_judged() -> None:
+    """No engine telemetry and an nvidia-smi probe that failed: ERROR quoting command and exit."""
+    from worker.evidence.model import ProbeCommand
+
+    command = ProbeCommand(argv=("kubectl", "exec", "p", "--", "nvidia-smi"), exit_code=127)
+    probes = ProbeEvidence(directory="probes", commands=(command,))
+    result = resources.check(f.evidence(log_tables=f.logs(metrics=REWARD_STEPS), probes=probes))
+    assert result.status is GateStatus.ERROR
+    assert "the GPU probe failed: `kubectl exec p -- nvidia-smi` exited 127" in result.summary
+    assert result.evidence[0].source == "probes/probes.json"
+
+
+def test_the_parsers_component_names_the_rank_kind_and_others_fall_back_to_the_phase() -> None:
+    """`engine` and `policy` from the parser decide the rank; `driver` defers to the open phase."""
+    from worker.gates.resources.cuda import INFERENCE, POLICY, component_of
+
+    plain = {"text": "torch.OutOfMemoryError: CUDA out of memory.", "source": "finelog.log"}
+    assert component_of({**plain, "component": "engine"}, "policy_train").kind == INFERENCE
+    assert component_of({**plain, "component": "policy"}, "generate").kind == POLICY
+    assert component_of({**plain, "component": "driver"}, "generate").kind == INFERENCE
+    assert component_of({**plain, "component": "driver"}, "policy_train").kind == POLICY
+
+
+# Real CUDA OOM lines of vLLM engine cores and of a verl driver (verbatim, with their URLs).
+REAL_OOMS = (
+    (  # https://github.com/noonghunna/club-3090/issues/16
+        "(EngineCore pid=112) ERROR 05-01 14:39:06 [core.py:1131] torch.OutOfMemoryError: CUDA out "
+        "of memory. Tried to allocate 50.00 MiB. GPU 0 has a total capacity of 23.56 GiB of which "
+        "21.75 MiB is free. Including non-PyTorch memory, this process has 23.50 GiB memory in "
+        "use. Of the allocated memory 22.88 GiB is allocated by PyTorch, with 24.00 MiB "
+        "allocated in private pools (e.g., CUDA Graphs), and 275.38 MiB is reserved by PyTorch "
+        "but unallocated. "
+        "If reserved but unallocated memory is large try setting "
+        "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True to avoid fragmentation.  See "
+        "documentation for Memory Management  (https://docs.pytorch.org/docs/stable/notes/"
+        "cuda.html#optimizing-memory-usage-with-pytorch-cuda-alloc-conf)",
+        "engine",
+    ),
+    (  # https://github.com/Sandermage/genesis-vllm-patches/issues/1
+        "(EngineCore pid=229) ERROR 04-19 12:21:04 [core.py:1134] torch.OutOfMemoryError: CUDA out "
+        "of memory. Tried to allocate 72.00 MiB. GPU 0 has a total capacity of 31.33 GiB of which "
+        "2.56 MiB is free. Including non-PyTorch memory, this process has 31.28 GiB memory in use. "
+        "Of the allocated memory 29.83 GiB is allocated by PyTorch, with 18.00 MiB allocated in "
+        "private pools (e.g., CUDA Graphs), and 711.09 MiB is reserved by PyTorch but unallocated. "
+        "If reserved but unallocated memory is large try setting "
+        "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True to avoid fragmentation.  See "
+        "documentation for Memory Management  (https://docs.pytorch.org/docs/stable/notes/"
+        "cuda.html#optimizing-memory-usage-with-pytorch-cuda-alloc-conf)",
+        "engine",
+    ),
+    (  # https://github.com/qiancheng0/ToolRL/issues/39 (verl's driver prints a worker's OOM)
+        "(main_task pid=2396241) torch.OutOfMemoryError: CUDA out of memory. Tried to allocate "
+        "5.22 GiB. GPU 0 has a total capacity of 23.69 GiB of which 1.18 GiB is free. Including "
+        "non-PyTorch memory, this process has 22.48 GiB memory in use. Of the allocated memory "
+        "21.54 GiB is allocated by PyTorch, and 517.58 MiB is reserved by PyTorch but "
+        "unallocated. If reserved but unallocated memory is large try setting "
+        "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True to avoid fragmentation.  See "
+        "documentation for Memory Management  (https://pytorch.org/docs/stable/notes/"
+        "cuda.html#environment-variables)",
+        "driver",
+    ),
+)
+
+
+@pytest.mark.parametrize(("text", "component"), REAL_OOMS, ids=["club-3090", "genesis", "verl"])
+def test_real_vllm_ooms_are_engine_ooms_whatever_phase_is_open(
+    text: str, component: str, tmp_path: Path
+) -> None:
+    """A real vLLM engine-core OOM line is an inference rank's OOM even during a policy phase
+    (its `component` column, not the phase, decides); a driver's line defers to the phase."""
+    from worker.evidence.logs import parse_log_file
+    from worker.gates.resources.cuda import INFERENCE, POLICY, component_of
+
+    path = tmp_path / "finelog.log"
+    path.write_text(text + "\n", encoding="utf-8")
+    rows = parse_log_file(path, "finelog.log").errors
+    assert rows["kind"].to_list() == ["cuda_oom"]
+    row = rows.row(0, named=True)
+    assert row["component"] == component
+    during_training = component_of(row, "policy_train").kind
+    assert during_training == (INFERENCE if component == "engine" else POLICY)
+    assert component_of(row, "generate").kind == INFERENCE

@@ -212,3 +212,50 @@ def test_failure_signature_normalises_volatile_parts(
 ) -> None:
     """Numbers, addresses, times and paths are replaced so repeated crashes compare equal."""
     assert failure_signature(text) == signature
+
+
+@pytest.mark.parametrize(
+    ("signature", "specific"),
+    [
+        ("exit code 1", False),
+        ("exit code 137", False),
+        ("FAILED", False),
+        ("exit code 1; FAILED", False),
+        ("Job failed with exit code 2", False),
+        ("OOM Killed", False),
+        ("OutOfMemoryError: CUDA out of memory. Tried to allocate <n> GiB", True),
+        ("KeyError", True),
+        ("StopIteration", True),  # an exception name alone says which failure it was
+        ("Could not override '<path>'.", True),
+        ("Segmentation fault in libnccl at <hex>", True),
+        (None, False),
+    ],
+)
+def test_is_specific_signature(signature: str | None, specific: bool) -> None:
+    """Exit codes and bare states are no signature; an exception type or a word of message beyond
+    them is (DOMAIN.md section 6), judged by the log parser's predicate."""
+    from worker.gates.restarts import is_specific_signature
+
+    assert is_specific_signature(signature) is specific
+
+
+@pytest.mark.parametrize("error", ["Exit code: 1", "FAILED", None])
+def test_attempts_with_only_generic_errors_are_never_doomed(error: str | None) -> None:
+    """Three failed attempts that share only a generic error (or an exit code) are no crash
+    loop: same_failure is unknown, nothing is doomed, and the reason is named."""
+    attempts = tuple(record(i, "failed", error) for i in range(3))
+    result = check(evidence(probes=probes(attempts, state="failed", failure_count=3)))
+    assert result.same_failure is None
+    assert not result.doomed
+    assert "no specific signature" in result.interpretation
+
+
+def test_doomed_signature_is_the_repeated_one_first() -> None:
+    """A transient worker failure before the loop does not become the loop's named signature."""
+    attempts = (
+        record(0, "worker_failed", "RuntimeError: node lost heartbeat to the controller"),
+        *(record(i, "failed", OOM) for i in (1, 2, 3)),
+    )
+    result = check(evidence(probes=probes(attempts, state="failed")))
+    assert result.doomed
+    assert result.signatures[0].startswith("OutOfMemoryError")

@@ -316,3 +316,58 @@ def test_standard_without_reward_metrics_is_an_error_quoting_the_log() -> None:
     assert result.status is GateStatus.ERROR
     assert result.evidence[0].text == "INFO starting trainer"
     assert result.missing == ("trainer reward metrics",)
+
+
+# --- issue 8: collapse held over a window, recovery per mechanism ---------------------------------
+
+
+def _agentic(rewards: list[float]) -> GateResult:
+    rows = [trial(i, reward=r) | {"finished_at": f.at(50 - i * 0.5)} for i, r in enumerate(rewards)]
+    return rollouts.check(f.evidence(mode=Mode.AGENTIC, trial_tables=f.trials(rows)))
+
+
+def test_trial_rewards_collapsed_over_a_window_fail_as_learning_quality() -> None:
+    """Every newest 10-trial window under 20% of the best window's reward, flat: a learning-
+    quality FAIL on the `reward_collapse` mechanism, with its proof."""
+    result = _agentic([1.0, 0.0] * 15 + [0.0] * 20)
+    assert result.status is GateStatus.FAIL and result.learning_quality
+    assert (result.kind, result.proof.rule if result.proof else None) == (
+        "reward_collapse",
+        "trial_reward_collapse",
+    )
+
+
+def test_trial_rewards_with_one_recent_success_do_not_collapse() -> None:
+    """A success inside the newest window keeps some window above the line: no collapse."""
+    result = _agentic([1.0, 0.0] * 15 + [0.0] * 14 + [1.0] + [0.0] * 5)
+    assert result.status is GateStatus.PASS
+
+
+def _standard(tokens: list[float]) -> GateResult:
+    n = len(tokens)
+    rows = f.metric_rows(
+        {
+            "reward/avg_raw_reward": [0.3] * n,
+            "generate/avg_num_tokens": tokens,
+            "generate/max_num_tokens": [1024.0] * n,
+        }
+    )
+    return rollouts.check(f.evidence(log_tables=f.logs(metrics=rows)))
+
+
+def test_length_collapse_on_every_window_step_fails_with_its_proof() -> None:
+    """Response length under 20% of the earlier median on all 10 window steps: learning-quality
+    FAIL (`length_collapse`)."""
+    result = _standard([400.0] * 14 + [60.0] * 10)
+    assert result.status is GateStatus.FAIL and result.learning_quality
+    assert result.proof is not None and result.proof.rule == "length_collapse"
+
+
+def test_length_collapse_dragging_the_median_is_not_held_over_the_window() -> None:
+    """Six collapsed steps drag the window's median but do not hold over it: PASS."""
+    assert _standard([400.0] * 18 + [60.0] * 6).status is GateStatus.PASS
+
+
+def test_length_collapse_trending_back_is_recovering() -> None:
+    """Every window step under the line but climbing back within a window: PASS."""
+    assert _standard([400.0] * 14 + [5.0 + 8.0 * k for k in range(10)]).status is GateStatus.PASS

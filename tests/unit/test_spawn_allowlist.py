@@ -4,13 +4,18 @@ from __future__ import annotations
 
 import subprocess
 import sys
+from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 import pytest
 
-from worker.backends.allowlist import DEFAULT_ALLOWLIST, RefusedCommandError
+from shared.settings import Settings
+from tests.security.spies import Spies, make_spybin
+from worker.backends.allowlist import Allowlist, RefusedCommandError
 from worker.backends.retry import is_transient, with_retries
 from worker.backends.spawn import MISSING_EXIT_CODE, ProbeResult, run_probe
+from worker.backends.tools import Toolbox, ToolSettingsError, resolve_tools
 
 REFUSED = [
     (["iris", "job", "kill", "/ops/j"], "job kill"),
@@ -40,6 +45,27 @@ REFUSED = [
     (["py-spy", "dump", "--pid", "1", "--output", "/etc/x"], "dump"),
     (["cat", "/etc/shadow"], "cat /etc/shadow"),
     (["rm", "-rf", "/"], "rm -rf"),
+    # reading secrets, options from data, files and tables that hold credentials (issue 9)
+    (["kubectl", "get", "secrets", "-A"], "get secrets"),
+    (["kubectl", "get", "secret", "db", "-o", "yaml"], "get secret"),
+    (["kubectl", "get", "configmaps"], "get configmaps"),
+    (["kubectl", "get", "--raw", "/api/v1/secrets"], "get --raw"),
+    (["kubectl", "--kubeconfig=/bundles/jobs/cw/ops/j/manifest.json", "get", "pods"], "kubeconfig"),
+    (["kubectl", "--context=--exec", "get", "pods"], "--context"),
+    (["kubectl", "logs", "--force", "p"], "logs --force"),
+    (["kubectl", "exec", "p", "--", "cat", "/proc/1/environ"], "cat /proc/1/environ"),
+    (["iris", "--config=/bundles/x/manifest.json", "job", "list"], "--config"),
+    (["iris", "job", "summary", "--force"], "job summary --force"),
+    (["iris", "job", "logs", "/ops/j", "--follow"], "job logs --follow"),
+    (["iris", "--cluster=--delete-all", "job", "list"], "--cluster"),
+    (["iris", "query", "SELECT * FROM auth_api_keys"], "query"),
+    (["iris", "query", "SELECT environment_json FROM job_config"], "query"),
+    (["iris", "query", "SELECT * FROM jobs, auth_controller_secrets"], "query"),
+    (["iris", "query", "SELECT * FROM (SELECT * FROM auth_api_keys)"], "query"),
+    (["iris", "query", "SELECT load_extension('/tmp/x.so') FROM jobs"], "query"),
+    (["py-spy", "dump", "--pid", "1", "--locals"], "dump --locals"),
+    (["sacct", "-j", "--delete-all"], "-j --delete-all"),
+    (["ps", "x;rm"], "ps x;rm"),
 ]
 
 ALLOWED = [
@@ -57,6 +83,12 @@ ALLOWED = [
     ["sacct", "-j", "1", "-P"],
     ["py-spy", "dump", "--pid", "12"],
     ["pgrep", "-P", "12"],
+    ["iris", "job", "summary", "--json", "--", "/ops/rl_job"],
+    ["iris", "job", "logs", "--tail", "--max-lines", "2000", "--", "/ops/j"],
+    ["iris", "query", "SELECT 1 FROM task_attempts WHERE task_id LIKE '/a\\_b/%' ESCAPE '\\'"],
+    ["kubectl", "logs", "--since=1h", "--tail=2000", "--", "rl-job-0"],
+    ["sacct", "-j", "812", "-P", "-n", "-X", "--duplicates", "--format=JobID,State"],
+    ["squeue", "-j", "812", "-h", "-o", "%i|%T|%N|%r"],
 ]
 
 
@@ -68,53 +100,121 @@ def no_spawn(monkeypatch: pytest.MonkeyPatch) -> list[Any]:
     return spawned
 
 
+@pytest.fixture
+def spies(tmp_path: Path) -> Spies:
+    """A spy for every tool, in a folder of its own."""
+    return make_spybin(tmp_path / "bin")
+
+
+@pytest.fixture
+def tools(spies: Spies) -> Toolbox:
+    """The tools resolved from the spy folder at 'start-up'."""
+    return spies.toolbox()
+
+
+def _resolved(tools: Toolbox, argv: Sequence[str]) -> tuple[str, ...]:
+    """`argv` with its tool name replaced by the path it was resolved to."""
+    head = tools.iris if argv[0] == "iris" else (tools.argv0(argv[0]),)
+    return (*head, *argv[1:])
+
+
 @pytest.mark.parametrize(("argv", "verb"), REFUSED)
 def test_mutating_commands_are_refused_before_spawning(
-    argv: list[str], verb: str, no_spawn: list[Any]
+    argv: list[str], verb: str, tools: Toolbox, no_spawn: list[Any]
 ) -> None:
     """Every mutating or unknown command is refused, naming its verb, and nothing starts."""
     with pytest.raises(RefusedCommandError) as refused:
-        run_probe(argv, 5)
+        run_probe(_resolved(tools, argv), 5, allowlist=tools.allowlist())
     assert verb.split(maxsplit=1)[0] in str(refused.value)
     assert "read-only" in str(refused.value)
     assert no_spawn == []
 
 
 @pytest.mark.parametrize("argv", ALLOWED)
-def test_read_only_probes_are_allowed(argv: list[str]) -> None:
+def test_read_only_probes_are_allowed(argv: list[str], tools: Toolbox) -> None:
     """The read-only verbs and probes of each tool pass the allowlist."""
-    DEFAULT_ALLOWLIST.check(argv)
+    tools.allowlist().check(_resolved(tools, argv))
 
 
-def test_a_custom_iris_prefix_is_checked_like_iris() -> None:
+def test_a_custom_iris_prefix_is_checked_like_iris(spies: Spies) -> None:
     """A configured iris command prefix gets the iris rules, not a free pass."""
-    allow = DEFAULT_ALLOWLIST.with_iris_prefix((sys.executable, "-m", "shim"))
+    tools = resolve_tools(Settings(iris_command=f"{sys.executable} -m shim"), search_path="/x")
+    allow = tools.allowlist()
     allow.check((sys.executable, "-m", "shim", "job", "list"))
     with pytest.raises(RefusedCommandError, match="job kill"):
         allow.check((sys.executable, "-m", "shim", "job", "kill", "/ops/j"))
 
 
-def test_exact_entry_allows_only_that_command() -> None:
-    """The refresh command is allowed by exact argv; a changed argument is refused."""
-    allow = DEFAULT_ALLOWLIST.with_exact(("watcher", "--job", "/ops/j"))
-    allow.check(("watcher", "--job", "/ops/j"))
-    with pytest.raises(RefusedCommandError):
-        allow.check(("watcher", "--job", "/ops/other"))
+def test_refresh_template_allows_only_checked_values(tools: Toolbox, spies: Spies) -> None:
+    """The refresh template runs filled with values of the strict patterns, nothing else."""
+    template = f"{spies.bin / 'watcher'} sync --job={{job_id}} {{cluster}}"
+    settings = Settings(refresh_command=template)
+    allow = spies.toolbox(settings).allowlist()
+    watcher = str(spies.bin / "watcher")
+    assert allow.check((watcher, "sync", "--job=/ops/j", "cw")) == "refresh"
+    for bad in [("--job=--force", "cw"), ("--job=/ops/j", "--delete-all"), ("--job=/ops/j", "a b")]:
+        with pytest.raises(RefusedCommandError):
+            allow.check((watcher, "sync", *bad))
+
+
+@pytest.mark.parametrize(
+    ("template", "allowed"),
+    [
+        ("{bin}/watcher sync --root=/var/run/bundles {{job_id}}", True),
+        ("{bin}/watcher sync --action=kill {{job_id}}", False),
+        ("{bin}/watcher delete {{job_id}}", False),
+        ("{bin}/watcher sync {{job_id}} {{user}}", False),
+        ("{bin}/bash {{job_id}}", False),
+    ],
+)
+def test_refresh_templates_just_inside_and_outside_the_rules(
+    spies: Spies, template: str, allowed: bool
+) -> None:
+    """A path holding `run` is fine; a verb hidden in an option, an unknown placeholder or a
+    shell is refused when the tools are resolved."""
+    settings = Settings(refresh_command=template.format(bin=spies.bin))
+    if allowed:
+        spies.toolbox(settings)
+    else:
+        with pytest.raises(ToolSettingsError, match="RLHEALTH_REFRESH_COMMAND"):
+            spies.toolbox(settings)
+
+
+def test_missing_tool_is_exit_127_without_a_path_lookup(no_spawn: list[Any]) -> None:
+    """A tool not found at start-up keeps its bare name and answers 127; nothing is spawned."""
+    tools = resolve_tools(Settings(), search_path="/nonexistent")
+    result = run_probe(("kubectl", "version"), 5, allowlist=tools.allowlist())
+    assert result.exit_code == MISSING_EXIT_CODE and "not found" in result.why()
+    assert no_spawn == []
 
 
 def test_missing_executable_is_exit_127() -> None:
-    """A CLI that is not installed is a failed probe, not an exception."""
-    result = run_probe(["/nonexistent/iris", "job", "list"], 5)
+    """A configured CLI path that is not installed is a failed probe, not an exception."""
+    tools = resolve_tools(Settings(iris_command="/nonexistent/iris"), search_path="/x")
+    result = run_probe(["/nonexistent/iris", "job", "list"], 5, allowlist=tools.allowlist())
     assert result.exit_code == MISSING_EXIT_CODE
     assert "command not found" in result.why()
 
 
-def test_timeout_is_exit_none_and_kills_the_process() -> None:
+def test_timeout_is_exit_none_and_kills_the_process(tmp_path: Path) -> None:
     """A probe over its time budget has exit code None and its process group is killed."""
-    argv = (sys.executable, "-c", "import time; time.sleep(30)")
-    result = run_probe(argv, 0.5, allowlist=DEFAULT_ALLOWLIST.with_exact(argv))
+    script = tmp_path / "slow_watcher.py"
+    script.write_text("import time\ntime.sleep(30)\n")
+    settings = Settings(refresh_command=f"{sys.executable} {script} {{job_id}}")
+    allow = resolve_tools(settings, search_path="/x").allowlist()
+    result = run_probe((sys.executable, str(script), "/ops/j"), 0.5, allowlist=allow)
     assert result.exit_code is None
     assert result.why() == "timed out"
+
+
+def test_an_allowlist_cannot_be_built_around_its_rules() -> None:
+    """An allowlist made by hand still refuses a shell as iris and a mutating refresh template."""
+    with pytest.raises(RefusedCommandError):
+        Allowlist(iris_prefixes=(("/bin/sh", "-c", "iris job kill x", "iris"),))
+    with pytest.raises(RefusedCommandError):
+        Allowlist(refresh=("/usr/bin/iris-watcher", "job", "kill", "{job_id}"))
+    with pytest.raises(RefusedCommandError):
+        Allowlist(tools={"/tmp/x/ps": "rm"})
 
 
 def _result(code: int, stderr: str) -> ProbeResult:

@@ -10,6 +10,8 @@ import pytest
 from tests.factories import NOW
 from worker.evidence.model import StackDump
 from worker.gates.stacks import (
+    MIN_STILL_GAP_S,
+    DumpWindow,
     ParkingKind,
     ProcessState,
     judge_stacks,
@@ -153,7 +155,9 @@ def test_two_dumps_parked_in_all_reduce_prove_a_stall() -> None:
 
 def test_coordinator_on_its_own_queue_is_a_deadlock() -> None:
     """A coordinator parked on queue.get in both dumps is named as a queue deadlock."""
-    finding = judge_stacks([dump(COORDINATOR, n=1, seconds_ago=12), dump(COORDINATOR, n=2)])
+    finding = judge_stacks(
+        [dump(COORDINATOR, pid=4242, n=1, seconds_ago=12), dump(COORDINATOR, pid=4242, n=2)]
+    )
     assert finding.proven
     assert finding.mechanism is not None and "queue" in finding.mechanism
 
@@ -225,3 +229,85 @@ def test_idle_helper_process_does_not_block_the_proof() -> None:
         100: ProcessState.PARKED,
         888: ProcessState.STILL,
     }
+
+
+# --- live evidence only (DumpWindow) -------------------------------------------------------------
+
+
+def _pair(pid: int = 100, *, target: str = "rl-job-0", first_s: float = 30) -> list[StackDump]:
+    return [
+        StackDump(
+            target=target,
+            pid=pid,
+            n=n,
+            source=f"probes/stacks/{target}-pid{pid}-{n}.txt",
+            captured_at=NOW - timedelta(seconds=first_s - 10 * (n - 1)),
+            text=rank(pid),
+        )
+        for n in (1, 2)
+    ]
+
+
+@pytest.mark.parametrize(
+    ("window", "why"),
+    [
+        (DumpWindow(after=NOW - timedelta(seconds=25)), "before the newest progress"),
+        (DumpWindow(not_before=NOW - timedelta(seconds=25)), "older than MAX_EVIDENCE_AGE_S"),
+        (DumpWindow(not_after=NOW - timedelta(seconds=25)), "dated after now"),
+        (DumpWindow(old_targets=frozenset({"rl-job-0"})), "pod of an earlier attempt"),
+    ],
+)
+def test_dumps_outside_the_window_are_stale_and_prove_nothing(window: DumpWindow, why: str) -> None:
+    """A pair with a dump before the newest progress, too old, after now, or of an earlier
+    attempt's pod is stale: not proven, with the reason."""
+    finding = judge_stacks(_pair(), window)
+    assert not finding.proven
+    assert finding.processes[0].state is ProcessState.STALE
+    assert why in finding.processes[0].detail
+    assert judge_stacks(_pair(), DumpWindow(after=NOW - timedelta(seconds=35))).proven
+
+
+def test_a_dump_whose_header_names_another_pid_is_stale() -> None:
+    """A file named for pid 100 holding pid 4242's dump is not that process's evidence."""
+    dumps = [d.model_copy(update={"text": rank(4242)}) for d in _pair(100)]
+    finding = judge_stacks(dumps)
+    assert finding.processes[0].state is ProcessState.STALE
+    assert "holds pid 4242" in finding.processes[0].detail
+
+
+def test_an_unpaired_process_blocks_the_proof() -> None:
+    """A rank dumped once beside a parked rank is not shown stuck: nothing is proven."""
+    dumps = [*_pair(100), dump(rank(101), pid=101, n=1)]
+    assert not judge_stacks(dumps).proven
+
+
+STILL = """\
+Process {pid}: python -m skyrl_train.entrypoints.main_base
+Python v3.12.3 (/usr/bin/python3.12)
+
+Thread {pid} (active): "MainThread"
+    _poll_results (skyrl_train/generators/async_collector.py:212)
+    run_loop (skyrl_train/fully_async_trainer.py:412)
+"""
+
+
+@pytest.mark.parametrize(
+    ("gap", "still"), [(MIN_STILL_GAP_S + 1, True), (MIN_STILL_GAP_S - 1, False)]
+)
+def test_identical_stacks_outside_collectives_need_the_probe_interval(
+    gap: float, still: bool
+) -> None:
+    """Every trainer process identical outside a collective is `still` only when its two dumps are
+    at least MIN_STILL_GAP_S apart; it is never `proven` by itself."""
+    dumps = [
+        dump(STILL.format(pid=pid), pid=pid, n=n, seconds_ago=30 - gap * (n - 1))
+        for pid in (100, 101)
+        for n in (1, 2)
+    ]
+    finding = judge_stacks(dumps)
+    assert not finding.proven
+    assert finding.still is still
+    if still:
+        assert (
+            finding.still_frame == "_poll_results (skyrl_train/generators/async_collector.py:212)"
+        )

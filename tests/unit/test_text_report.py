@@ -10,6 +10,7 @@ from shared.models import (
     GateName,
     GateResult,
     GateStatus,
+    KillProof,
     Mode,
     Quote,
     Report,
@@ -48,8 +49,14 @@ def _report(**changes: object) -> Report:
         "reasoning": "OOM on every attempt.",
         "next_action": "Supervisor: kill the job.",
         "flip_signal": "an attempt that passes step 1",
+        "kill_proof": KillProof(
+            rule="crash_loop", mechanism="same OOM x3", established_at=T, evidence=(ATTEMPTS,)
+        ),
     }
-    return Report.model_validate(base | changes)
+    merged = base | changes
+    if merged["verdict"] is not Verdict.KILL:
+        merged["kill_proof"] = None
+    return Report.model_validate(merged)
 
 
 def test_text_report_matches_the_template() -> None:

@@ -16,6 +16,8 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Protocol
 
+from worker.backends.connections import ClusterConnection
+from worker.backends.identifiers import checked
 from worker.backends.retry import with_retries
 from worker.backends.spawn import ProbeResult
 from worker.evidence.model import AttemptRecord, ControllerView, ProbeCommand, ProbeEvidence
@@ -38,14 +40,18 @@ class Runner(Protocol):
 
 @dataclass(frozen=True)
 class JobRef:
-    """Which job to probe, as the bundle and the settings name it."""
+    """Which job to probe: its id and cluster from the bundle (checked against their strict
+    patterns, so neither can become an option), its connection from the operator's settings."""
 
     job_id: str
     cluster: str | None = None
-    kube_context: str | None = None
-    kubeconfig: str | None = None
-    namespace: str | None = None
+    connection: ClusterConnection = field(default_factory=ClusterConnection)
     process_match: str | None = None  # regex on a process's command line, to pick the trainer
+
+    def __post_init__(self) -> None:
+        checked("job id", self.job_id)
+        if self.cluster is not None:
+            checked("cluster", self.cluster)
 
     @property
     def name(self) -> str:

@@ -4,25 +4,29 @@ and `iris task exec` for ps, py-spy and nvidia-smi inside a running task.
 The command set is detected from `iris job --help`: releases up to 0.2.20 have `job summary
 --json`; newer ones replace it with `job describe` (asked with `--json` as well). Attempts come
 from the controller database: `iris query "SELECT ... FROM task_attempts WHERE task_id LIKE
-'<job>/%'" -f csv`.
+'<job>/%' ESCAPE '\\'" -f csv`, the job id's `%`, `_` and `\\` escaped to match only
+themselves.
+
+Every value from data is checked before it joins an argv: the job id and the task ids of the
+controller's reply match their strict patterns, and the job id follows `--`. The connection
+(`--controller-url` or `--cluster`) comes from the operator's settings (`JobRef.connection`).
 """
 
 from __future__ import annotations
 
-import shlex
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Final
 
 from pydantic import ValidationError
 
-from shared.settings import Settings
 from worker.backends.base import JobRef, Recorder, safe_name
+from worker.backends.identifiers import PATTERNS, like_prefix
 from worker.backends.processes import PS_ARGV, python_pids
 from worker.evidence.model import AttemptRecord, ControllerView
 from worker.evidence.probes import attempts_from_iris_query_csv, controller_from_iris_summary
 
-__all__ = ["ATTEMPTS_SQL", "GPU_QUERY", "IrisBackend", "iris_command_from_env"]
+__all__ = ["ATTEMPTS_SQL", "GPU_QUERY", "IrisBackend"]
 
 GPU_QUERY: Final = (
     "nvidia-smi",
@@ -31,28 +35,17 @@ GPU_QUERY: Final = (
 )
 ATTEMPTS_SQL: Final = (
     "SELECT task_id, attempt_id, state, exit_code, error, started_at_ms, finished_at_ms "
-    "FROM task_attempts WHERE task_id LIKE '{pattern}' ORDER BY task_id, attempt_id"
+    "FROM task_attempts WHERE task_id LIKE '{pattern}' ESCAPE '\\' ORDER BY task_id, attempt_id"
 )
 _TOOL: Final = "iris"
 
 
-def iris_command_from_env() -> tuple[str, ...]:
-    """The iris CLI argv prefix: the `RLHEALTH_IRIS_COMMAND` setting (shell words), else `iris`."""
-    configured = Settings().iris_command.strip()
-    return tuple(shlex.split(configured)) if configured else ("iris",)
-
-
-def _sql_text(value: str) -> str:
-    return value.replace("'", "''")
-
-
 @dataclass
 class IrisBackend:
-    """Read-only probes of one Iris job; `command` is the CLI prefix, `connection` its options."""
+    """Read-only probes of one Iris job; `command` is the CLI prefix resolved at start-up."""
 
     job: JobRef
     command: tuple[str, ...] = ("iris",)
-    connection: tuple[str, ...] = ()
     log_lines: int = 2000
     exec_timeout_s: int = 60
     name: str = "iris"
@@ -60,22 +53,20 @@ class IrisBackend:
 
     @classmethod
     def connect(
-        cls,
-        job: JobRef,
-        *,
-        controller_url: str | None,
-        cluster: str | None,
-        command: Sequence[str] = ("iris",),
-        exec_timeout_s: int = 60,
+        cls, job: JobRef, *, command: Sequence[str] = ("iris",), exec_timeout_s: int = 60
     ) -> IrisBackend:
-        """A backend on `--controller-url` when given, else `--cluster` (settings, then bundle)."""
-        if controller_url:
-            connection: tuple[str, ...] = (f"--controller-url={controller_url}",)
-        elif cluster or job.cluster:
-            connection = (f"--cluster={cluster or job.cluster}",)
-        else:
-            connection = ()
-        return cls(job, tuple(command), connection, exec_timeout_s=exec_timeout_s)
+        """A backend for `job` through the iris CLI `command`."""
+        return cls(job, tuple(command), exec_timeout_s=exec_timeout_s)
+
+    @property
+    def connection(self) -> tuple[str, ...]:
+        """`--controller-url` when configured, else `--cluster`, else the CLI's own default."""
+        settings = self.job.connection
+        if settings.iris_controller_url:
+            return (f"--controller-url={settings.iris_controller_url}",)
+        if settings.iris_cluster:
+            return (f"--cluster={settings.iris_cluster}",)
+        return ()
 
     def _argv(self, *args: str) -> tuple[str, ...]:
         return (*self.command, *self.connection, *args)
@@ -94,7 +85,7 @@ class IrisBackend:
 
     def controller(self, rec: Recorder) -> ControllerView | None:
         verb = "describe" if self._uses_describe(rec) else "summary"
-        text = self._run(rec, f"raw/job-{verb}.json", "job", verb, self.job.job_id, "--json")
+        text = self._run(rec, f"raw/job-{verb}.json", "job", verb, "--json", "--", self.job.job_id)
         if text is None:
             return None
         try:
@@ -106,7 +97,7 @@ class IrisBackend:
     def attempts(
         self, rec: Recorder, controller: ControllerView | None
     ) -> tuple[AttemptRecord, ...] | None:
-        pattern = _sql_text(self.job.job_id.rstrip("/")) + "/%"
+        pattern = like_prefix(self.job.job_id.rstrip("/") + "/") + "%"
         sql = ATTEMPTS_SQL.format(pattern=pattern)
         text = self._run(rec, "raw/task-attempts.csv", "query", sql, "-f", "csv")
         if text is None:
@@ -119,7 +110,7 @@ class IrisBackend:
 
     def logs_tail(self, rec: Recorder, controller: ControllerView | None) -> None:
         bound = ("--tail", "--max-lines", str(self.log_lines))
-        self._run(rec, "logs/tail.log", "job", "logs", self.job.job_id, *bound)
+        self._run(rec, "logs/tail.log", "job", "logs", *bound, "--", self.job.job_id)
 
     def targets(self, controller: ControllerView | None) -> tuple[str, ...]:
         if controller is None:
@@ -128,6 +119,9 @@ class IrisBackend:
         return tuple(str(t["task_id"]) for t in running if t.get("task_id"))
 
     def _exec(self, rec: Recorder, output: str, target: str, *probe: str) -> str | None:
+        if not PATTERNS["task id"].fullmatch(target):
+            rec.note(f"iris: task id {target!r} is not a valid task id: not probed")
+            return None
         timeout = str(self.exec_timeout_s)
         return self._run(rec, output, "task", "exec", target, "--timeout", timeout, "--", *probe)
 

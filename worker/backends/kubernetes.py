@@ -4,6 +4,11 @@
 Pods are found with a label selector (default `job-name=<job leaf name>`). The pods map onto the
 controller view of CONTRACT.md: one task per pod, job state from the pod phases; every container
 termination kubectl still remembers (`lastState.terminated`) becomes an attempt.
+
+`--kubeconfig`, `--context` and `--namespace` come from the operator's connection settings only
+(`JobRef.connection`), never from a bundle: a kubeconfig names credential plugins kubectl runs.
+The label value and every pod name of kubectl's reply are checked against their strict patterns
+before they join an argv; a pod name follows `--` for `kubectl logs`.
 """
 
 from __future__ import annotations
@@ -14,6 +19,7 @@ from dataclasses import dataclass, field
 from typing import Any, Final
 
 from worker.backends.base import JobRef, Recorder, safe_name
+from worker.backends.identifiers import PATTERNS
 from worker.backends.iris import GPU_QUERY
 from worker.backends.processes import PS_ARGV, python_pids
 from worker.evidence.model import AttemptRecord, ControllerView
@@ -117,9 +123,10 @@ def attempts_from_pods(data: Mapping[str, Any]) -> tuple[AttemptRecord, ...]:
 
 @dataclass
 class KubernetesBackend:
-    """Read-only probes of the pods of one job."""
+    """Read-only probes of the pods of one job; `kubectl` is the path resolved at start-up."""
 
     job: JobRef
+    kubectl: str = "kubectl"
     selector: str | None = None
     log_since: str = "1h"
     log_lines: int = 2000
@@ -127,20 +134,23 @@ class KubernetesBackend:
     _pods: dict[str, Any] | None = field(default=None, repr=False)
 
     def _argv(self, *args: str) -> tuple[str, ...]:
-        options: list[str] = []
-        if self.job.kubeconfig:
-            options.append(f"--kubeconfig={self.job.kubeconfig}")
-        if self.job.kube_context:
-            options.append(f"--context={self.job.kube_context}")
-        if self.job.namespace:
-            options.append(f"--namespace={self.job.namespace}")
-        return ("kubectl", *options, *args)
+        settings, options = self.job.connection, []
+        if settings.kubeconfig:
+            options.append(f"--kubeconfig={settings.kubeconfig}")
+        if settings.kube_context:
+            options.append(f"--context={settings.kube_context}")
+        if settings.namespace:
+            options.append(f"--namespace={settings.namespace}")
+        return (self.kubectl, *options, *args)
 
     def _run(self, rec: Recorder, output: str, *args: str) -> str | None:
         result = rec.run(self._argv(*args), output, tool=_TOOL)
         return result.stdout if result.ok else None
 
     def controller(self, rec: Recorder) -> ControllerView | None:
+        if self.selector is None and not PATTERNS["label value"].fullmatch(self.job.name):
+            rec.note(f"kubernetes: job name {self.job.name!r} is not a valid label value")
+            return None
         selector = self.selector or f"job-name={self.job.name}"
         text = self._run(rec, "raw/pods.json", "get", "pods", "-l", selector, "-o", "json")
         try:
@@ -158,9 +168,17 @@ class KubernetesBackend:
         return attempts_from_pods(self._pods) if self._pods is not None else None
 
     def logs_tail(self, rec: Recorder, controller: ControllerView | None) -> None:
-        for pod in self._all_pods(controller):
+        for pod in self._valid(rec, self._all_pods(controller)):
             since, lines = f"--since={self.log_since}", f"--tail={self.log_lines}"
-            self._run(rec, f"logs/{safe_name(pod)}.log", "logs", pod, since, lines)
+            self._run(rec, f"logs/{safe_name(pod)}.log", "logs", since, lines, "--", pod)
+
+    @staticmethod
+    def _valid(rec: Recorder, pods: tuple[str, ...]) -> tuple[str, ...]:
+        """The pod names fit to join an argv; the others noted and skipped."""
+        for pod in pods:
+            if not PATTERNS["pod"].fullmatch(pod):
+                rec.note(f"kubernetes: pod name {pod!r} is not a valid pod name: not probed")
+        return tuple(pod for pod in pods if PATTERNS["pod"].fullmatch(pod))
 
     def _all_pods(self, controller: ControllerView | None) -> tuple[str, ...]:
         tasks = controller.tasks if controller else ()
@@ -170,13 +188,18 @@ class KubernetesBackend:
         tasks = controller.tasks if controller else ()
         return tuple(str(t["task_id"]) for t in tasks if t.get("state") == "running")
 
+    def _exec(self, rec: Recorder, output: str, target: str, *probe: str) -> str | None:
+        if not self._valid(rec, (target,)):
+            return None
+        return self._run(rec, output, "exec", target, "--", *probe)
+
     def pids(self, rec: Recorder, target: str) -> tuple[int, ...]:
-        text = self._run(rec, f"raw/ps-{safe_name(target)}.txt", "exec", target, "--", *PS_ARGV)
+        text = self._exec(rec, f"raw/ps-{safe_name(target)}.txt", target, *PS_ARGV)
         return python_pids(text, self.job.process_match) if text is not None else ()
 
     def stack(self, rec: Recorder, target: str, pid: int, n: int) -> None:
         output = f"stacks/{safe_name(target)}-pid{pid}-{n}.txt"
-        self._run(rec, output, "exec", target, "--", "py-spy", "dump", "--pid", str(pid))
+        self._exec(rec, output, target, "py-spy", "dump", "--pid", str(pid))
 
     def gpus(self, rec: Recorder, target: str) -> None:
-        self._run(rec, f"gpus/{safe_name(target)}.csv", "exec", target, "--", *GPU_QUERY)
+        self._exec(rec, f"gpus/{safe_name(target)}.csv", target, *GPU_QUERY)

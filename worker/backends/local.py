@@ -1,14 +1,17 @@
 """A local process: `/proc/<pid>/status` and `cmdline`, `py-spy dump` of it, and `nvidia-smi` on
-this host. The job id's leaf name is the pid of the job's main process.
+this host. The job id's leaf name is the pid of the job's main process (ASCII digits only). Each
+tool runs as the path resolved at start-up (`worker.backends.tools`).
 """
 
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from typing import Final
 
 from worker.backends.base import JobRef, Recorder
+from worker.backends.identifiers import PATTERNS
 from worker.backends.iris import GPU_QUERY
 from worker.evidence.model import AttemptRecord, ControllerView
 
@@ -31,7 +34,11 @@ class LocalBackend:
     """Read-only probes of one local process tree rooted at `pid`."""
 
     job: JobRef
+    tools: Mapping[str, str] = field(default_factory=dict)  # tool name -> resolved path
     name: str = "local"
+
+    def _tool(self, name: str) -> str:
+        return self.tools.get(name, name)
 
     @property
     def pid(self) -> str:
@@ -42,11 +49,12 @@ class LocalBackend:
         return f"local-{self.pid}"
 
     def controller(self, rec: Recorder) -> ControllerView | None:
-        if not self.pid.isdigit():
+        if not PATTERNS["pid"].fullmatch(self.pid):
             rec.note(f"local: job id {self.job.job_id!r} does not end in a pid")
             return None
-        status = rec.run(("cat", f"/proc/{self.pid}/status"), "raw/proc-status.txt")
-        rec.run(("cat", f"/proc/{self.pid}/cmdline"), "raw/proc-cmdline.txt")
+        cat = self._tool("cat")
+        status = rec.run((cat, f"/proc/{self.pid}/status"), "raw/proc-status.txt")
+        rec.run((cat, f"/proc/{self.pid}/cmdline"), "raw/proc-cmdline.txt")
         state = proc_state(status.stdout) if status.ok else "missing"
         task = {"task_id": self.target, "state": state, "pid": int(self.pid)}
         return ControllerView(job_id=self.job.job_id, state=state, task_count=1, tasks=(task,))
@@ -67,7 +75,8 @@ class LocalBackend:
         return (int(self.pid),)
 
     def stack(self, rec: Recorder, target: str, pid: int, n: int) -> None:
-        rec.run(("py-spy", "dump", "--pid", str(pid)), f"stacks/{target}-pid{pid}-{n}.txt")
+        argv = (self._tool("py-spy"), "dump", "--pid", str(pid))
+        rec.run(argv, f"stacks/{target}-pid{pid}-{n}.txt")
 
     def gpus(self, rec: Recorder, target: str) -> None:
-        rec.run(GPU_QUERY, f"gpus/{target}.csv")
+        rec.run((self._tool("nvidia-smi"), *GPU_QUERY[1:]), f"gpus/{target}.csv")

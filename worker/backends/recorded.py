@@ -12,7 +12,7 @@ import json
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from pathlib import Path
+from pathlib import Path, PurePath
 
 from worker.backends.spawn import MISSING_EXIT_CODE, ProbeResult
 from worker.evidence.model import ProbeEvidence
@@ -31,6 +31,11 @@ def _now() -> datetime:
     return datetime.now(UTC)
 
 
+def _portable(argv: Sequence[str]) -> tuple[str, ...]:
+    """`argv` with its executable reduced to its file name."""
+    return (PurePath(argv[0]).name, *argv[1:]) if argv else ()
+
+
 @dataclass
 class RecordedRunner:
     """Replays the outputs of `probes.json` in `probe_dir`, matching commands by argv."""
@@ -41,13 +46,16 @@ class RecordedRunner:
 
     def _recorded(self) -> dict[tuple[str, ...], dict[str, object]]:
         data = json.loads((self.probe_dir / "probes.json").read_text(encoding="utf-8"))
-        return {tuple(c["argv"]): c for c in data.get("commands", [])}
+        return {_portable(c["argv"]): c for c in data.get("commands", [])}
 
     def __call__(self, argv: Sequence[str], timeout_s: float) -> ProbeResult:
-        """The recorded result of `argv`; an unrecorded command fails as if not found."""
+        """The recorded result of `argv`; an unrecorded command fails as if not found.
+
+        Commands match by their words, the executable by its name: a recording made where a tool
+        was resolved to another path still answers (nothing is ever run here)."""
         command = tuple(argv)
         self.calls.append(command)
-        entry = self._recorded().get(command)
+        entry = self._recorded().get(_portable(command))
         if entry is None:
             return ProbeResult(command, self.clock(), MISSING_EXIT_CODE, "", "not recorded")
         output = entry.get("output")

@@ -2,7 +2,8 @@
 
 `sacct --duplicates` lists every run of a requeued job; each becomes an attempt. Slurm offers no
 read-only way into a running step's processes, so this backend takes no stacks or GPU state (the
-probe plan records that as a probe that could not be made).
+probe plan records that as a probe that could not be made). The job number (the bundle's job leaf
+name) must be digits (`812`, `812_3`) before it joins an argv.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from datetime import UTC, datetime
 from typing import Final
 
 from worker.backends.base import JobRef, Recorder
+from worker.backends.identifiers import PATTERNS
 from worker.evidence.model import AttemptRecord, ControllerView
 
 __all__ = ["SACCT_FIELDS", "SlurmBackend", "attempts_from_sacct", "slurm_state"]
@@ -76,6 +78,8 @@ class SlurmBackend:
     """Read-only probes of one Slurm job (its numeric id is the bundle's job leaf name)."""
 
     job: JobRef
+    sacct: str = "sacct"
+    squeue: str = "squeue"
     name: str = "slurm"
     _attempts: tuple[AttemptRecord, ...] | None = field(default=None, repr=False)
 
@@ -86,10 +90,13 @@ class SlurmBackend:
     def controller(self, rec: Recorder) -> ControllerView | None:
         fields = ",".join(SACCT_FIELDS)
         number = self.job_number
-        argv = ("sacct", "-j", number, "-P", "-n", "-X", "--duplicates", f"--format={fields}")
+        if not PATTERNS["slurm job"].fullmatch(number):
+            rec.note(f"slurm: job id {self.job.job_id!r} does not end in a Slurm job number")
+            return None
+        argv = (self.sacct, "-j", number, "-P", "-n", "-X", "--duplicates", f"--format={fields}")
         result = rec.run(argv, "raw/sacct.txt")
         self._attempts = attempts_from_sacct(result.stdout) if result.ok else None
-        queue = rec.run(("squeue", "-j", number, "-h", "-o", "%i|%T|%N|%r"), "raw/squeue.txt")
+        queue = rec.run((self.squeue, "-j", number, "-h", "-o", "%i|%T|%N|%r"), "raw/squeue.txt")
         return self._view(queue.stdout if queue.ok else "")
 
     def _view(self, squeue: str) -> ControllerView | None:

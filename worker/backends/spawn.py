@@ -1,8 +1,11 @@
 """The single place that starts processes: check the allowlist, run with a time budget, record.
 
-`run_probe` refuses a command the allowlist does not hold before anything is spawned. A missing
-executable gives exit code 127 and a timeout gives exit code None (the process group it started
-is killed), so both become probe failures instead of exceptions.
+`run_probe` refuses a command the allowlist does not hold before anything is spawned; there is no
+default allowlist, so every caller names the one built from the operator's settings
+(`worker.backends.tools`). argv[0] is the absolute path the tool was resolved to at start-up; a tool
+that was not found (its bare name) gives exit code 127 without a lookup on PATH, as does a path
+that has gone. A timeout gives exit code None (the process group it started is killed), so both
+become probe failures instead of exceptions.
 """
 
 from __future__ import annotations
@@ -13,9 +16,10 @@ import subprocess
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
+from pathlib import PurePath
 from typing import Final
 
-from worker.backends.allowlist import DEFAULT_ALLOWLIST, Allowlist
+from worker.backends.allowlist import Allowlist
 
 __all__ = ["MISSING_EXIT_CODE", "ProbeResult", "run_probe"]
 
@@ -63,14 +67,17 @@ def run_probe(
     argv: Sequence[str],
     timeout_s: float,
     *,
-    allowlist: Allowlist = DEFAULT_ALLOWLIST,
+    allowlist: Allowlist,
     env: Mapping[str, str] | None = None,
     clock: Callable[[], datetime] = _now,
 ) -> ProbeResult:
     """Run one allowed read-only command; `RefusedCommandError` before spawning anything else."""
     command = tuple(argv)
-    allowlist.check(command)
+    tool = allowlist.check(command)
     started = clock()
+    if not PurePath(command[0]).is_absolute():  # never looked up on PATH: not found at start-up
+        why = f"command not found: {tool} was not found on the tool path at start-up"
+        return ProbeResult(command, started, MISSING_EXIT_CODE, "", why)
     try:
         process = subprocess.Popen(
             command,

@@ -24,6 +24,11 @@ COMMANDS: Final[dict[str, tuple[str, str]]] = {
     "worker": ("worker.cli.pipeline_cmd", "Start a Celery worker."),
     "verdicts": ("worker.cli.pipeline_cmd", "Read verdicts (the supervisor side)."),
     "replay": ("worker.cli.pipeline_cmd", "Re-diagnose an archived event."),
+    "board": ("worker.cli.board_cmd", "Serve a read-only web page of recent verdicts."),
+    "signatures": (
+        "worker.cli.signatures_cmd",
+        "Show which log lines matched which failure catalogue entry or signature.",
+    ),
 }
 
 
@@ -54,3 +59,6 @@ def main() -> None:
 
     Read-only by construction: it never kills, restarts or edits a job.
     """
+    from shared.redact import install_log_redaction
+
+    install_log_redaction()  # every log message of every command is redacted and escaped

@@ -1,4 +1,9 @@
-"""`rl-health diagnose`: the whole diagnosis in this process, with no Redis, S3 or cluster."""
+"""`rl-health diagnose`: the whole diagnosis in this process, with no Redis, S3 or cluster.
+
+With `--backend`, the cluster tools, the iris command, the refresh template and the connections are
+resolved from the operator's settings at start-up; a setting the allowlist refuses stops the
+command with exit 2 before anything runs (docs/security.md).
+"""
 
 from __future__ import annotations
 
@@ -7,10 +12,13 @@ import tempfile
 from datetime import UTC, datetime
 from functools import partial
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import click
 
 from shared.models import Mode, Report
+from shared.redact import clean
+from shared.settings import Settings
 from worker.cli.options import (
     ISO_DATETIME,
     load_campaign_thresholds,
@@ -19,27 +27,53 @@ from worker.cli.options import (
 )
 from worker.evidence.model import Evidence
 
+if TYPE_CHECKING:
+    from worker.backends import Toolbox
+
 __all__ = ["diagnose_command"]
 
 BACKENDS = ("iris", "kubernetes", "slurm", "local")
 
 
+def _tools(settings: Settings) -> Toolbox:
+    """The cluster tools, iris command and refresh template, resolved and checked at start-up."""
+    from worker.backends import ToolSettingsError, resolve_tools
+
+    try:
+        return resolve_tools(settings)
+    except ToolSettingsError as exc:
+        raise click.UsageError(f"settings refused: {clean(str(exc))}") from exc
+
+
 def _live_probes(
-    first: Evidence, backend: str, out: Path | None
+    first: Evidence, backend: str, out: Path | None, settings: Settings, tools: Toolbox
 ) -> tuple[Path | None, tuple[str, ...]]:
+    from worker.cli.terminal import probing
     from worker.pipeline.capture import capture_live
 
     target = out / "probes" if out else Path(tempfile.mkdtemp(prefix="rlhealth-probes-"))
-    probe_dir, notes = capture_live(first, backend, target, load_settings())
+    with probing(backend):
+        probe_dir, notes = capture_live(first, backend, target, settings, tools=tools)
     if probe_dir is not None and out is None:
         click.echo(f"live probes recorded in {probe_dir}", err=True)
     return probe_dir, notes
 
 
-def _write_outputs(report: Report, out: Path) -> None:
+def _write_outputs(report: Report, out: Path, html: str) -> None:
     from reports.local import write_local
 
     write_local(report, out)
+    (out / "report.html").write_text(html, encoding="utf-8")
+
+
+def _render(report: Report, evidence: Evidence, fmt: str) -> str:
+    from reports.html import render_html
+    from reports.json_report import render_json
+    from reports.text import render_text
+
+    if fmt == "html":
+        return render_html(report, evidence)
+    return render_json(report) if fmt == "json" else render_text(report)
 
 
 @click.command("diagnose")
@@ -62,12 +96,17 @@ def _write_outputs(report: Report, out: Path) -> None:
     help="Declare the mode explicitly (else read from the launched entrypoint).",
 )
 @click.option(
-    "--format", "fmt", type=click.Choice(["text", "json"]), default="text", show_default=True
+    "--format",
+    "fmt",
+    type=click.Choice(["text", "json", "html"]),
+    default="text",
+    show_default=True,
+    help="html: one self-contained page with the plots (no script, no network).",
 )
 @click.option(
     "--out",
     type=click.Path(path_type=Path, file_okay=False),
-    help="Also write report.txt and report.json here.",
+    help="Also write report.txt, report.json and report.html here.",
 )
 @click.option(
     "--campaign",
@@ -86,10 +125,11 @@ def diagnose_command(
 ) -> None:
     """Diagnose JOB_DIR (a watcher job directory) and print KILL, NO-KILL or ERROR with evidence.
 
-    Exit 0 whenever a report was made, whatever the verdict; 2 for unusable arguments.
+    Exit 0 whenever a report was made, whatever the verdict; 2 for unusable arguments. On a
+    terminal, progress goes to stderr and the text report is coloured; piped, stdout is exactly
+    the report.
     """
-    from reports.json_report import render_json
-    from reports.text import render_text
+    from worker.cli.terminal import log_progress, write_report
     from worker.diagnosis import collect_evidence, judge
 
     if not job_dir.is_dir():
@@ -112,9 +152,19 @@ def diagnose_command(
     )
     notes: tuple[str, ...] = ()
     if backend is not None:
-        probes_dir, notes = _live_probes(collect(), backend, out)
-    evidence = collect(probes_dir=probes_dir, notes=notes)
+        settings = load_settings()
+        tools = _tools(settings)
+        with log_progress() as progress:
+            first = collect(progress=progress)
+        probes_dir, notes = _live_probes(first, backend, out, settings, tools)
+    with log_progress() as progress:
+        evidence = collect(probes_dir=probes_dir, notes=notes, progress=progress)
     report = judge(evidence)
-    sys.stdout.write(render_json(report) if fmt == "json" else render_text(report))
+    rendered = _render(report, evidence, fmt)
+    if fmt == "text":
+        write_report(rendered)
+    else:
+        sys.stdout.write(rendered)
     if out is not None:
-        _write_outputs(report, out)
+        html = rendered if fmt == "html" else _render(report, evidence, "html")
+        _write_outputs(report, out, html)

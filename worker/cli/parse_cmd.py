@@ -1,23 +1,38 @@
-"""`rl-health parse`: extract the evidence tables from a job directory or a single log file."""
+"""`rl-health parse`: extract the evidence tables from a job directory or a single log file.
+
+Every line it prints that quotes the log (malformed examples, the head of a log without metrics)
+is redacted, escaped and cut to LINE_MAX_BYTES: a 300 MB line is never echoed. The tables it writes
+are redacted by `write_frame`.
+"""
 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Literal
+from typing import Final, Literal
 
 import click
 
+from shared.redact import clean_cut
 from worker.evidence.model import LogTables, TrialTables
 
 __all__ = ["parse_command"]
 
+LINE_MAX_BYTES: Final = 300
+
+
+def _shown(text: str) -> str:
+    """A log line as this command prints it: redacted, escaped, cut by bytes."""
+    return clean_cut(text, LINE_MAX_BYTES)
+
 
 def _read_logs(path: Path) -> LogTables | None:
+    from worker.cli.terminal import log_progress
     from worker.evidence.logs import parse_job_logs, parse_log_file
 
-    if path.is_dir():
-        return parse_job_logs(path)
-    return parse_log_file(path, source=path.name)
+    with log_progress() as progress:  # a bar on stderr, only on a terminal
+        if path.is_dir():
+            return parse_job_logs(path, progress=progress)
+        return parse_log_file(path, source=path.name, progress=progress)
 
 
 def _read_trials(path: Path, trace_jobs_dir: Path | None) -> TrialTables | None:
@@ -40,19 +55,30 @@ def _write_trials(
     return [write_frame(trials.trials, out, "trials", fmt)]
 
 
+def _failures_line(logs: LogTables) -> str:
+    errors = logs.errors
+    known = errors.get_column("entry").is_not_null().sum()
+    return (
+        f"failure rows: {errors.height:,} ({known:,} catalogued, "
+        f"{errors.get_column('signature').n_unique():,} signatures; `rl-health signatures` "
+        "lists them)"
+    )
+
+
 def _summary_lines(logs: LogTables | None, trials: TrialTables | None) -> list[str]:
     lines: list[str] = []
     if logs is not None:
         s = logs.summary
         records = ", ".join(f"{k}={v:,}" for k, v in sorted(s.records.items())) or "none"
         lines += [
-            f"files: {', '.join(s.files) or 'none'} ({s.lines:,} lines, {s.bytes:,} bytes)",
+            f"files: {_shown(', '.join(s.files)) or 'none'} ({s.lines:,} lines, {s.bytes:,} bytes)",
             f"records: {records}",
             f"serializations seen: {', '.join(s.serializations) or 'none'}",
             f"malformed lines: {s.malformed:,}",
-            *(f"  {example}" for example in s.malformed_examples),
+            *(f"  {_shown(example)}" for example in s.malformed_examples),
             f"metric steps: {logs.metrics['step'].n_unique():,}; "
             f"metric keys: {logs.metrics['key'].n_unique():,}",
+            _failures_line(logs),
         ]
     if trials is not None:
         lines.append(f"trials: {trials.trials.height:,} ({len(trials.unreadable)} unreadable)")
@@ -61,11 +87,11 @@ def _summary_lines(logs: LogTables | None, trials: TrialTables | None) -> list[s
 
 def _no_metrics_message(path: Path, logs: LogTables | None) -> str:
     if logs is None:
-        return f"no usable metrics: no log file found under {path}"
-    head = "\n".join(f"  | {line}" for line in logs.summary.head) or "  (the log is empty)"
+        return f"no usable metrics: no log file found under {_shown(str(path))}"
+    head = "\n".join(f"  | {_shown(line)}" for line in logs.summary.head) or "  (the log is empty)"
     return (
-        f"no usable metrics in {path}: no WANDB_MIRROR record, console dict, policy dict or reward "
-        f"line was recognised ({logs.summary.lines:,} lines, "
+        f"no usable metrics in {_shown(str(path))}: no WANDB_MIRROR record, console dict, "
+        f"policy dict or reward line was recognised ({logs.summary.lines:,} lines, "
         f"{logs.summary.malformed:,} malformed). "
         f"The log looks like this:\n{head}"
     )

@@ -7,10 +7,15 @@ RLHEALTH_S3_PREFIX, RLHEALTH_BUNDLE_ROOT, RLHEALTH_STREAM_PREFIX, RLHEALTH_COALE
 from __future__ import annotations
 
 import logging
+import os
+import shutil
 import signal
 import sys
+import tempfile
+from collections.abc import Callable
 from datetime import UTC, datetime
-from typing import TYPE_CHECKING, Any
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import click
 
@@ -30,6 +35,7 @@ __all__ = [
 ]
 
 MODES = [m.value for m in Mode if m is not Mode.UNDECLARED]
+FC = TypeVar("FC", bound=Callable[..., Any] | click.Command)
 
 
 def _redis(settings: Settings) -> Any:
@@ -61,6 +67,27 @@ def _entry_line(entry: VerdictEntry, as_json: bool) -> str:
         f"{entry.model_dump(mode='json')['captured_at']}  {entry.verdict.value:<7} "
         f"{entry.confidence.value:<6} {entry.job_id}  {entry.event_id}{more}  {entry.report_uri}"
     )
+
+
+def _metrics_port_option(what: str) -> Callable[[FC], FC]:
+    return click.option(
+        "--metrics-port",
+        type=click.IntRange(1, 65535),
+        help=f"Serve Prometheus metrics of {what} on this port (/metrics).",
+    )
+
+
+def _prepare_metrics_dir(directory: Path | None) -> Path:
+    """Empty the pool's metric directory and name it in PROMETHEUS_MULTIPROC_DIR, before
+    prometheus-client is imported (it reads the variable once, at its import)."""
+    if "prometheus_client" in sys.modules:
+        _fail("prometheus-client was imported before its multiprocess directory was set", 1)
+    target = directory or Path(tempfile.mkdtemp(prefix="rlhealth-metrics-"))
+    if target.exists():
+        shutil.rmtree(target)  # counts of an earlier run must not be added to this one's
+    target.mkdir(parents=True)
+    os.environ["PROMETHEUS_MULTIPROC_DIR"] = str(target)
+    return target
 
 
 # --- alert ----------------------------------------------------------------------------------------
@@ -103,7 +130,10 @@ def alert_command(
 @click.option("--once", is_flag=True, help="Handle the alerts waiting now, then exit.")
 @click.option("--max-events", type=click.IntRange(min=1), help="Exit after this many alerts.")
 @click.option("--consumer", help="Consumer name in the `ingest` group (default: the host name).")
-def ingest_command(once: bool, max_events: int | None, consumer: str | None) -> None:
+@_metrics_port_option("ingest (alerts by outcome, coalesced, dead letters by reason)")
+def ingest_command(
+    once: bool, max_events: int | None, consumer: str | None, metrics_port: int | None
+) -> None:
     """Consume the alert stream and start one diagnosis per job in need (until interrupted)."""
     from functools import partial
 
@@ -111,6 +141,11 @@ def ingest_command(once: bool, max_events: int | None, consumer: str | None) -> 
     from worker.pipeline.ingest import Ingest
     from worker.pipeline.tasks import dispatch, resend
     from worker.pipeline.watchdog import Watchdog
+
+    if metrics_port is not None:
+        from worker.pipeline.metrics import serve
+
+        serve(metrics_port)
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
     stopping: list[int] = []
@@ -140,12 +175,33 @@ def ingest_command(once: bool, max_events: int | None, consumer: str | None) -> 
 )
 @click.option("--loglevel", default="INFO", show_default=True)
 @click.option("--hostname", help="Celery node name (default: rlhealth@<host>).")
-def worker_command(concurrency: int, pool: str, loglevel: str, hostname: str | None) -> None:
+@_metrics_port_option("the whole pool (diagnoses, verdicts, stage durations, retries)")
+@click.option(
+    "--metrics-dir",
+    type=click.Path(path_type=Path, file_okay=False),
+    help="Where pool processes keep their metric files (emptied at start; default: a new "
+    "temporary directory).",
+)
+def worker_command(
+    concurrency: int,
+    pool: str,
+    loglevel: str,
+    hostname: str | None,
+    metrics_port: int | None,
+    metrics_dir: Path | None,
+) -> None:
     """Start a Celery worker running the diagnosis tasks."""
     settings = load_settings()  # before the app module reads them
+    if metrics_port is not None:
+        _prepare_metrics_dir(metrics_dir)  # before the tasks import prometheus-client
     import worker.pipeline.tasks  # noqa: F401 - registers the tasks
     from shared.streams import StreamNames
     from worker.pipeline.app import app
+
+    if metrics_port is not None:
+        from worker.pipeline.metrics import serve
+
+        serve(metrics_port)  # in this main process, summing every pool child's files
 
     if settings.s3_endpoint_url:
         _pipeline(settings)  # makes the bucket of a local S3 before the first task
@@ -172,8 +228,12 @@ def worker_command(concurrency: int, pool: str, loglevel: str, hostname: str | N
 def verdicts_command(
     follow: bool, count: int | None, timeout: float | None, as_json: bool, group: str | None
 ) -> None:
-    """Read verdicts (the supervisor side): the latest ones, or new ones with --follow."""
+    """Read verdicts (the supervisor side): the latest ones, or new ones with --follow.
+
+    On a terminal, --follow without --json shows a live table; piped, one line per verdict.
+    """
     from shared.supervisor import VerdictReader
+    from worker.cli.terminal import is_terminal, live_verdicts
 
     settings = load_settings()
     reader = VerdictReader(_redis(settings), settings, group=group)
@@ -183,6 +243,9 @@ def verdicts_command(
         entries = reader.follow(count=count, timeout_s=timeout)
     else:
         entries = iter(reader.recent(count or 10))
+    if follow and not as_json and is_terminal(sys.stdout):
+        live_verdicts(entries)
+        return
     for entry in entries:
         click.echo(_entry_line(entry, as_json))
 

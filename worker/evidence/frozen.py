@@ -12,7 +12,9 @@ evidence.json            everything else as JSON, written last: its presence mar
 
 `thaw` reads `evidence.json` and the Parquet tables; the probe layout is a by-product for people and
 for the `recorded` backend, while `evidence.json` keeps the exact probe model, so the thawed
-`Evidence` equals the frozen one field for field, as of the same `now`.
+`Evidence` equals the frozen one field for field, as of the same `now` — except that every file
+written here passed the redactor (`shared.redact`): credentials in the manifest, log heads, tables
+and probe outputs never reach the frozen copy (or S3).
 """
 
 from __future__ import annotations
@@ -25,7 +27,9 @@ from typing import Any, Final
 
 import polars as pl
 
+from shared.redact import cut_bytes, redact_data, redact_frame
 from shared.settings import Thresholds
+from worker.evidence import schema
 from worker.evidence.model import (
     BundleInfo,
     Evidence,
@@ -41,7 +45,10 @@ __all__ = ["FORMAT", "MARKER", "FrozenEvidenceError", "freeze", "thaw"]
 
 FORMAT: Final = 1
 MARKER: Final = "evidence.json"
+LINE_MAX_BYTES: Final = 16 * 1024
 _LOG_FRAMES: Final = tuple(f.name for f in dataclasses.fields(LogTables) if f.name != "summary")
+# Tables that gained columns since format 1 was written: an older freeze thaws with them as nulls.
+_GROWN: Final[dict[str, dict[str, pl.DataType]]] = {"errors": schema.ERRORS}
 
 
 class FrozenEvidenceError(ValueError):
@@ -49,14 +56,16 @@ class FrozenEvidenceError(ValueError):
 
 
 def _write_json(path: Path, data: Any) -> Path:
+    """Write JSON with every string redacted and every value under a credential's key hidden."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(data, indent=1, sort_keys=True), encoding="utf-8")
+    path.write_text(json.dumps(redact_data(data), indent=1, sort_keys=True), encoding="utf-8")
     return path
 
 
 def _write_frame(path: Path, frame: pl.DataFrame) -> Path:
+    """Write a table with its string columns redacted (vectorised prefilter, `redact_frame`)."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    frame.write_parquet(path)
+    redact_frame(frame).write_parquet(path)
     return path
 
 
@@ -87,6 +96,14 @@ def _trials_meta(trials: TrialTables) -> dict[str, Any]:
     }
 
 
+def _summary(summary: ParseSummary) -> dict[str, Any]:
+    """The parse summary; its quoted lines cut to LINE_MAX_BYTES (a log line may be 300 MB)."""
+    data = summary.model_dump(mode="json")
+    for name in ("head", "malformed_examples"):
+        data[name] = [cut_bytes(line, LINE_MAX_BYTES) for line in data.get(name) or ()]
+    return data
+
+
 def _document(evidence: Evidence) -> dict[str, Any]:
     logs, trials, probes = evidence.logs, evidence.trials, evidence.probes
     return {
@@ -97,7 +114,7 @@ def _document(evidence: Evidence) -> dict[str, Any]:
         "mode": evidence.mode.model_dump(mode="json"),
         "bundle": evidence.bundle.model_dump(mode="json"),
         "discrepancies": list(evidence.discrepancies),
-        "logs": None if logs is None else {"summary": logs.summary.model_dump(mode="json")},
+        "logs": None if logs is None else {"summary": _summary(logs.summary)},
         "trials": None if trials is None else _trials_meta(trials),
         "probes": None if probes is None else probes.model_dump(mode="json"),
     }
@@ -123,10 +140,19 @@ def _read_frame(path: Path) -> pl.DataFrame:
     return pl.read_parquet(path)
 
 
+def _with_new_columns(name: str, frame: pl.DataFrame) -> pl.DataFrame:
+    wanted = _GROWN.get(name, {})
+    missing = [pl.lit(None, dtype=t).alias(c) for c, t in wanted.items() if c not in frame.columns]
+    return frame.with_columns(missing) if missing else frame
+
+
 def _thaw_logs(meta: dict[str, Any] | None, directory: Path) -> LogTables | None:
     if meta is None:
         return None
-    frames = {name: _read_frame(directory / "logs" / f"{name}.parquet") for name in _LOG_FRAMES}
+    frames = {
+        name: _with_new_columns(name, _read_frame(directory / "logs" / f"{name}.parquet"))
+        for name in _LOG_FRAMES
+    }
     return LogTables(summary=ParseSummary.model_validate(meta["summary"]), **frames)
 
 

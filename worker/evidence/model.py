@@ -9,8 +9,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from datetime import datetime
 from enum import StrEnum
+from functools import cached_property
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import polars as pl
 from pydantic import BaseModel, ConfigDict
@@ -19,12 +20,16 @@ from shared.models import Mode, UtcDatetime
 from shared.settings import Thresholds
 from worker.evidence import schema
 
+if TYPE_CHECKING:
+    from worker.evidence.facts import Facts
+
 __all__ = [
     "ArtifactState",
     "ArtifactStatus",
     "AttemptRecord",
     "BundleInfo",
     "ClassFreshness",
+    "ClockSkew",
     "ControllerView",
     "Evidence",
     "LogTables",
@@ -108,6 +113,21 @@ class BundleInfo(_Frozen):
 # --- logs ---------------------------------------------------------------------------------------
 
 
+class ClockSkew(_Frozen):
+    """A log's own line times against the Iris prefix times (collection time, UTC).
+
+    `min_s`/`max_s` are own time minus prefix time over the `lines` that carry both; `off_lines`
+    differ by more than the parser's tolerance, the first of them at `source`:`first_line`.
+    """
+
+    lines: int = 0
+    min_s: float | None = None
+    max_s: float | None = None
+    off_lines: int = 0
+    first_line: int | None = None
+    source: str | None = None
+
+
 class ParseSummary(_Frozen):
     files: tuple[str, ...] = ()
     lines: int = 0
@@ -121,6 +141,7 @@ class ParseSummary(_Frozen):
     head: tuple[str, ...] = ()  # the first non-empty lines, to show what the log looks like
     head_lines: tuple[int, ...] = ()  # their 1-based line numbers, when the parser kept them
     head_source: str | None = None  # the file they come from (default: the first of `files`)
+    clock: ClockSkew = ClockSkew()  # own line times against the Iris prefix times
 
 
 @dataclass(frozen=True)
@@ -244,6 +265,13 @@ class Evidence:
     trials: TrialTables | None = None  # None: no trials directory
     probes: ProbeEvidence | None = None  # None: no live probe available
     discrepancies: tuple[str, ...] = ()
+
+    @cached_property
+    def facts(self) -> Facts:
+        """The facts derived from this evidence (`worker.evidence.facts`), computed once."""
+        from worker.evidence.facts import derive
+
+        return derive(self)
 
     @property
     def job_id(self) -> str:

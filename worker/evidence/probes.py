@@ -31,6 +31,7 @@ from typing import Any, Final, TypeVar
 
 from pydantic import ValidationError
 
+from shared.redact import redact_data, redact_text
 from worker.evidence.bundle import mtime_utc, parse_timestamp
 from worker.evidence.model import (
     AttemptRecord,
@@ -342,9 +343,10 @@ def read_probes(probe_dir: Path, source_prefix: str = "probes") -> ProbeEvidence
 
 
 def _write(probe_dir: Path, relative: str, text: str) -> Path:
+    """Write one probe file; its text passes the redactor first (outputs hold env and argv)."""
     path = resolve_inside(probe_dir, relative)
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(text, encoding="utf-8")
+    path.write_text(redact_text(text), encoding="utf-8")
     return path
 
 
@@ -354,7 +356,8 @@ def _iso(value: datetime | None) -> str | None:
 
 
 def _json_text(data: object) -> str:
-    return json.dumps(data, indent=2, sort_keys=True) + "\n"
+    """JSON with every value under a credential's key hidden (`redact_data`) before writing."""
+    return json.dumps(redact_data(data), indent=2, sort_keys=True) + "\n"
 
 
 def _probes_header(evidence: ProbeEvidence) -> dict[str, Any]:
@@ -388,8 +391,9 @@ def _write_stack(probe_dir: Path, stack: StackDump, outputs: Mapping[str, str]) 
 def write_probes(evidence: ProbeEvidence, outputs: dict[str, str], probe_dir: Path) -> None:
     """Write `evidence` in the probe layout; `outputs` are raw command outputs by relative path.
 
-    Raw outputs are written verbatim and win over a rendering of the same file. A stack's file gets
-    its `captured_at` as modification time, so a reader without the command still dates it.
+    Raw outputs are written as returned, but redacted (`shared.redact`), and win over a rendering
+    of the same file. A stack's file gets its `captured_at` as modification time, so a reader
+    without the command still dates it.
     """
     probe_dir.mkdir(parents=True, exist_ok=True)
     for relative, text in outputs.items():

@@ -1,4 +1,4 @@
-"""Turn evidence rows into quotes, one way for every gate."""
+"""Turn evidence rows into quotes, one way for every gate: redacted, escaped, cut by bytes."""
 
 from __future__ import annotations
 
@@ -9,20 +9,20 @@ from typing import Any
 import polars as pl
 
 from shared.models import Quote
+from shared.redact import clean_cut
 from worker.evidence.model import LogTables
 
 __all__ = ["log_head_quotes", "quote", "quote_rows"]
 
-MAX_QUOTE_CHARS = 400
+MAX_QUOTE_BYTES = 400
 
 
 def quote(
     source: str, text: str, line: int | None = None, timestamp: datetime | None = None
 ) -> Quote:
-    """A quote, its text trimmed to a readable length."""
-    text = text.strip()
-    if len(text) > MAX_QUOTE_CHARS:
-        text = text[: MAX_QUOTE_CHARS - 1] + "…"
+    """A quote, its text redacted and escaped, then cut to a readable length by bytes with a
+    visible `…[+N bytes]` (redaction first, so a cut never leaves half a credential behind)."""
+    text = clean_cut(text.strip(), MAX_QUOTE_BYTES)
     return Quote(source=source, line=line, timestamp=timestamp, text=text)
 
 

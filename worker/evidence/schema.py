@@ -14,7 +14,9 @@ Tables built by the log parser (`worker.evidence.logs`):
 - ENGINES: one row per vLLM stat line.
 - PROGRESS: `Training Step Progress` and `Generation Buffer Progress` counters.
 - BATCHES: agentic `Batch generation ...` lines with the preceding `Exception breakdown`.
-- ERRORS: hard-error and notable lines (`kind` from ERROR_KINDS).
+- ERRORS: every failure a log shows (tracebacks, final exception lines, known failure lines, exit
+  records) and notable lines; `kind` from ERROR_KINDS, meaning from the failure catalogue
+  (`worker.evidence.failures`); `line` is the row's first line, `last_line` its last.
 - RESUMES: attempt boundaries and checkpoint resume lines.
 Tables built by the trial reader (`worker.evidence.trials`): TRIALS.
 """
@@ -128,15 +130,43 @@ ERROR_KINDS: Final[tuple[str, ...]] = (
     "sandbox_error",
     "shm_broadcast",  # benign noise, kept so a gate can say it saw and discounted it
     "image_pull_backoff",  # benign when transient
+    # from the failure catalogue (worker/evidence/failures/catalogue.toml)
+    "engine_dead",
+    "engine_error",
+    "engine_config",
+    "engine_preemption",
+    "ray_unhandled",
+    "host_oom",
+    "node_died",
+    "worker_died",
+    "nccl_error",
+    "nccl_network",
+    "nccl_abort",
+    "fatal_abort",
+    "config_error",
+    "job_error",
+    "teardown",
+    "preempted",
+    "exit",
+    "exception",  # a final `Type: message` line no catalogue entry knows
 )
 
 ERRORS: Final[dict[str, pl.DataType]] = {
     "source": pl.String(),
-    "line": pl.Int64(),
+    "line": pl.Int64(),  # the first line: the traceback header for a traceback
     "timestamp": TS,
     "kind": pl.String(),
-    "text": pl.String(),
+    "text": pl.String(),  # the final line: a traceback's exception line
     "attempt": pl.Int32(),
+    "exc_type": pl.String(),  # last dotted name of the exception (a Ray wrapper's inner type)
+    "message": pl.String(),  # the exception's message, or the line without its prefixes
+    "component": pl.String(),  # policy | engine | driver | sandbox | controller | configuration
+    "prefix": pl.String(),  # the first line's process prefixes `(Name pid=N, ip=X)`: who logged it
+    "last_line": pl.Int64(),
+    "entry": pl.String(),  # the catalogue entry id, null when none matched
+    "failure_class": pl.String(),  # hard | transient | benign | configuration; null: uncatalogued
+    "signature": pl.String(),  # exception type + normalised message (failures.signature)
+    "specific": pl.Boolean(),  # the signature may stand for a failure (not a bare exit record)
 }
 
 RESUMES: Final[dict[str, pl.DataType]] = {

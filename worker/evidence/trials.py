@@ -24,8 +24,16 @@ from worker.evidence.model import TrialTables
 from worker.evidence.paths import BundleFiles
 from worker.evidence.values import integer, number, text
 
-__all__ = ["harbor_row", "read_trials", "simple_row", "terminal_bench_row"]
+__all__ = [
+    "DEFAULT_TRIALS_DIR",
+    "harbor_row",
+    "missing_trials",
+    "read_trials",
+    "simple_row",
+    "terminal_bench_row",
+]
 
+DEFAULT_TRIALS_DIR: Final = "trace_jobs"
 TRIAL_FILES: Final = ("result.json", "results.json", "config.json")
 SIDE_FILES: Final = ("sync_selection.json", "skipped_objects.json")
 HARBOR_PHASES: Final = ("environment_setup", "agent_setup", "agent_execution", "verifier")
@@ -247,10 +255,12 @@ def _locate(job_dir: Path, trials_dir: Path | None, files: BundleFiles) -> tuple
     A trials directory named inside the job directory is read under the job directory's
     confinement (a symlink out of it is refused); one named outside it (`--trace-jobs-dir`)
     becomes its own confinement root. Relative paths are relative to the current directory, as
-    for any path argument.
+    for any path argument. The default is named relative to the job directory (the confinement
+    root), never as `job_dir / "trace_jobs"`: a relative `job_dir` would be joined to the root a
+    second time and the directory silently missed.
     """
     if trials_dir is None:
-        return files, job_dir / "trace_jobs"
+        return files, Path(DEFAULT_TRIALS_DIR)
     job = Path(os.path.normpath(job_dir.absolute()))
     wanted = Path(os.path.normpath(trials_dir.absolute()))
     if wanted == job or job in wanted.parents:
@@ -271,6 +281,16 @@ def _frame(rows: list[Row]) -> pl.DataFrame:
     if not full:
         return schema.empty(schema.TRIALS)
     return pl.DataFrame(full, schema=schema.TRIALS)
+
+
+def missing_trials(trials: TrialTables | None, *, agentic: bool) -> str | None:
+    """The discrepancy to state when an agentic run has no trials directory, else None."""
+    if not agentic or trials is not None:
+        return None
+    return (
+        f"agentic run without trials: {DEFAULT_TRIALS_DIR}/ is missing from the job directory "
+        "(or leaves it), so no rollout can be read"
+    )
 
 
 def read_trials(

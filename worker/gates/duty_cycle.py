@@ -30,7 +30,7 @@ from typing import Final
 
 import polars as pl
 
-from shared.models import GateResult, GateStatus, Mode, Quote
+from shared.models import GateResult, GateStatus, Mode, Quote, Table
 from shared.settings import Thresholds
 from worker.evidence.model import Evidence
 from worker.evidence.quotes import quote_rows
@@ -115,7 +115,10 @@ def _agentic(evidence: Evidence) -> GateResult:
             return passed(
                 "initialising: no step finished yet; no trial timings yet", initializing=True
             )
-        return passed(f"not measured: {timed.height} trials with phase timings")
+        return passed(
+            f"not measured: {timed.height} trials with phase timings",
+            gaps=(f"trial phase timings of at least {t.min_window_steps} trials",),
+        )
     grace_end = _grace_end(evidence, timed)
     after = timed if grace_end is None else timed.filter(pl.col("started_at") > grace_end)
     if after.height >= t.min_window_steps and _churns(duty_shares(after), t):
@@ -139,7 +142,7 @@ def _churn(evidence: Evidence, after: pl.DataFrame) -> GateResult:
         summary=f"{_describe(shares, t)} over {after.height} trials started after the first "
         f"{t.churn_grace_s / 60:.0f} min of the attempt",
         evidence=_setup_quotes(after),
-        details=share_table(after),
+        tables=(share_table(after),),
         mechanism="sandbox churn",
         next_action="sandbox create/teardown eats the rollout budget: check Daytona latency and "
         "quota, and whether sandboxes or snapshots can be reused across trials",
@@ -159,7 +162,7 @@ def _no_churn(evidence: Evidence, timed: pl.DataFrame, after: pl.DataFrame) -> G
             f"{t.churn_grace_s / 60:.0f} min show {_describe(duty_shares(burst), t)}; "
             f"{after.height} later trials do not"
         )
-    return passed(summary, evidence=_setup_quotes(timed, limit=1), details=share_table(timed))
+    return passed(summary, evidence=_setup_quotes(timed, limit=1), tables=(share_table(timed),))
 
 
 def _setup_quotes(trials: pl.DataFrame, limit: int = 3) -> tuple[Quote, ...]:
@@ -178,8 +181,8 @@ def _setup_quotes(trials: pl.DataFrame, limit: int = 3) -> tuple[Quote, ...]:
     return quote_rows(texted, text_column="_text", limit=limit)
 
 
-def share_table(trials: pl.DataFrame) -> tuple[str, ...]:
-    """Detail lines: each phase's share of wall time and its p50/p90 seconds."""
+def share_table(trials: pl.DataFrame) -> Table:
+    """Each phase's share of wall time (%) and its p50/p90 seconds, as data."""
     shares = duty_shares(trials)
     seconds = {
         "llm": pl.col("llm_request_s"),
@@ -192,17 +195,18 @@ def share_table(trials: pl.DataFrame) -> tuple[str, ...]:
         *(expr.median().alias(f"{name}_p50") for name, expr in seconds.items()),
         *(expr.quantile(0.9).alias(f"{name}_p90") for name, expr in seconds.items()),
     ).row(0, named=True)
-    lines = [f"phase | share of wall | p50 s | p90 s  ({len(trials)} trials)"]
-    for name in PHASES:
-        p50, p90 = quantiles[f"{name}_p50"], quantiles[f"{name}_p90"]
-        lines.append(f"{name} | {_share(shares[name])} | {_seconds(p50)} | {_seconds(p90)}")
-    lines.append(f"unattributed | {_share(shares['unattributed'])} | n/a | n/a")
-    return tuple(lines)
+    rows = [
+        (name, _percent(shares[name]), quantiles[f"{name}_p50"], quantiles[f"{name}_p90"])
+        for name in PHASES
+    ]
+    rows.append(("unattributed", _percent(shares["unattributed"]), None, None))
+    return Table(
+        title=f"duty cycle over {len(trials)} trials",
+        columns=("phase", "share of wall", "p50 s", "p90 s"),
+        rows=tuple(rows),
+        units=("", "%", "", ""),
+    )
 
 
-def _share(value: float | None) -> str:
-    return "n/a" if value is None else f"{value:.1%}"
-
-
-def _seconds(value: object) -> str:
-    return f"{value:.1f}" if isinstance(value, int | float) else "n/a"
+def _percent(value: float | None) -> float | None:
+    return None if value is None else 100.0 * value

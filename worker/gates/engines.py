@@ -32,6 +32,7 @@ from datetime import datetime
 
 import polars as pl
 
+from shared.models import Table
 from shared.settings import Thresholds
 
 __all__ = [
@@ -221,28 +222,18 @@ def stat_text() -> pl.Expr:
     )
 
 
-def engine_table(states: pl.DataFrame) -> tuple[str, ...]:
-    """Detail lines: one per engine with its window tuple."""
-    header = (
-        "engine | state | samples | window | running min-max | waiting max | KV% mean/max "
-        "| gen tok/s mean"
-    )
-    rows = states.select(
-        pl.format(
-            "{} | {} | {} | {}s | {}-{} | {} | {}/{} | {}",
-            "engine",
-            "state",
-            "samples",
-            pl.col("span_s").round(0),
-            "running_min",
-            "running_max",
-            "waiting_max",
-            pl.col("kv_mean").round(1),
-            pl.col("kv_max").round(1),
-            pl.col("gen_mean").round(1),
-        )
-    ).to_series()
-    return (header, *rows.to_list())
+def engine_table(states: pl.DataFrame) -> Table:
+    """The engines' window tuples as data, one row per engine."""
+    columns = (
+        "engine", "state", "samples", "window s", "running min", "running max", "waiting max",
+        "KV% mean", "KV% max", "gen tok/s mean",
+    )  # fmt: skip
+    names = (
+        "engine", "state", "samples", "span_s", "running_min", "running_max", "waiting_max",
+        "kv_mean", "kv_max", "gen_mean",
+    )  # fmt: skip
+    rows = tuple(tuple(row) for row in states.select(names).iter_rows())
+    return Table(title="engines over the newest window", columns=columns, rows=rows)
 
 
 def fleet_line(states: pl.DataFrame) -> str:

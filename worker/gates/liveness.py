@@ -10,29 +10,50 @@ nothing) and live stacks (`probes.stacks`, interpreted by `worker.gates.stacks`)
 Rules, first match wins (quiet = now - newest advancement; threshold = max(STALL_FLOOR_S,
 STALL_FACTOR x p90 of the open phase's past durations, or of the step's when no phase is open)):
 
-1. ERROR when no controller state is known, or when the manifest is older than MAX_EVIDENCE_AGE_S,
-   no fresh controller probe exists and the log's newest line is older too (stale evidence).
-2. ERROR when the state is terminal (succeeded, failed, killed, worker_failed) but the log advanced
-   after the terminal time (newest attempt `finished_at_ms`, else the manifest's `finished_at`,
-   else when the state was observed).
+Time is checked, not assumed: advancement is read from `evidence.facts` (rows dated after `now`
+never count; the parser has judged each line by its Iris prefix time when its own time disagreed).
+
+1. ERROR when no controller state is known; when a trainer line is dated more than the clock
+   tolerance after `now` (the quiet time cannot be judged as of `now`); or when the manifest is
+   older than MAX_EVIDENCE_AGE_S, no fresh controller probe exists and the log's newest line is
+   older too (stale evidence).
+2. ERROR when the state is terminal (succeeded, failed, killed, worker_failed, unschedulable) but
+   the log advanced after the terminal time (newest attempt `finished_at_ms`, else the manifest's
+   `finished_at`, else when the state was observed).
 3. PASS when the newest global step reached the PROGRESS total (max_steps): the run is complete
    and its tail errors are noise.
-4. Terminal states: succeeded PASS ("job completed"); killed FAIL; failed / worker_failed FAIL,
-   with hard_failure only when both the controller's error and a hard error line of the newest
-   attempt are quoted (a `Could not override` line adds a configuration handoff).
+3b. FAIL hard (proof `config_failure`, `worker.gates.configuration`) when a configuration-class
+   failure ended every attempt and the newest is over (a failed job, or silence past the
+   threshold); the handoff comes from the catalogue entry.
+4. Terminal states: succeeded PASS ("job completed"); killed and unschedulable FAIL; failed /
+   worker_failed FAIL, with hard_failure (proof `terminal_failure`) only when both the controller's
+   error and the newest attempt's failure row (`Facts.attempt_failures`) are quoted (a
+   configuration-class failure adds the catalogue's handoff).
 5. ERROR when the controller says running but the manifest's `pod_logs` says no pod (a waiting
    status or 0 pods) and the job was submitted more than STALL_FLOOR_S ago.
-6. pending / building / assigned / unschedulable: PASS initialising within INIT_GRACE_S of
-   submission, else FAIL (not scheduled; not a hard failure).
+6. pending / building / assigned: PASS initialising within INIT_GRACE_S of submission, else FAIL
+   (not scheduled; not a hard failure).
 7. ERROR without a trainer log. PASS with initializing=True while the newest attempt has finished
-   no step and is within INIT_GRACE_S of its start (flip: no `Finished: 'step'` by the deadline).
+   no step and is within INIT_GRACE_S of its start (flip: no `Finished: 'step'` by the deadline),
+   unless a logged death (below) is established first.
 8. PASS when quiet <= threshold. When the quiet time exceeds it:
    - ERROR when the finelog class is stale in the bundle (the quiet time cannot be judged);
-   - FAIL hard when, after the newest advancement, an `actor_died`/`worker_crashed` line or an NCCL
-     watchdog timeout followed by a death line (traceback, actor death, train loop failed) is
-     logged (a lone watchdog line proves nothing);
-   - FAIL hard when two dumps of the same process taken at different times prove a stall
-     (`worker.gates.stacks.judge_stacks`);
+   - FAIL hard (proof `process_death`) when, after the newest advancement, an
+     `actor_died`/`worker_crashed` line not of an engine, or an NCCL watchdog timeout followed by
+     a death line (traceback, actor death, train loop failed) is logged (a lone watchdog line
+     proves nothing);
+   - FAIL hard (proof `logged_death`, `worker.gates.deaths`) when a death line of the trainer or
+     of every inference engine was logged after the newest advancement and the silence since that
+     line exceeds the threshold (one engine of several is no proof);
+   - ERROR when a py-spy probe failed (quoting the command and its exit): the stacks cannot cover
+     every process;
+   - FAIL hard (proof `stall_stacks`) when two live dumps of each process prove a stall
+     (`worker.gates.stacks.judge_stacks` with the window of live evidence: after the newest
+     progress of any kind, within MAX_EVIDENCE_AGE_S of `now`, of the current attempt);
+   - FAIL hard (proof `stall_still`) outside collectives: every trainer/coordinator process still
+     in two dumps at least MIN_STILL_GAP_S apart, corroborated by the log quiet beyond
+     STILL_QUIET_FACTOR x the threshold, engines logging 0 tok/s with nothing running since the
+     newest advancement, and no trial finished since;
    - otherwise ERROR: "stall suspected, live stacks needed" (or: the stacks do not prove a stall).
    Fresh vLLM engine stat lines never count as advancement; when they are fresher than the trainer
    the summary says so (colocated engines can stay busy while the policy mesh is wedged).
@@ -48,21 +69,24 @@ from typing import Any
 
 import polars as pl
 
-from shared.models import GateResult, GateStatus, Handoff, Quote
+from shared.models import GateResult, GateStatus, Handoff, KillProof, Quote
+from worker.evidence.facts import CLOCK_TOLERANCE_S, LOG_LINE, PHASE, STEP, TRIAL, Moment
+from worker.evidence.jobstate import JobState
 from worker.evidence.model import ArtifactState, Evidence, LogTables
 from worker.evidence.quotes import quote, quote_rows
-from worker.evidence.schema import HARD_ERROR_KINDS
+from worker.gates import configuration, deaths
 from worker.gates.base import error, passed
 from worker.gates.progress import initialization, minute_utc, newest_attempt, started_at
-from worker.gates.stacks import StackFinding, judge_stacks
+from worker.gates.rules import rule
+from worker.gates.stacks import DumpWindow, StackFinding, judge_stacks
 
-__all__ = ["check"]
+__all__ = ["STACKS_NEEDED", "STILL_QUIET_FACTOR", "check"]
 
-TERMINAL = frozenset({"succeeded", "failed", "killed", "worker_failed"})
-WAITING = frozenset({"pending", "building", "assigned", "unschedulable"})
+STILL_QUIET_FACTOR = 2.0
+"""Outside a collective the log must be quiet this many times the stall threshold: identical
+stacks alone do not show a wedge, so the silence must be well past what the run's cadence allows."""
 _DEATH_KINDS = ("actor_died", "worker_crashed")
 _AFTER_WATCHDOG = ("actor_died", "worker_crashed", "traceback", "train_loop_failed")
-_HARD_KINDS = HARD_ERROR_KINDS
 STACKS_NEEDED = "py-spy stacks captured while the job exists"
 
 
@@ -93,7 +117,7 @@ def _newest(frame: pl.DataFrame) -> dict[str, Any] | None:
 
 @dataclass(frozen=True)
 class ControllerState:
-    state: str | None
+    state: JobState | None
     source: str
     observed_at: datetime | None
     live: bool  # a controller probe captured within MAX_EVIDENCE_AGE_S
@@ -108,9 +132,11 @@ def _controller(evidence: Evidence) -> ControllerState:
             view = probes.controller
             text = f"state={view.state} failure_count={view.failure_count} error={view.error or ''}"
             q = quote("probes/controller.json", text, timestamp=probes.captured_at)
-            return ControllerState(view.state.lower(), q.source, probes.captured_at, True, q)
+            return ControllerState(
+                JobState.parse(view.state), q.source, probes.captured_at, True, q
+            )
     bundle = evidence.bundle
-    state = bundle.state.lower() if bundle.state else None
+    state = JobState.parse(bundle.state)
     synced = bundle.synced_at
     aged = f" (synced {_duration((evidence.now - synced).total_seconds())} ago)" if synced else ""
     aged = aged or " (sync time unknown)"
@@ -118,37 +144,13 @@ def _controller(evidence: Evidence) -> ControllerState:
     return ControllerState(state, "manifest.json", bundle.synced_at, False, q)
 
 
-@dataclass(frozen=True)
-class Advancement:
-    at: datetime
-    quote: Quote
+def _advancement(evidence: Evidence) -> Moment | None:
+    """The newest timer or train-metric row dated at or before `now` (`evidence.facts`)."""
+    return evidence.facts.newest(PHASE, STEP)
 
 
-def _timer_text(row: dict[str, Any]) -> str:
-    if row["event"] == "finished":
-        return f"Finished: '{row['phase']}', time cost: {row['seconds']}s (step {row['step']})"
-    return f"Started: '{row['phase']}' (step {row['step']})"
-
-
-def _row_advancement(row: dict[str, Any], text: str) -> Advancement:
-    q = quote(str(row["source"]), text, line=row["line"], timestamp=row["timestamp"])
-    return Advancement(row["timestamp"], q)
-
-
-def _advancement(logs: LogTables) -> Advancement | None:
-    found: list[Advancement] = []
-    timer = _newest(logs.timers)
-    if timer:
-        found.append(_row_advancement(timer, _timer_text(timer)))
-    metric = _newest(logs.metrics)
-    if metric:
-        text = f"train metrics step {metric['step']}: {metric['key']}={metric['value']}"
-        found.append(_row_advancement(metric, text))
-    return max(found, key=lambda a: a.at, default=None)
-
-
-def _engine_quote(logs: LogTables) -> Quote | None:
-    row = _newest(logs.engines)
+def _engine_quote(logs: LogTables, now: datetime) -> Quote | None:
+    row = _newest(logs.engines.filter(pl.col("timestamp") <= now))
     if row is None:
         return None
     text = (
@@ -232,7 +234,7 @@ class Context:
     evidence: Evidence
     controller: ControllerState
     logs: LogTables | None
-    advancement: Advancement | None
+    advancement: Moment | None
 
     @property
     def now(self) -> datetime:
@@ -243,25 +245,60 @@ class Context:
         return tuple(q for q in found if q is not None)
 
     def log_last(self) -> datetime | None:
+        """The newest log time that is not after `now` (a future stamp is not fresh)."""
         stamps = [self.advancement.at if self.advancement else None]
         stamps.append(self.logs.summary.last_timestamp if self.logs else None)
-        return max((s for s in stamps if s is not None), default=None)
+        return max((s for s in stamps if s is not None and s <= self.now), default=None)
 
 
 Rule = Callable[[Context], GateResult | None]
 
 
+@rule("liveness")
 def _unknown_state(ctx: Context) -> GateResult | None:
+    """Liveness pairs the controller state with the log; without a state it cannot judge."""
     if ctx.controller.state is not None:
         return None
+    failed, quotes = _failed_probes(ctx, "controller")
     return error(
-        "controller state unknown: no probes/controller.json and no job.state in the manifest",
+        "controller state unknown: no probes/controller.json and no job.state in the manifest"
+        + failed,
         missing=("the controller state of the job",),
-        evidence=ctx.base_quotes() or (quote("manifest.json", "job.state missing"),),
+        evidence=quotes + ctx.base_quotes() or (quote("manifest.json", "job.state missing"),),
     )
 
 
+def _failed_probes(ctx: Context, kind: str) -> tuple[str, tuple[Quote, ...]]:
+    """`; the <kind> probe failed: `cmd` exited N` and its quotes, when a needed probe failed."""
+    failures = ctx.evidence.facts.failed(kind)[:2]
+    if not failures:
+        return "", ()
+    listed = "; ".join(f.text for f in failures)
+    return f"; the {kind} probe failed: {listed}", tuple(f.quote for f in failures)
+
+
+@rule("liveness")
+def _future(ctx: Context) -> GateResult | None:
+    """A trainer line dated after `now` means the clock or `now` is wrong, so the quiet time cannot
+    be judged: the line is not fresh progress, and the older lines are not proof of silence."""
+    ahead = [m for m in ctx.evidence.facts.future if m.kind == LOG_LINE]
+    if not ahead:
+        return None
+    newest = max(ahead, key=lambda m: m.at)
+    lead = (newest.at - ctx.now).total_seconds()
+    return error(
+        f"evidence dated after now: {newest.quote.text} at {minute_utc(newest.at)}, "
+        f"{_duration(lead)} after the time judged ({minute_utc(ctx.now)}); the quiet time "
+        f"cannot be judged (clock tolerance {CLOCK_TOLERANCE_S:g}s)",
+        missing=("trainer log times not later than now (check --now and the trainer's clock)",),
+        evidence=(newest.quote, *ctx.base_quotes()),
+        next_action="Re-run with `now` at or after the capture, or fix the trainer's clock.",
+    )
+
+
+@rule("liveness")
 def _stale(ctx: Context) -> GateResult | None:
+    """Without a fresh sync, controller probe or log line, nothing says what the job does now."""
     limit = ctx.evidence.thresholds.max_evidence_age_s
     synced = ctx.evidence.bundle.synced_at
     if ctx.controller.live or (synced and (ctx.now - synced).total_seconds() <= limit):
@@ -271,11 +308,12 @@ def _stale(ctx: Context) -> GateResult | None:
         return None
     age = f"{_duration((ctx.now - synced).total_seconds())} ago" if synced else "at an unknown time"
     newest = f"{_duration((ctx.now - last).total_seconds())} ago" if last else "never"
+    failed, quotes = _failed_probes(ctx, "controller")
     return error(
         f"stale evidence: manifest synced {age}, no live controller probe, newest log line {newest}"
-        f" (MAX_EVIDENCE_AGE_S {limit:g}s)",
+        f" (MAX_EVIDENCE_AGE_S {limit:g}s){failed}",
         missing=("a fresh watcher sync or a live controller probe",),
-        evidence=ctx.base_quotes(),
+        evidence=quotes + ctx.base_quotes(),
         next_action="Refresh the bundle (a targeted watcher sync) or probe the controller; rerun.",
     )
 
@@ -289,8 +327,11 @@ def _terminal_at(ctx: Context) -> datetime:
     return fallback or ctx.now
 
 
+@rule("liveness")
 def _terminal_disagrees(ctx: Context) -> GateResult | None:
-    if ctx.controller.state not in TERMINAL or ctx.advancement is None:
+    """A terminal controller state while the log advanced afterwards: sources disagree."""
+    state = ctx.controller.state
+    if state is None or not state.terminal or ctx.advancement is None:
         return None
     ended = _terminal_at(ctx)
     if ctx.advancement.at <= ended:
@@ -314,7 +355,9 @@ def _global_step(logs: LogTables) -> int | None:
     return max((int(v) for v in found if isinstance(v, int)), default=None)
 
 
+@rule("liveness")
 def _complete(ctx: Context) -> GateResult | None:
+    """A run whose global step reached max_steps is complete; its tail errors are noise."""
     if ctx.logs is None:
         return None
     rows = ctx.logs.progress.filter(
@@ -334,19 +377,20 @@ def _complete(ctx: Context) -> GateResult | None:
     )
 
 
-def _newest_hard_error(ctx: Context) -> pl.DataFrame:
-    if ctx.logs is None:
-        return pl.DataFrame()
-    attempt = newest_attempt(ctx.logs)
-    errors = ctx.logs.errors.filter(
-        (pl.col("attempt") == attempt) & pl.col("kind").is_in(_HARD_KINDS)
-    )
-    return errors.sort("line").head(1)
+def _newest_failure(ctx: Context) -> pl.DataFrame:
+    """The failure of the newest attempt (`Facts.attempt_failures`), as a one-row frame."""
+    facts = ctx.evidence.facts
+    return facts.attempt_failures.filter(pl.col("attempt") == facts.newest_attempt)
 
 
 def _config_handoff(row: pl.DataFrame, quotes: tuple[Quote, ...]) -> Handoff | None:
-    if row.is_empty() or row["kind"][0] != "config_override":
+    """The catalogue's handoff for a configuration-class failure; an override error the parser
+    did not annotate (an older freeze) gets the Hydra one."""
+    if row.is_empty():
         return None
+    found = configuration.config_handoff(row.row(0, named=True), quotes)
+    if found is not None or row["kind"][0] != "config_override":
+        return found
     text = str(row["text"][0])
     return Handoff(
         evidence=quotes,
@@ -357,33 +401,56 @@ def _config_handoff(row: pl.DataFrame, quotes: tuple[Quote, ...]) -> Handoff | N
     )
 
 
-def _terminal(ctx: Context) -> GateResult | None:
-    state = ctx.controller.state
-    if state not in TERMINAL:
+def _configuration(ctx: Context) -> GateResult | None:
+    """`configuration.config_failure` with the run's stall limit (a registered rule there)."""
+    if ctx.logs is None or ctx.controller.state is None:
         return None
-    if state == "succeeded":
+    limit = _cadence(ctx.evidence, ctx.logs).threshold_s
+    return configuration.config_failure(ctx.evidence, limit, ctx.base_quotes())
+
+
+@rule("liveness")
+def _terminal(ctx: Context) -> GateResult | None:
+    """A terminal job is over: succeeded passes; a failure quoted by both the controller and the
+    log is a hard failure of the newest attempt; killed or unschedulable is a FAIL, not proof."""
+    state = ctx.controller.state
+    if state is None or not state.terminal:
+        return None
+    if state is JobState.SUCCEEDED:
         return passed(f"job completed (state succeeded, {ctx.controller.source})")
-    log_error = _newest_hard_error(ctx)
+    log_error = _newest_failure(ctx)
     quotes = ctx.base_quotes() + quote_rows(log_error)
     probes = ctx.evidence.probes
     controller_error = probes.controller.error if probes and probes.controller else None
-    hard = state != "killed" and bool(controller_error) and not log_error.is_empty()
+    hard = state.failure and bool(controller_error) and not log_error.is_empty()
     cause = str(log_error["text"][0]) if not log_error.is_empty() else controller_error or state
+    mechanism = f"job terminated ({state}): {cause}"
+    proof = None
+    if hard:
+        proof = KillProof(
+            rule="terminal_failure",
+            mechanism=mechanism,
+            established_at=_terminal_at(ctx),
+            evidence=quotes,
+        )
     return GateResult(
         status=GateStatus.FAIL,
         summary=f"job is {state}; the log stopped with it: {cause}",
         evidence=quotes,
         hard_failure=hard,
-        mechanism=f"job terminated ({state}): {cause}",
+        proof=proof,
+        mechanism=mechanism,
         next_action="No job action: the job is already terminal; fix the cause before relaunching.",
         flip_signal="a new attempt that finishes a `Finished: 'step'` line in finelog.log",
         handoff=_config_handoff(log_error, quotes),
     )
 
 
+@rule("liveness")
 def _no_pods(ctx: Context) -> GateResult | None:
+    """The controller says running but the watcher found no pod: sources disagree."""
     status = ctx.evidence.bundle.statuses.get("pod_logs")
-    if ctx.controller.state != "running" or status is None:
+    if ctx.controller.state is not JobState.RUNNING or status is None:
         return None
     podless = status.state is ArtifactState.WAITING or (
         status.state is ArtifactState.PRESENT and status.count == 0
@@ -401,8 +468,10 @@ def _no_pods(ctx: Context) -> GateResult | None:
     )
 
 
+@rule("liveness")
 def _waiting(ctx: Context) -> GateResult | None:
-    if ctx.controller.state not in WAITING:
+    """A job not yet running is initialising within INIT_GRACE_S of submission, else unscheduled."""
+    if ctx.controller.state is None or not ctx.controller.state.waiting:
         return None
     since = ctx.evidence.bundle.submitted_at or started_at(ctx.evidence)
     grace = ctx.evidence.thresholds.init_grace_s
@@ -427,9 +496,11 @@ def _waiting(ctx: Context) -> GateResult | None:
 
 RULES: tuple[Rule, ...] = (
     _unknown_state,
+    _future,
     _stale,
     _terminal_disagrees,
     _complete,
+    _configuration,
     _terminal,
     _no_pods,
     _waiting,
@@ -455,7 +526,7 @@ def _initialising(ctx: Context) -> GateResult | None:
 
 
 def _engine_note(ctx: Context) -> tuple[str, tuple[Quote, ...]]:
-    engine = _engine_quote(ctx.logs) if ctx.logs else None
+    engine = _engine_quote(ctx.logs, ctx.now) if ctx.logs else None
     if engine is None or engine.timestamp is None or ctx.advancement is None:
         return "", ()
     if engine.timestamp <= ctx.advancement.at:
@@ -473,10 +544,13 @@ def _death(ctx: Context) -> pl.DataFrame:
     after = ctx.logs.errors.filter(
         (pl.col("attempt") == newest_attempt(ctx.logs))
         & (pl.col("timestamp") >= ctx.advancement.at)
+        & (pl.col("timestamp") <= ctx.now)
     ).sort("line")
-    deaths = after.filter(pl.col("kind").is_in(_DEATH_KINDS))
-    if not deaths.is_empty():
-        return deaths.head(2)
+    # an engine actor's death is judged by `deaths.logged_death` (every engine, or no proof)
+    trainer = pl.col("component").fill_null("driver") != "engine"
+    dead = after.filter(pl.col("kind").is_in(_DEATH_KINDS) & trainer)
+    if not dead.is_empty():
+        return dead.head(2)
     watchdog = after.filter(pl.col("kind") == "nccl_watchdog_timeout").head(1)
     if watchdog.is_empty():
         return watchdog
@@ -486,42 +560,171 @@ def _death(ctx: Context) -> pl.DataFrame:
     return pl.concat([watchdog, later.head(1)]) if not later.is_empty() else later
 
 
-def _dead(ctx: Context, quiet: str) -> GateResult:
+def _next_line_signal(ctx: Context) -> str:
+    return f"a `Started:` or `Finished:` line in finelog.log after {minute_utc(ctx.now)}"
+
+
+@rule("liveness")
+def _dead(ctx: Context, quiet: str) -> GateResult | None:
+    """A death line (actor death, worker crash, or a watchdog abort followed by one) logged after
+    the newest advancement, with silence past the stall limit since, establishes the death."""
     rows = _death(ctx)
+    if rows.is_empty():
+        return None
+    quotes = ctx.base_quotes() + quote_rows(rows)
+    mechanism = f"trainer process death ({', '.join(rows['kind'].to_list())})"
     return GateResult(
         status=GateStatus.FAIL,
         summary=f"trainer dead: {rows['kind'][0]} logged after the newest advancement; "
         f"quiet {quiet} while the controller says {ctx.controller.state}",
-        evidence=ctx.base_quotes() + quote_rows(rows),
+        evidence=quotes,
         hard_failure=True,
-        mechanism=f"trainer process death ({', '.join(rows['kind'].to_list())})",
+        proof=KillProof(
+            rule="process_death",
+            mechanism=mechanism,
+            established_at=rows["timestamp"][0],
+            evidence=quote_rows(rows) + ctx.base_quotes(),
+        ),
+        mechanism=mechanism,
         next_action="Supervisor: kill the job; its trainer died and it will not advance again.",
-        flip_signal=f"a `Started:` or `Finished:` line in finelog.log after {minute_utc(ctx.now)}",
+        flip_signal=_next_line_signal(ctx),
     )
 
 
-def _stalled(ctx: Context, finding: StackFinding, quiet: str, cadence: str) -> GateResult:
+def _logged_death(ctx: Context, cadence: Cadence) -> GateResult | None:
+    """`deaths.logged_death` with the run's stall limit (a registered rule there)."""
+    limit = _limit_text(ctx, cadence)
+    return deaths.logged_death(ctx.evidence, cadence.threshold_s, limit, ctx.base_quotes())
+
+
+def _dump_window(ctx: Context) -> DumpWindow:
+    """Live evidence only: dumps after the newest progress, fresh, of the current attempt."""
+    facts, limit = ctx.evidence.facts, ctx.evidence.thresholds.max_evidence_age_s
+    newest = facts.newest()
+    floors = [ctx.now - timedelta(seconds=limit)]
+    floors += [facts.attempt_started_at] if facts.attempt_started_at else []
+    probes = ctx.evidence.probes
+    records = sorted(probes.attempts or (), key=lambda a: a.attempt_id) if probes else []
+    old = frozenset(r.pod_name for r in records[:-1] if r.pod_name)
+    return DumpWindow(
+        after=newest.at if newest else None,
+        not_before=max(floors),
+        not_after=ctx.now + timedelta(seconds=CLOCK_TOLERANCE_S),
+        old_targets=old - {records[-1].pod_name} if records else old,
+    )
+
+
+def _stall_proof(ctx: Context, finding: StackFinding, rule_name: str, mechanism: str) -> KillProof:
+    stamps = [q.timestamp for q in finding.quotes if q.timestamp is not None]
+    return KillProof(
+        rule=rule_name,
+        mechanism=mechanism,
+        established_at=max(stamps, default=ctx.now),
+        evidence=finding.quotes + ctx.base_quotes(),
+    )
+
+
+def _stalled(
+    ctx: Context, finding: StackFinding, quiet: str, cadence: str, proof: KillProof
+) -> GateResult:
     return GateResult(
         status=GateStatus.FAIL,
         summary=f"stalled: quiet {quiet} beyond {cadence}; live stacks: {finding.summary}",
         evidence=ctx.base_quotes() + finding.quotes,
         hard_failure=True,
-        mechanism=finding.mechanism,
+        proof=proof,
+        mechanism=proof.mechanism,
         next_action="Supervisor: kill the job; it is wedged and will not resume by itself. "
         "Relaunch from the newest checkpoint.",
-        flip_signal=f"a `Started:` or `Finished:` line in finelog.log after {minute_utc(ctx.now)}",
+        flip_signal=_next_line_signal(ctx),
     )
 
 
-def _unproven(ctx: Context, finding: StackFinding | None, quiet: str, cadence: str) -> GateResult:
+@rule("liveness")
+def _parked(ctx: Context, finding: StackFinding, quiet: str, cadence: str) -> GateResult | None:
+    """Two live dumps of each process parked in one collective or queue frame, none moving,
+    unpaired or stale, prove the stall (CONTRACT.md: stacks of the same process taken twice)."""
+    if not finding.proven or finding.mechanism is None:
+        return None
+    proof = _stall_proof(ctx, finding, "stall_stacks", finding.mechanism)
+    return _stalled(ctx, finding, quiet, cadence, proof)
+
+
+@dataclass(frozen=True)
+class Corroboration:
+    """What the live signals other than the stacks say about a stall outside collectives."""
+
+    holds: bool
+    reason: str
+    quotes: tuple[Quote, ...] = ()
+
+
+def _idle_engines(ctx: Context, since: datetime) -> Corroboration:
+    engines = ctx.logs.engines if ctx.logs is not None else pl.DataFrame()
+    rows = (
+        engines.filter((pl.col("timestamp") > since) & (pl.col("timestamp") <= ctx.now))
+        if not engines.is_empty()
+        else engines
+    )
+    if rows.is_empty():
+        return Corroboration(False, "no vLLM engine stat line since the newest advancement")
+    busy = rows.filter((pl.col("running") > 0) | (pl.col("generation_tokens_per_s") > 0))
+    if not busy.is_empty():
+        return Corroboration(False, "engines generated after the newest advancement")
+    quote_row = _engine_quote(ctx.logs, ctx.now) if ctx.logs is not None else None
+    quotes = (quote_row,) if quote_row else ()
+    return Corroboration(True, f"{rows.height} engine stat line(s): 0 tok/s, 0 running", quotes)
+
+
+def _corroborated(ctx: Context, quiet_s: float, threshold_s: float) -> Corroboration:
+    """The log quiet far past the limit, idle engines, and no trial finished since."""
+    assert ctx.advancement is not None
+    if quiet_s <= STILL_QUIET_FACTOR * threshold_s:
+        return Corroboration(
+            False, f"quiet {_duration(quiet_s)} not beyond {STILL_QUIET_FACTOR:g}x the limit"
+        )
+    trial = ctx.evidence.facts.newest(TRIAL)
+    if trial is not None and trial.at > ctx.advancement.at:
+        return Corroboration(False, f"a trial finished at {minute_utc(trial.at)}", (trial.quote,))
+    return _idle_engines(ctx, ctx.advancement.at)
+
+
+@rule("liveness")
+def _still(
+    ctx: Context, finding: StackFinding, quiet_s: float, cadence: Cadence
+) -> GateResult | None:
+    """Outside collectives: every trainer/coordinator process identical in two live dumps at least
+    the probe interval apart is a wedge only when every other live signal agrees nothing moves —
+    the log quiet far past the limit, engines at 0 tok/s with nothing running, no trial finished."""
+    if not finding.still:
+        return None
+    support = _corroborated(ctx, quiet_s, cadence.threshold_s)
+    if not support.holds:
+        return None
+    mechanism = (
+        f"trainer processes wedged outside any collective (`{finding.still_frame}`): identical "
+        f"stacks, the log silent, engines idle ({support.reason})"
+    )
+    proof = _stall_proof(ctx, finding, "stall_still", mechanism)
+    proof = proof.model_copy(update={"evidence": proof.evidence + support.quotes})
+    return _stalled(ctx, finding, _duration(quiet_s), _limit_text(ctx, cadence), proof)
+
+
+def _unproven(
+    ctx: Context,
+    finding: StackFinding | None,
+    quiet: str,
+    cadence: str,
+    why: str = "",
+) -> GateResult:
     note, engine = _engine_note(ctx)
     if finding is None or not finding.processes:
         summary = f"stall suspected, live stacks needed: quiet {quiet} beyond {cadence}{note}"
         missing: tuple[str, ...] = (STACKS_NEEDED,)
     else:
         summary = f"quiet {quiet} beyond {cadence}, but the stacks do not prove a stall: "
-        summary += f"{finding.summary}{note}"
-        missing = ("two py-spy dumps per policy rank showing it parked in one place",)
+        summary += f"{finding.summary}{why}{note}"
+        missing = ("two live py-spy dumps per policy rank showing it parked in one place",)
     return error(
         summary,
         missing=missing,
@@ -533,12 +736,27 @@ def _unproven(ctx: Context, finding: StackFinding | None, quiet: str, cadence: s
     )
 
 
-def _quiet_verdict(ctx: Context, quiet_s: float, cadence: Cadence) -> GateResult:
-    quiet = _duration(quiet_s)
-    t = ctx.evidence.thresholds
-    limit = (
-        f"{_duration(cadence.threshold_s)} = {cadence.describe(t.stall_floor_s, t.stall_factor)}"
+def _probe_failed(ctx: Context, quiet: str, cadence: str) -> GateResult | None:
+    failures = ctx.evidence.facts.failed("stacks")
+    if not failures:
+        return None
+    listed = "; ".join(f.text for f in failures[:3])
+    return error(
+        f"quiet {quiet} beyond {cadence}, and a py-spy probe the capture needed failed: {listed}",
+        missing=(f"py-spy stacks of every process (failed: {listed})",),
+        evidence=tuple(f.quote for f in failures[:3]) + ctx.base_quotes(),
+        next_action="Re-run the failed py-spy dumps while the job exists (check the pid and the "
+        "permission to ptrace), then rerun.",
     )
+
+
+def _limit_text(ctx: Context, cadence: Cadence) -> str:
+    t = ctx.evidence.thresholds
+    return f"{_duration(cadence.threshold_s)} = {cadence.describe(t.stall_floor_s, t.stall_factor)}"
+
+
+def _quiet_verdict(ctx: Context, quiet_s: float, cadence: Cadence) -> GateResult:
+    quiet, limit = _duration(quiet_s), _limit_text(ctx, cadence)
     finelog = ctx.evidence.bundle.freshness.get("finelog")
     if finelog is not None and finelog.stale:
         return error(
@@ -546,13 +764,24 @@ def _quiet_verdict(ctx: Context, quiet_s: float, cadence: Cadence) -> GateResult
             missing=("a fresh finelog sync",),
             evidence=ctx.base_quotes(),
         )
-    if not _death(ctx).is_empty():
-        return _dead(ctx, quiet)
+    dead = _dead(ctx, quiet) or _logged_death(ctx, cadence)
+    if dead is not None:
+        return dead
+    failed = _probe_failed(ctx, quiet, limit)
+    if failed is not None:
+        return failed
     stacks = ctx.evidence.probes.stacks if ctx.evidence.probes else ()
-    finding = judge_stacks(stacks) if stacks else None
-    if finding is not None and finding.proven:
-        return _stalled(ctx, finding, quiet, limit)
-    return _unproven(ctx, finding, quiet, limit)
+    if not stacks:
+        return _unproven(ctx, None, quiet, limit)
+    finding = judge_stacks(stacks, _dump_window(ctx))
+    proven = _parked(ctx, finding, quiet, limit) or _still(ctx, finding, quiet_s, cadence)
+    if proven is not None:
+        return proven
+    why = ""
+    if finding.still:
+        support = _corroborated(ctx, quiet_s, cadence.threshold_s)
+        why = f"; identical stacks outside a collective, not corroborated: {support.reason}"
+    return _unproven(ctx, finding, quiet, limit, why)
 
 
 def _judge_quiet(ctx: Context) -> GateResult:
@@ -563,6 +792,11 @@ def _judge_quiet(ctx: Context) -> GateResult:
             evidence=ctx.base_quotes(),
         )
     early = _initialising(ctx)
+    if early is not None or ctx.advancement is None:
+        # a logged death is not initialisation: the death line establishes it
+        death = _logged_death(ctx, _cadence(ctx.evidence, ctx.logs))
+        if death is not None:
+            return death
     if early is not None:
         return early
     if ctx.advancement is None:
@@ -584,15 +818,15 @@ def _judge_quiet(ctx: Context) -> GateResult:
         f"{_duration(cadence.threshold_s)} ({limit}); controller {ctx.controller.state}",
         evidence=ctx.base_quotes(),
         flip_signal=f"no `Started:`/`Finished:` line in finelog.log by {deadline}",
+        gaps=tuple(f"probe failed: {f.text}" for f in ctx.evidence.facts.probe_failures),
     )
 
 
 def check(evidence: Evidence) -> GateResult:
     """Judge whether the job is alive, as of `evidence.now`."""
-    logs = evidence.logs
-    ctx = Context(evidence, _controller(evidence), logs, _advancement(logs) if logs else None)
-    for rule in RULES:
-        result = rule(ctx)
+    ctx = Context(evidence, _controller(evidence), evidence.logs, _advancement(evidence))
+    for check_rule in RULES:
+        result = check_rule(ctx)
         if result is not None:
             return result
     return _judge_quiet(ctx)

@@ -1,5 +1,6 @@
-"""Shared reads of training progress that several gates need: steps finished, newest advancement,
-whether the newest attempt is still initialising.
+"""Shared reads of training progress that several gates need: steps finished, the newest attempt,
+whether the newest attempt is still initialising. The facts themselves are derived once in
+`worker.evidence.facts` (`evidence.facts`); this module shapes them for the gates.
 """
 
 from __future__ import annotations
@@ -9,12 +10,11 @@ from datetime import UTC, datetime, timedelta
 
 import polars as pl
 
+from worker.evidence.facts import newest_attempt
+from worker.evidence.jobstate import JobState
 from worker.evidence.model import Evidence, LogTables
 
-TERMINAL_STATES = frozenset({"succeeded", "failed", "killed", "worker_failed", "unschedulable"})
-
 __all__ = [
-    "TERMINAL_STATES",
     "Initialization",
     "finished_steps",
     "initialization",
@@ -30,17 +30,6 @@ def minute_utc(value: datetime) -> str:
     return value.astimezone(UTC).strftime("%Y-%m-%dT%H:%MZ")
 
 
-def newest_attempt(logs: LogTables) -> int:
-    """The newest attempt index seen in the logs (0 when none is marked)."""
-    values = [
-        frame["attempt"].max()
-        for frame in (logs.timers, logs.metrics, logs.errors, logs.resumes)
-        if not frame.is_empty()
-    ]
-    numbers = [int(v) for v in values if isinstance(v, int)]
-    return max(numbers, default=0)
-
-
 def finished_steps(logs: LogTables, attempt: int | None = None) -> pl.DataFrame:
     """`Finished: 'step'` timer rows (of one attempt when given), oldest first."""
     rows = logs.timers.filter((pl.col("event") == "finished") & (pl.col("phase") == "step"))
@@ -53,7 +42,7 @@ def started_at(evidence: Evidence) -> datetime | None:
     """When the newest attempt began: its first log timestamp, else the job's submission time."""
     logs = evidence.logs
     if logs is not None:
-        attempt = newest_attempt(logs)
+        attempt = evidence.facts.newest_attempt
         firsts = [
             frame.filter(pl.col("attempt") == attempt)["timestamp"].min()
             for frame in (logs.timers, logs.resumes, logs.errors, logs.metrics)
@@ -79,11 +68,9 @@ def _has_train_step(logs: LogTables, attempt: int) -> bool:
     return not logs.metrics.filter(pl.col("attempt") == attempt).is_empty()
 
 
-def job_state(evidence: Evidence) -> str | None:
-    """The controller's state when a probe captured it, else the manifest's (lower-case)."""
-    if evidence.probes is not None and evidence.probes.controller is not None:
-        return evidence.probes.controller.state.lower()
-    return evidence.bundle.state.lower() if evidence.bundle.state else None
+def job_state(evidence: Evidence) -> JobState | None:
+    """The controller's state when a probe captured it, else the manifest's."""
+    return evidence.facts.state
 
 
 def initialization(evidence: Evidence) -> Initialization | None:
@@ -92,9 +79,10 @@ def initialization(evidence: Evidence) -> Initialization | None:
     A job in a terminal state is never initialising: it will not reach a first step.
     """
     logs = evidence.logs
-    if logs is None or _has_train_step(logs, newest_attempt(logs)):
+    if logs is None or _has_train_step(logs, evidence.facts.newest_attempt):
         return None
-    if job_state(evidence) in TERMINAL_STATES:
+    state = job_state(evidence)
+    if state is not None and state.terminal:
         return None
     since = started_at(evidence)
     if since is None:

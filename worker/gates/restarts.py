@@ -10,16 +10,21 @@ attempt).
   attempt boundary (every attempt but the newest ended in a restart; its cause is unknown unless a
   hard error line names it); otherwise only the controller's counters; otherwise nothing.
 - **Count** = attempts that ended in failure (`failed`, `worker_failed`, `cosched_failed`, a
-  log attempt that ended on a hard error) or preemption (`preempted`, or an ended log attempt
-  without an error line). With no attempt information at all the count is None and the
+  log attempt that ended on a failure row) or preemption (`preempted`, or an ended log attempt
+  without a failure row). With no attempt information at all the count is None and the
   interpretation says the controller attempt history was not captured.
-- **Signature** = exception type + the normalised first error line (numbers, hex, ids, paths,
-  addresses and times replaced by placeholders), taken from the attempt's `error`, else its first
-  hard error in the logs, else `exit code N`.
-- **same_failure** is True when at least two non-transient failed attempts all carry one signature,
-  False when they differ or fewer than two failed, None when a failed attempt has no signature or
-  nothing is known. `worker_failed`, `preempted` and attempts whose terminal reason names a
-  preemption or a node are transient.
+- **The attempt's failure** (`Facts.attempt_failures`): its first ERRORS row (by line) whose
+  catalogue class is hard or configuration, or that no entry knows and is a traceback or a final
+  exception line — the first *specific* one, so a Hydra banner or torchrun's exit record does not
+  hide the exception. Benign and transient rows never are an attempt's failure.
+- **Signature** = the parser's signature of that row (exception type + normalised message:
+  numbers, hex, pids, hosts, ports, paths, uuids and times replaced), else the controller's
+  `error` normalised the same way, else `exit code N`.
+- **same_failure** is True when at least two non-transient failed attempts all carry one
+  *specific* signature, False when they differ or fewer than two failed, None when a failed
+  attempt has no signature or only a generic one (an exit record), or nothing is known.
+  `worker_failed`, `preempted` and attempts whose terminal reason names a preemption or a node
+  are transient.
 - **recovered**: the newest attempt is running or succeeded and stepped past the checkpoint it
   resumed from (its newest finished step or metric step > the `resumed` step, > 0 after a
   scratch start, > the highest step an earlier attempt reached when no resume line exists); after a
@@ -41,34 +46,20 @@ from enum import StrEnum
 import polars as pl
 
 from shared.models import Quote, RestartsResult
+from shared.redact import redact_text
+from worker.evidence import failures
+from worker.evidence.facts import row_signature
+from worker.evidence.jobstate import JobState
 from worker.evidence.model import AttemptRecord, ControllerView, Evidence, LogTables
 from worker.evidence.quotes import quote, quote_rows
-from worker.evidence.schema import HARD_ERROR_KINDS
 from worker.gates.progress import finished_steps, newest_attempt
 
-__all__ = ["check", "failure_signature"]
+__all__ = ["check", "failure_signature", "is_specific_signature"]
 
 ATTEMPTS_SOURCE = "probes/attempts.json"
 CONTROLLER_SOURCE = "probes/controller.json"
 
 
-_IRIS_STATES = {
-    "1": "pending",
-    "2": "building",
-    "3": "running",
-    "4": "succeeded",
-    "5": "failed",
-    "6": "killed",
-    "7": "worker_failed",
-    "8": "unschedulable",
-    "9": "assigned",
-    "10": "preempted",
-    "11": "cosched_failed",
-    "12": "missing",
-}
-_FAILED = {"failed", "worker_failed", "cosched_failed"}
-_TRANSIENT_STATES = {"worker_failed", "preempted"}
-_ALIVE = {"running", "succeeded", "assigned", "building", "pending"}
 _TRANSIENT_REASON = re.compile(r"preempt|node|evict|spot", re.IGNORECASE)
 
 
@@ -87,6 +78,7 @@ class Attempt:
     transient: bool
     signature: str | None
     quotes: tuple[Quote, ...]
+    specific: bool = False  # the signature may stand for the failure on its own
 
 
 # --- failure signatures ----------------------------------------------------------------------
@@ -95,84 +87,81 @@ _EXCEPTION = re.compile(
     r"\b((?:[A-Za-z_]\w*\.)*[A-Z]\w*(?:Error|Exception|Interrupt|Exit|Failure|Timeout|Died|Crash)"
     r"\w*)\b:?\s*(.*)"
 )
-_NORMALISE = (
-    (re.compile(r"\b0x[0-9a-fA-F]+\b"), "<hex>"),
-    (re.compile(r"\b[0-9a-fA-F]{8}-[0-9a-fA-F-]{27,}\b"), "<id>"),
-    (re.compile(r"\b\d{4}-\d{2}-\d{2}[T ]\d{2}:\d{2}(:\d{2}(\.\d+)?)?Z?"), "<time>"),
-    (re.compile(r"\b\d{1,2}:\d{2}:\d{2}(\.\d+)?\b"), "<time>"),
-    (re.compile(r"\b\d{1,3}(\.\d{1,3}){3}(:\d+)?\b"), "<ip>"),
-    (re.compile(r"(?:[\w.-]*/)+[\w.-]+"), "<path>"),
-    (re.compile(r"\b(?=\w*\d)[0-9a-f]{12,}\b"), "<id>"),
-    (re.compile(r"(?<![\w<])-?\d+(\.\d+)?"), "<n>"),
-    (re.compile(r"\s+"), " "),
-)
 _EXIT_CODE = re.compile(r"exit code:?\s*(-?\d+)", re.IGNORECASE)
 
 
-def _normalise(text: str) -> str:
-    for pattern, placeholder in _NORMALISE:
-        text = pattern.sub(placeholder, text)
-    return text.strip()[:200]
+def is_specific_signature(signature: str | None) -> bool:
+    """Whether a failure signature names a failure (DOMAIN.md section 6): `exit code N`, Slurm's
+    bare `FAILED` and the like are no signature — attempts that share only them may have died of
+    anything. The one test of specificity in the gates; it is the log parser's predicate
+    (`worker.evidence.failures.is_specific`), so a controller's error text and a log row are
+    judged alike. A log row of a generic catalogue entry (an exit record, a banner) is never
+    specific whatever its words: the row's `specific` column says so (`_row_failure`)."""
+    return failures.is_specific(signature)
 
 
 def failure_signature(text: str | None, exit_code: int | None = None) -> str | None:
-    """Exception type + normalised first error line; `exit code N` when the text names no error."""
-    lines = [line.strip() for line in (text or "").splitlines() if line.strip()]
+    """The signature of a controller's error text, normalised as the log parser normalises a
+    row's (`worker.evidence.failures.signature`): exception type + normalised message of the
+    first line naming an exception; else `exit code N` + the normalised first line. Credentials
+    are redacted first: normalising digits inside a token would hide it from the redaction."""
+    lines = [line.strip() for line in redact_text(text or "").splitlines() if line.strip()]
     for line in lines:
         match = _EXCEPTION.search(line)
         if match:
-            kind = match[1].rsplit(".", 1)[-1]
-            message = _normalise(match[2])
-            return f"{kind}: {message}" if message else kind
+            return failures.signature(match[1].rsplit(".", 1)[-1], match[2])
     if lines:
         code = _EXIT_CODE.search(lines[0])
-        rest = _normalise(_EXIT_CODE.sub("", lines[0]).strip(" .:"))
+        rest = _EXIT_CODE.sub("", lines[0]).strip(" .:")
         prefix = f"exit code {code[1]}" if code else ""
-        return "; ".join(part for part in (prefix, rest) if part) or None
+        return "; ".join(p for p in (prefix, failures.normalise(rest) if rest else "") if p) or None
     return f"exit code {exit_code}" if exit_code is not None else None
+
+
+@dataclass(frozen=True)
+class RowFailure:
+    """An attempt's failure as the logs show it: its signature, whether that is specific, quotes."""
+
+    signature: str | None
+    specific: bool
+    quotes: tuple[Quote, ...]
+
+
+def _row_failure(evidence: Evidence, attempt: int) -> RowFailure | None:
+    """The failure that ended `attempt` in the logs (`Facts.attempt_failures`): the row's own
+    signature (credentials redacted before it is normalised: `row_signature`) and specificity;
+    a row the parser did not sign (an older freeze) is signed here."""
+    row = evidence.facts.attempt_failure(attempt)
+    if row is None:
+        return None
+    signature = row_signature(row) or failure_signature(str(row.get("text") or ""))
+    specific = row.get("specific")
+    specific = is_specific_signature(signature) if specific is None else bool(specific)
+    frame = pl.DataFrame([row], schema=evidence.facts.attempt_failures.schema, orient="row")
+    return RowFailure(signature, specific, quote_rows(frame))
 
 
 # --- attempts from the controller ------------------------------------------------------------
 
 
 def _state(raw: str) -> str:
-    name = raw.strip().lower()
-    return _IRIS_STATES.get(name, name.removeprefix("task_state_").removeprefix("job_state_"))
+    state = JobState.parse(raw)
+    return state.value if state is not None else raw.strip().lower()
 
 
 def _outcome(state: str) -> Outcome:
-    if state in _FAILED:
+    parsed = JobState.parse(state)
+    if parsed is None:
+        return Outcome.OTHER
+    if parsed.failure:
         return Outcome.FAILED
-    if state == "preempted":
+    if parsed is JobState.PREEMPTED:
         return Outcome.PREEMPTED
-    return Outcome.ALIVE if state in _ALIVE else Outcome.OTHER
+    return Outcome.ALIVE if parsed.alive else Outcome.OTHER
 
 
 def _ms(value: int | None) -> datetime | None:
     return datetime.fromtimestamp(value / 1000, tz=UTC) if value is not None else None
-
-
-def _attempt_source(logs: LogTables) -> str | None:
-    """The file whose attempt numbering the gate follows: the one with attempt boundaries, else
-    the finelog. Attempt indices of different files (a pod log holds only the newest attempt)
-    do not line up, so errors are read from this one file."""
-    boundaries = logs.resumes.filter(pl.col("kind") == "attempt_boundary")
-    if not boundaries.is_empty():
-        return str(boundaries["source"].mode().sort()[0])
-    sources = set(logs.errors["source"].unique().to_list())
-    return "finelog.log" if "finelog.log" in sources else None
-
-
-def _first_hard_errors(logs: LogTables | None, attempt: int) -> pl.DataFrame:
-    if logs is None or logs.errors.is_empty():
-        return pl.DataFrame()
-    rows = logs.errors.filter(
-        (pl.col("attempt") == attempt) & pl.col("kind").is_in(HARD_ERROR_KINDS)
-    )
-    source = _attempt_source(logs)
-    if source is not None:
-        rows = rows.filter(pl.col("source") == source)
-    return rows.sort("line").head(1)
 
 
 def _record_quote(record: AttemptRecord, state: str) -> Quote:
@@ -183,21 +172,32 @@ def _record_quote(record: AttemptRecord, state: str) -> Quote:
     return quote(ATTEMPTS_SOURCE, " ".join(parts), timestamp=_ms(record.finished_at_ms))
 
 
-def _from_record(record: AttemptRecord, logs: LogTables | None, single_task: bool) -> Attempt:
+def _record_signature(record: AttemptRecord, row: RowFailure | None) -> tuple[str | None, bool]:
+    """The log row's signature when specific (the parser's canonical, first-error signature), else
+    the controller's error text when specific, else whichever is known (not specific)."""
+    if row is not None and row.specific:
+        return row.signature, True
+    controller = failure_signature(record.error, record.exit_code)
+    if is_specific_signature(controller):
+        return controller, True
+    return (controller or (row.signature if row else None)), False
+
+
+def _from_record(record: AttemptRecord, evidence: Evidence, single_task: bool) -> Attempt:
     state = _state(record.state)
     outcome = _outcome(state)
-    transient = state in _TRANSIENT_STATES or bool(
+    parsed = JobState.parse(state)
+    transient = (parsed is not None and parsed.transient) or bool(
         _TRANSIENT_REASON.search(record.terminal_reason or "")
     )
     quotes = [_record_quote(record, state)]
-    text = record.error
-    log_error = _first_hard_errors(logs, record.attempt_id) if single_task else pl.DataFrame()
-    if outcome is Outcome.FAILED and not log_error.is_empty():
-        quotes += quote_rows(log_error)
-        text = text or str(log_error["text"][0])
-    signature = failure_signature(text, record.exit_code) if outcome is Outcome.FAILED else None
     label = f"{record.task_id}:{record.attempt_id}"
-    return Attempt(label, outcome, transient, signature, tuple(quotes))
+    if outcome is not Outcome.FAILED:
+        return Attempt(label, outcome, transient, None, tuple(quotes))
+    row = _row_failure(evidence, record.attempt_id) if single_task else None
+    quotes += list(row.quotes) if row else []
+    signature, specific = _record_signature(record, row)
+    return Attempt(label, outcome, transient, signature, tuple(quotes), specific)
 
 
 def _record_attempts(evidence: Evidence) -> list[Attempt] | None:
@@ -206,27 +206,32 @@ def _record_attempts(evidence: Evidence) -> list[Attempt] | None:
         return None
     ordered = sorted(records, key=lambda r: (r.started_at_ms or 0, r.task_id, r.attempt_id))
     single_task = len({r.task_id for r in records}) == 1
-    return [_from_record(r, evidence.logs, single_task) for r in ordered]
+    return [_from_record(r, evidence, single_task) for r in ordered]
 
 
 # --- attempts from the logs ------------------------------------------------------------------
 
 
-def _log_attempt(logs: LogTables, attempt: int, newest_state: str | None) -> Attempt:
+def _log_attempt(evidence: Evidence, attempt: int, newest_state: str | None) -> Attempt:
+    """A log attempt: every one but the newest ended in a restart, failed when a failure row
+    (`Facts.attempt_failures`) names why, else ended for an unknown (transient) reason."""
+    logs = evidence.logs
+    assert logs is not None
     boundary = logs.resumes.filter(
         (pl.col("kind") == "attempt_boundary") & (pl.col("attempt") == attempt)
     ).sort("line")
-    error = _first_hard_errors(logs, attempt)
-    quotes = quote_rows(boundary, limit=1) + quote_rows(error)
-    signature = failure_signature(str(error["text"][0])) if not error.is_empty() else None
+    row = _row_failure(evidence, attempt)
+    quotes = quote_rows(boundary, limit=1) + (row.quotes if row else ())
+    signature, specific = (row.signature, row.specific) if row else (None, False)
     label = f"log attempt {attempt}"
     if newest_state is not None:
         outcome = _outcome(_state(newest_state))
-        signature = signature if outcome is Outcome.FAILED else None
-        return Attempt(label, outcome, False, signature, quotes)
+        if outcome is not Outcome.FAILED:
+            return Attempt(label, outcome, False, None, quotes)
+        return Attempt(label, outcome, False, signature, quotes, specific)
     if signature is None:
         return Attempt(label, Outcome.ENDED, True, None, quotes)
-    return Attempt(label, Outcome.FAILED, False, signature, quotes)
+    return Attempt(label, Outcome.FAILED, False, signature, quotes, specific)
 
 
 def _log_attempts(evidence: Evidence) -> list[Attempt] | None:
@@ -238,7 +243,7 @@ def _log_attempts(evidence: Evidence) -> list[Attempt] | None:
     if newest == 0 and boundaries.is_empty():
         return None
     state = _controller_state(evidence)
-    return [_log_attempt(logs, i, state if i == newest else None) for i in range(newest + 1)]
+    return [_log_attempt(evidence, i, state if i == newest else None) for i in range(newest + 1)]
 
 
 def _controller_state(evidence: Evidence) -> str | None:
@@ -309,7 +314,7 @@ def _same_failure(failed: list[Attempt], known: bool) -> bool | None:
         return None
     if len(failed) < 2:
         return False
-    signatures = {a.signature for a in failed}
+    signatures = {a.signature if a.specific else None for a in failed}
     if None in signatures:
         return None
     return len(signatures) == 1
@@ -354,7 +359,7 @@ def _judge(evidence: Evidence, attempts: list[Attempt], progress: Progress) -> _
         recovered=recovered,
         doomed=same is True and not recovered,
         retries_left=_retries_left(controller, failures),
-        signatures=_signatures(ended),
+        signatures=_signatures([*hard, *ended]),  # the repeated one first
     )
 
 
@@ -385,13 +390,21 @@ def _interpretation(
             f"{progress.newest_step}: recovered from the earlier loss"
         )
     elif judgement.same_failure is None and judgement.failed >= 2:
-        body = "a failed attempt carries no error text, so the signatures cannot be compared"
+        body = (
+            "a failed attempt carries no specific signature (no error text, or only a generic "
+            f"one such as `exit code N`: {_sig_list(judgement)}), so the attempts cannot be "
+            "shown to repeat one failure"
+        )
     elif judgement.count:
         sigs = "; ".join(f"`{s}`" for s in judgement.signatures) or "no error signature"
         body = f"signatures: {sigs}; the newest attempt has not yet stepped past its checkpoint"
     else:
         body = "no restart"
     return f"{head}; {body}; {_budget_text(judgement, controller)}."
+
+
+def _sig_list(judgement: _Judgement) -> str:
+    return "; ".join(f"`{s}`" for s in judgement.signatures) or "none"
 
 
 def _flip(judgement: _Judgement, progress: Progress) -> str:

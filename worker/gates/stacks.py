@@ -25,13 +25,22 @@ else the first thread. Its *parking frame* is the innermost frame that waits on:
   `_wait`.
 
 `judge_stacks` pairs the dumps of each process (the earliest and the newest with different
-`captured_at`). The stall is **proven** when at least one process is parked in both dumps at the
-same frame and no other paired process disproves it: a process whose primary stack changed between
-dumps is *moving* (possible progress: a slow rank the others wait for) and blocks the proof, as
-does one whose dumps cannot be read (unknown). A process whose stack is unchanged but not parked
-(*still*: an idle helper, a Ray worker, a vLLM engine idle by design while the policy is wedged)
-shows no progress and does not block it. A process dumped only once (or twice at the same
-instant) neither proves nor disproves anything.
+`captured_at`). Only live dumps count (DOMAIN.md section 6, "what established means"): with a
+`DumpWindow`, a dump taken at or before the newest progress, more than MAX_EVIDENCE_AGE_S before
+`now`, before the current attempt began, after `now` (beyond the clock tolerance), of a pod of an
+earlier attempt, or whose header names another pid than its file makes its process *stale*.
+
+The stall is **proven** when at least one process is parked in both dumps at the same frame and
+nothing disproves it: a process whose primary stack changed between dumps is *moving* (possible
+progress: a slow rank the others wait for) and blocks the proof, as does one whose dumps cannot be
+read, one dumped only once (or twice at the same instant: it is not shown stuck) and a stale one.
+A process whose stack is unchanged but not parked (*still*: an idle helper, a Ray worker, a vLLM
+engine idle by design while the policy is wedged) shows no progress and does not block it.
+
+Outside collectives, `StackFinding.still` says whether every trainer or coordinator process (not a
+vLLM engine) is still, with identical stacks in two dumps at least MIN_STILL_GAP_S apart, and none
+is parked, moving, unpaired, unreadable or stale. That alone proves nothing; the liveness gate
+needs corroboration before it calls it a stall.
 """
 
 from __future__ import annotations
@@ -39,13 +48,17 @@ from __future__ import annotations
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass
+from datetime import datetime
 from enum import StrEnum
+from typing import Final
 
 from shared.models import Quote
 from worker.evidence.model import StackDump
 from worker.evidence.quotes import quote
 
 __all__ = [
+    "MIN_STILL_GAP_S",
+    "DumpWindow",
     "Frame",
     "Parking",
     "ParsedDump",
@@ -71,6 +84,10 @@ _COLLECTIVE_FUNCTION = re.compile(
 )
 _DISTRIBUTED_FILE = re.compile(r"torch/distributed|c10d|distributed_c10d", re.IGNORECASE)
 _QUEUE_FILE = re.compile(r"(^|/)(queue|queues)\.py$")
+
+MIN_STILL_GAP_S: Final = 5.0
+"""Two identical dumps outside a collective must be at least this far apart (the default probe
+interval) to show a process still rather than caught twice in one slow frame."""
 
 
 @dataclass(frozen=True)
@@ -127,6 +144,44 @@ class ProcessState(StrEnum):
     MOVING = "moving"  # the primary stack changed between dumps
     UNPAIRED = "unpaired"  # fewer than two dumps taken at different times
     UNREADABLE = "unreadable"  # no thread could be read from a dump
+    STALE = "stale"  # a dump that is not live evidence (see DumpWindow)
+
+
+BLOCKING: Final = frozenset(
+    {ProcessState.MOVING, ProcessState.UNREADABLE, ProcessState.UNPAIRED, ProcessState.STALE}
+)
+
+
+@dataclass(frozen=True)
+class DumpWindow:
+    """When a dump is live evidence: after the newest progress, not older than the evidence age
+    limit nor the current attempt, not after `now` (beyond the clock tolerance), not of a pod that
+    belonged to an earlier attempt."""
+
+    after: datetime | None = None  # the newest progress: a dump must be later
+    not_before: datetime | None = None  # max(now - MAX_EVIDENCE_AGE_S, current attempt start)
+    not_after: datetime | None = None  # now + the clock tolerance
+    old_targets: frozenset[str] = frozenset()  # pods of earlier attempts
+
+    def why_not(self, dump: StackDump) -> str | None:
+        """Why `dump` is not live evidence, or None when it is."""
+        at = dump.captured_at
+        if at is None:
+            return "dump time unknown"
+        if dump.target in self.old_targets:
+            return f"{dump.target} is a pod of an earlier attempt"
+        if self.after is not None and at <= self.after:
+            return f"dump taken {_ago(self.after, at)} the newest progress"
+        if self.not_before is not None and at < self.not_before:
+            return "dump older than MAX_EVIDENCE_AGE_S or the current attempt"
+        if self.not_after is not None and at > self.not_after:
+            return "dump dated after now"
+        return None
+
+
+def _ago(reference: datetime, at: datetime) -> str:
+    gap = (reference - at).total_seconds()
+    return "at" if gap == 0 else f"{gap:.0f}s before"
 
 
 @dataclass(frozen=True)
@@ -137,6 +192,8 @@ class ProcessJudgement:
     parking: Parking | None
     quotes: tuple[Quote, ...]
     detail: str
+    gap_s: float = 0.0
+    top: str | None = None  # the innermost frame of an unchanged stack
 
 
 @dataclass(frozen=True)
@@ -148,6 +205,8 @@ class StackFinding:
     processes: tuple[ProcessJudgement, ...]
     quotes: tuple[Quote, ...]
     summary: str
+    still: bool = False  # every trainer process still outside a collective (needs corroboration)
+    still_frame: str | None = None  # the innermost frame they sit in
 
 
 # --- parsing ------------------------------------------------------------------------------------
@@ -266,8 +325,18 @@ def _dump_quote(dump: StackDump, thread: ThreadStack, frame: Frame | None) -> Qu
     return quote(dump.source, text, line=line, timestamp=dump.captured_at)
 
 
+def _foreign(dump: StackDump, parsed: ParsedDump) -> str | None:
+    if parsed.pid is not None and parsed.pid != dump.pid:
+        return f"{dump.source} holds pid {parsed.pid}, not {dump.pid}"
+    return None
+
+
 def _judge_pair(first: StackDump, last: StackDump, gap: float) -> ProcessJudgement:
-    a, b = primary_thread(parse_dump(first.text)), primary_thread(parse_dump(last.text))
+    parsed = parse_dump(first.text), parse_dump(last.text)
+    foreign = _foreign(first, parsed[0]) or _foreign(last, parsed[1])
+    if foreign:
+        return _judgement(first, ProcessState.STALE, None, (), foreign)
+    a, b = primary_thread(parsed[0]), primary_thread(parsed[1])
     if a is None or b is None:
         return _judgement(first, ProcessState.UNREADABLE, None, (), "a dump holds no thread")
     park_a, park_b = parking(a), parking(b)
@@ -283,7 +352,9 @@ def _judge_pair(first: StackDump, last: StackDump, gap: float) -> ProcessJudgeme
     if _signature(a) != _signature(b):
         return _judgement(first, ProcessState.MOVING, None, quotes, f"stack changed in {gap:.0f}s")
     state = ProcessState.ENGINE_IDLE if _is_engine(a) else ProcessState.STILL
-    return _judgement(first, state, None, quotes, f"unchanged for {gap:.0f}s, not in a collective")
+    top = a.frames[0].text if a.frames else "no frame"
+    detail = f"unchanged for {gap:.0f}s at `{top}`, not in a collective"
+    return ProcessJudgement(first.target, first.pid, state, None, quotes, detail, gap, top)
 
 
 def _judgement(
@@ -296,7 +367,10 @@ def _judgement(
     return ProcessJudgement(dump.target, dump.pid, state, park, quotes, detail)
 
 
-def _judge_process(dumps: Sequence[StackDump]) -> ProcessJudgement:
+def _judge_process(dumps: Sequence[StackDump], window: DumpWindow) -> ProcessJudgement:
+    stale = next((why for d in dumps if (why := window.why_not(d))), None)
+    if stale is not None:
+        return _judgement(dumps[0], ProcessState.STALE, None, (), stale)
     pair = _pair(dumps)
     if pair is None:
         detail = f"{len(dumps)} dump(s), not two taken at different times"
@@ -325,17 +399,30 @@ def _describe(judgements: Sequence[ProcessJudgement]) -> str:
     return "; ".join(parts) if parts else "no stacks captured"
 
 
-def judge_stacks(dumps: Sequence[StackDump]) -> StackFinding:
+def _still_frame(judgements: Sequence[ProcessJudgement]) -> str | None:
+    """The frame every trainer process sits in, when all of them are still long enough apart."""
+    if any(j.state in BLOCKING or j.state is ProcessState.PARKED for j in judgements):
+        return None
+    still = [j for j in judgements if j.state is ProcessState.STILL]
+    if not still or any(j.gap_s < MIN_STILL_GAP_S for j in still):
+        return None
+    return ", ".join(sorted({j.top for j in still if j.top}))
+
+
+def judge_stacks(dumps: Sequence[StackDump], window: DumpWindow | None = None) -> StackFinding:
     """Whether the dumps prove a stall, with the quotes of every paired process."""
-    judgements = tuple(_judge_process(group) for group in _group(dumps))
+    groups = _group(dumps)
+    judgements = tuple(_judge_process(group, window or DumpWindow()) for group in groups)
     parked = [j for j in judgements if j.state is ProcessState.PARKED]
-    blocking = {ProcessState.MOVING, ProcessState.UNREADABLE}
-    proven = bool(parked) and not any(j.state in blocking for j in judgements)
+    proven = bool(parked) and not any(j.state in BLOCKING for j in judgements)
     quotes = tuple(q for j in judgements for q in j.quotes)
+    frame = None if proven else _still_frame(judgements)
     return StackFinding(
         proven=proven,
         mechanism=_mechanism(parked) if proven else None,
         processes=judgements,
         quotes=quotes,
         summary=_describe(judgements),
+        still=frame is not None,
+        still_frame=frame,
     )

@@ -3,8 +3,8 @@ live probes only when the rules call for them.
 
 1. The bundle is judged first. When its manifest is older than MAX_EVIDENCE_AGE_S (or has no
    `synced_at`), the configured watcher refresh (`RLHEALTH_REFRESH_COMMAND`, with `{job_id}` and
-   `{cluster}`) runs through the spawn module, allowed for exactly that command; without one the
-   stale evidence stays stale and a note says so.
+   `{cluster}`, checked values only) runs through the spawn module behind the allowlist, which
+   checked its template at start-up; without one the stale evidence stays stale and a note says so.
 2. `needs_live_probes` names the reasons to query the cluster: the manifest is missing or stale,
    the trainer log is missing, the attempt history is not in hand (the bundle never holds it),
    the controller state contradicts the log, or the trainer log has
@@ -17,24 +17,33 @@ live probes only when the rules call for them.
 
 from __future__ import annotations
 
-import shlex
 import time
 from collections.abc import Callable
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Final
 
 from shared.settings import Settings
-from worker.backends import default_runner, job_ref, make_backend
-from worker.backends.allowlist import DEFAULT_ALLOWLIST
+from worker.backends import (
+    RefusedValueError,
+    Toolbox,
+    job_ref,
+    make_backend,
+    resolve_tools,
+    run_refresh,
+)
 from worker.backends.base import ProbePlan, Recorder, Runner, probe_job
-from worker.backends.spawn import run_probe
+from worker.evidence.jobstate import JobState
 from worker.evidence.model import Evidence
 from worker.evidence.probes import write_probes
+from worker.pipeline.metrics import probes_ran
 
 __all__ = ["capture_live", "needs_live_probes", "quiet_reason", "stale_reason"]
 
-TERMINAL: Final = frozenset({"succeeded", "failed", "killed", "worker_failed"})
+
+def _terminal(state: str | None) -> bool:
+    """The one job-state enum decides (`worker.evidence.jobstate`), whatever form the state has."""
+    parsed = JobState.parse(state)
+    return parsed is not None and parsed.terminal
 
 
 def _now() -> datetime:
@@ -56,7 +65,7 @@ def stale_reason(evidence: Evidence) -> str | None:
 
 def quiet_reason(evidence: Evidence) -> str | None:
     """Why live stacks are needed: the trainer log is quiet beyond STALL_FLOOR_S, job not over."""
-    if evidence.bundle.state in TERMINAL or evidence.logs is None:
+    if _terminal(evidence.bundle.state) or evidence.logs is None:
         return None
     last = evidence.logs.summary.last_timestamp
     floor = evidence.thresholds.stall_floor_s
@@ -83,13 +92,13 @@ def _missing_reasons(evidence: Evidence) -> list[str]:
 def _contradiction(evidence: Evidence) -> str | None:
     bundle = evidence.bundle
     last = evidence.logs.summary.last_timestamp if evidence.logs else None
-    if bundle.state in TERMINAL and bundle.finished_at and last and last > bundle.finished_at:
+    if _terminal(bundle.state) and bundle.finished_at and last and last > bundle.finished_at:
         finished, advanced = bundle.finished_at.isoformat(), last.isoformat()
         return (
             f"contradictory: controller state {bundle.state} (finished {finished}) but the log "
             f"advanced at {advanced}"
         )
-    if bundle.state not in TERMINAL and bundle.state and bundle.finished_at:
+    if not _terminal(bundle.state) and bundle.state and bundle.finished_at:
         return f"contradictory: controller state {bundle.state} but a finished_at is recorded"
     return None
 
@@ -109,23 +118,11 @@ def needs_live_probes(evidence: Evidence) -> tuple[str, ...]:
     return tuple(r for r in reasons if r)
 
 
-def _refresh_argv(template: str, evidence: Evidence) -> tuple[str, ...]:
-    """The refresh command's words, each formatted (a job id cannot add or split words)."""
-    values = {"job_id": evidence.job_id, "cluster": evidence.bundle.cluster or ""}
-    return tuple(word.format(**values) for word in shlex.split(template))
-
-
-def _refresh(evidence: Evidence, settings: Settings, clock: Callable[[], datetime]) -> str:
-    """Run the watcher refresh for a stale bundle; a note saying what happened."""
-    template = settings.refresh_command
-    if not template:
-        return "evidence stale and no RLHEALTH_REFRESH_COMMAND configured: it stays stale"
-    argv = _refresh_argv(template, evidence)
-    allowlist = DEFAULT_ALLOWLIST.with_exact(argv)
-    result = run_probe(argv, settings.probe_timeout_s, allowlist=allowlist, clock=clock)
-    if result.ok:
-        return f"watcher refresh ran: `{shlex.join(argv)}`"
-    return f"watcher refresh failed: `{shlex.join(argv)}` {result.why()}"
+def _refresh(
+    evidence: Evidence, settings: Settings, tools: Toolbox, clock: Callable[[], datetime]
+) -> str:
+    """Run the watcher refresh for a stale bundle (its template checked by the allowlist)."""
+    return run_refresh(tools, settings, evidence.job_id, evidence.bundle.cluster, clock)
 
 
 def _reread(evidence: Evidence, clock: Callable[[], datetime]) -> Evidence:
@@ -146,23 +143,32 @@ def capture_live(
     stack_interval_s: float | None = None,
     sleep: Callable[[float], None] = time.sleep,
     process_match: str | None = None,
+    tools: Toolbox | None = None,
 ) -> tuple[Path | None, tuple[str, ...]]:
-    """Apply the capture policy: the probe directory written (None: no probe needed), notes."""
+    """Apply the capture policy: the probe directory written (None: no probe needed), notes.
+
+    `tools` are resolved from `settings` when not given (diagnose resolves them at start-up).
+    """
     notes: list[str] = []
+    tools = tools or resolve_tools(settings)
     if stale_reason(evidence) is not None:
-        notes.append(_refresh(evidence, settings, clock))
+        notes.append(_refresh(evidence, settings, tools, clock))
         if notes[-1].startswith("watcher refresh ran"):
             evidence = _reread(evidence, clock)
     reasons = needs_live_probes(evidence)
     if not reasons:
         return None, (*notes, "no live probe needed: the bundle is fresh and consistent")
     notes.extend(f"live probes: {reason}" for reason in reasons)
-    job = job_ref(evidence.bundle, settings, process_match)
-    chosen = make_backend(backend, job, settings)
+    try:  # the bundle's values only select: a job id or cluster that does not fit is refused
+        job = job_ref(evidence.bundle, settings, process_match)
+    except RefusedValueError as exc:
+        return None, (*notes, f"live probes refused: {exc}")
+    chosen = make_backend(backend, job, settings, tools)
     interval = stack_interval_s if stack_interval_s is not None else settings.probe_interval_s
     plan = ProbePlan(stacks=quiet_reason(evidence) is not None, interval_s=interval)
-    rec = Recorder(runner or default_runner(), settings.probe_timeout_s)
+    rec = Recorder(runner or tools.runner(), settings.probe_timeout_s)
     probes = probe_job(chosen, rec, plan, job_id=job.job_id, clock=clock, sleep=sleep)
     write_probes(probes, rec.outputs, out_dir)
+    probes_ran(backend, [command.exit_code for command in rec.commands])
     notes.extend(f"probe failed: {failure}" for failure in rec.failures)
     return out_dir, tuple(notes)

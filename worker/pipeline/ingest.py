@@ -33,6 +33,7 @@ from shared.settings import Settings
 from shared.streams import ALERT_FIELD, INGEST_GROUP, StreamNames
 from worker.pipeline.coalesce import Admission, Coalescer
 from worker.pipeline.failures import BadEventError, describe, is_infrastructure
+from worker.pipeline.metrics import alert_handled, dead_lettered
 from worker.pipeline.steps import Pipeline
 from worker.pipeline.watchdog import Watchdog
 
@@ -149,6 +150,7 @@ class Ingest:
             outcome = self.refuse(entry, f"ingest failed: {describe(exc)}")
         self.redis.xack(self.names.alerts, INGEST_GROUP, entry.id)
         self.outcomes[outcome] = self.outcomes.get(outcome, 0) + 1
+        alert_handled(outcome)
         return outcome
 
     def refuse(self, entry: Entry, reason: str) -> str:
@@ -163,6 +165,7 @@ class Ingest:
             },
         )
         log.warning("dead-lettered alert %s: %s", entry.id, reason)
+        dead_lettered(reason)
         return "dead-letter"
 
     def admit(self, event: Event, job: str, *, redelivered: bool) -> str:

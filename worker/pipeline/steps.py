@@ -29,6 +29,7 @@ from typing import Any, Final
 
 from pydantic import ValidationError
 
+from reports.html import store_html
 from reports.sinks import S3ReportSink, StoredReport, VerdictStreamSink
 from shared.models import (
     Event,
@@ -54,6 +55,7 @@ from worker.pipeline.failures import (
     is_time_limit,
 )
 from worker.pipeline.lease import Leases
+from worker.pipeline.metrics import dead_lettered
 from worker.pipeline.store import ObjectMissingError, ObjectStore, download_prefix, key_segment
 from worker.verdict import decide
 
@@ -289,7 +291,10 @@ class Pipeline:
         return self._decide(VerdictStreamSink.entry(report, stored)).model_dump(mode="json")
 
     def _store_report(self, report: Report, evidence: Evidence) -> StoredReport:
-        return S3ReportSink(self.store)(report, **_place(evidence))
+        """The text, JSON and HTML renderings, written once under the report's key."""
+        stored = S3ReportSink(self.store)(report, **_place(evidence))
+        store_html(self.store, stored.json_key, report, evidence)
+        return stored
 
     def decided(self, lead: str) -> VerdictEntry | None:
         """The verdict entry decided for `lead`, before or after it was published."""
@@ -376,6 +381,7 @@ class Pipeline:
                 "refused_at": datetime.now(UTC).isoformat(),
             },
         )
+        dead_lettered(f"diagnosis failed: {reason}")
 
 
 class CaptureBusyError(RuntimeError):

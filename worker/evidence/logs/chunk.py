@@ -27,7 +27,7 @@ SCHEMAS: Final[dict[str, dict[str, pl.DataType]]] = {
     "engines": schema.ENGINES,
     "progress": schema.PROGRESS,
     "batches": schema.BATCHES,
-    "errors": schema.ERRORS,
+    "errors": errors.RAW_ERRORS,  # given their meaning once per file (errors.annotate)
     "resumes": schema.RESUMES,
 }
 _EXAMPLE_CHARS: Final = 200
@@ -108,7 +108,6 @@ def _block_context(blocks: pl.DataFrame, ev: pl.DataFrame) -> pl.DataFrame:
 def _count(state: ParserState, tables: dict[str, pl.DataFrame]) -> None:
     state.count("timer", tables["timers"].height)
     state.count("batch", tables["batches"].height)
-    state.count("error", tables["errors"].height)
     progress = tables["progress"].get_column("kind")
     state.count("training_step_progress", int((progress == "training_step").sum()))
     state.count("generation_buffer", int((progress == "generation_buffer").sum()))

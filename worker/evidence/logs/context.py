@@ -16,6 +16,11 @@ Timestamps: loguru's full timestamp; else vLLM's `MM-DD HH:MM:SS` with the year 
 else Iris's time of day on the anchor date, plus one day for each time the time of day goes back by
 more than twelve hours. The anchor is the date of the last line with a full timestamp (for an
 Iris-prefixed line, the date its time of day falls on), or `reference_date` before any.
+
+The Iris prefix is the time the line was collected, in UTC; a line's own time is what its writer's
+clock said. When both exist and differ by more than PREFIX_SKEW_TOLERANCE_S the prefix wins (a
+trainer logging local time, or one future-dated line, must not look like fresh progress), and the
+difference is counted in the state (`skew_*`) so the report can state the clock offset.
 """
 
 from __future__ import annotations
@@ -28,6 +33,7 @@ import polars as pl
 from worker.evidence.logs.state import ParserState
 
 __all__ = [
+    "PREFIX_SKEW_TOLERANCE_S",
     "add_attempts",
     "add_step_context",
     "add_timestamps",
@@ -36,6 +42,8 @@ __all__ = [
 ]
 
 _HALF_DAY: Final = 43_200
+PREFIX_SKEW_TOLERANCE_S: Final = 60.0
+"""Own time vs Iris prefix time beyond this is a clock disagreement (collection lag is shorter)."""
 _STEP_MARKERS: Final = ("Started: 'step'", "Finished: 'step'")
 
 
@@ -106,16 +114,25 @@ def add_timestamps(frame: pl.DataFrame, state: ParserState) -> pl.DataFrame:
     later = pl.col("_aday") + pl.duration(days=pl.col("_rolls") - pl.col("_anchor_rolls"))
     day = pl.when(pl.col("_anchor_rolls").is_null()).then(seeded).otherwise(later)
     frame = frame.with_columns(_day=day.cast(pl.Date))
-    return frame.with_columns(ts=_timestamp())
+    frame = frame.with_columns(_own=_own_time(), _prefix=_prefix_time())
+    skew = (pl.col("_own") - pl.col("_prefix")).dt.total_seconds(fractional=True)
+    frame = frame.with_columns(_skew=skew)
+    disagree = (pl.col("_skew").abs() > PREFIX_SKEW_TOLERANCE_S).fill_null(False)
+    ts = pl.when(disagree).then(pl.col("_prefix")).otherwise(pl.coalesce("_own", "_prefix"))
+    return frame.with_columns(ts=ts).drop("_own", "_prefix")
 
 
-def _timestamp() -> pl.Expr:
+def _prefix_time() -> pl.Expr:
     day = pl.col("_day")
     iris = day.cast(pl.Datetime("us")) + pl.duration(seconds=pl.col("tod"))
+    return iris.dt.replace_time_zone("UTC")
+
+
+def _own_time() -> pl.Expr:
+    day = pl.col("_day")
     vllm_text = pl.concat_str(day.dt.year().cast(pl.String), pl.lit("-"), pl.col("vts"))
     vllm = vllm_text.str.to_datetime("%Y-%m-%d %H:%M:%S", strict=False, time_unit="us")
-    naive = pl.coalesce(vllm, iris).dt.replace_time_zone("UTC")
-    return pl.coalesce(pl.col("ldt"), naive)
+    return pl.coalesce(pl.col("ldt"), vllm.dt.replace_time_zone("UTC"))
 
 
 def _last(frame: pl.DataFrame, column: str) -> object:
@@ -141,6 +158,23 @@ def advance_state(frame: pl.DataFrame, state: ParserState) -> None:
     else:
         state.rolls += rolls
     note_timestamps(frame.get_column("ts"), state)
+    _note_skew(frame, state)
+
+
+def _note_skew(frame: pl.DataFrame, state: ParserState) -> None:
+    """Widen the state's own-time vs prefix-time statistics (lines with both times)."""
+    both = frame.filter(pl.col("_skew").is_not_null())
+    if both.is_empty():
+        return
+    skew = both.get_column("_skew")
+    low, high = float(skew.min()), float(skew.max())  # type: ignore[arg-type]
+    state.skew_lines += both.height
+    state.skew_min_s = low if state.skew_min_s is None else min(state.skew_min_s, low)
+    state.skew_max_s = high if state.skew_max_s is None else max(state.skew_max_s, high)
+    off = both.filter(pl.col("_skew").abs() > PREFIX_SKEW_TOLERANCE_S)
+    state.skew_off_lines += off.height
+    if state.skew_first_line is None and not off.is_empty():
+        state.skew_first_line = int(off.get_column("line")[0])
 
 
 def note_timestamps(stamps: pl.Series, state: ParserState) -> None:

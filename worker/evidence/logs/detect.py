@@ -1,8 +1,13 @@
 """Line classification: which lines matter, their prefixes stripped, their kind.
 
 One capture-free literal alternation picks the few lines worth reading; other regexes run only on
-that subset. Prefixes removed: SGR colour codes, Iris's `[HH:MM:SS] task=/u/j/t | `, Ray's
-`(Name pid=N, ip=X)` and `[repeated Nx across cluster]`. A loguru or vLLM header leaves `msg`.
+that subset. Prefixes removed: SGR colour codes, Iris's `[HH:MM:SS] task=/u/j/t | ` (or a leading
+RFC 3339 timestamp of `kubectl logs --timestamps`, or docker compose's `service-1  | `), then any
+number of process prefixes — Ray's `(Name pid=N, ip=X)` (nested ones too), the square-bracket form
+`[Name pid=N]`, system processes `(raylet)`, torchrun's `[rankN]:`, NCCL's `host:pid:tid [dev] ` —
+and Ray's `[repeated Nx across cluster]`. A loguru or vLLM header leaves `msg`. Failure lines are
+flagged by the catalogue's literals and the generic exception markers (`Error: `, `Exception: `,
+...); `worker.evidence.logs.errors` decides which of them are failures.
 """
 
 from __future__ import annotations
@@ -12,11 +17,14 @@ from typing import Final
 
 import polars as pl
 
+from worker.evidence.failures import catalogue
 from worker.evidence.logs.lines import WINDOW_LINES
 
 __all__ = [
+    "BLOCK_STARTS",
     "ENGINE_LITERAL",
     "ERROR_RULES",
+    "FAILURE_LITERALS",
     "KIND_RULES",
     "evidence_lines",
     "in_windows",
@@ -25,15 +33,30 @@ __all__ = [
 
 SGR: Final = r"\x1b\[[0-9;]*m"
 # Whole-match patterns (group 0 only, so the regex engine can use its fast path).
+_PROCESS: Final = (
+    r"(?:\((?:[^\s()]+ )?pid=\d+(?:, ip=[^\s()]+)?\)"  # Ray: (Name pid=N, ip=X)
+    r"|\[(?:[^\s\[\]]+ )?pid=\d+(?:, ip=[^\s\[\]]+)?\]"  # [Name pid=N]
+    r"|\((?:raylet|gcs_server|autoscaler|monitor|dashboard|log_monitor)(?:, ip=[^\s()]+)?\)"
+    r"|\[rank\d+\]:"  # torchrun
+    r"|[\w.-]+:\d+:\d+ \[\d+\]"  # NCCL: host:pid:tid [device]
+    r") ?"
+)
 _OUTER: Final = (
-    r"^(?:\[\d\d:\d\d:\d\d\] task=\S+ \| ?)?(?:\((?:[^\s()]+ )?pid=\d+(?:, ip=[^\s()]+)?\) ?)?"
+    r"^(?:\[\d\d:\d\d:\d\d\] task=\S+ \| ?"  # Iris
+    r"|\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(?:\.\d+)?Z "  # kubectl logs --timestamps
+    r"|[\w.-]+-\d+ +\| )?"  # docker compose: `service-1  | `
+    rf"(?:{_PROCESS})*"
 )
 _HEADER: Final = (
     r"^(?:\d{4}-\d\d-\d\d \d\d:\d\d:\d\d(?:\.\d+)? \| *[A-Z]+ *\| \S+ - ?"
-    r"|(?:INFO|WARNING|ERROR|DEBUG|CRITICAL) \d\d-\d\d \d\d:\d\d:\d\d(?:\.\d+)? \[[^\]]*\] ?)"
+    r"|(?:INFO|WARNING|ERROR|DEBUG|CRITICAL) \d\d-\d\d \d\d:\d\d:\d\d(?:\.\d+)? "
+    r"(?:\[[^\]]*\]|[\w./-]+:\d+\]) ?)"
 )
 _REPEATED: Final = r"\[repeated \d+x across cluster\]\s*$"
 TRACEBACK: Final = "Traceback (most recent call last)"
+UNHANDLED: Final = "Unhandled error (suppress with "
+# Lines after which an exception's frames and final line follow.
+BLOCK_STARTS: Final = (TRACEBACK, UNHANDLED)
 ENGINE_LITERAL: Final = "Avg prompt throughput"
 
 # (kind, literal the message must start with or contain, starts_with?)
@@ -57,7 +80,9 @@ KIND_RULES: Final[tuple[tuple[str, str, bool], ...]] = (
 # (error kind, literal); the first that matches names the line.
 ERROR_RULES: Final[tuple[tuple[str, str], ...]] = (
     ("cuda_oom", "CUDA out of memory"),
-    ("cuda_oom", "OutOfMemoryError"),
+    # torch's, not Ray's `ray.exceptions.OutOfMemoryError` (host memory: `host_oom`)
+    ("cuda_oom", "torch.OutOfMemoryError"),
+    ("cuda_oom", "torch.cuda.OutOfMemoryError"),
     ("cuda_error", "CUDA error"),
     ("internal_assert", "INTERNAL ASSERT"),
     ("nccl_watchdog_timeout", "Watchdog caught collective operation timeout"),
@@ -79,13 +104,57 @@ ERROR_RULES: Final[tuple[tuple[str, str], ...]] = (
     ("verifier_error", "VerifierOutputParseError"),
 )
 
-_INTEREST: Final[list[str]] = sorted(
-    {lit for _, lit, _ in KIND_RULES} | {lit for _, lit in ERROR_RULES} | {"': ", TRACEBACK}
+# What a final exception line or a wrapped exception contains, whatever its type.
+_EXCEPTION_MARKERS: Final = (
+    "Error: ",
+    "Error(",
+    "Exception: ",
+    "Exception(",
+    "Exit: ",
+    ".errors.",
+    ".exceptions.",
+)
+FAILURE_LITERALS: Final[tuple[str, ...]] = tuple(
+    sorted({*catalogue().literals, *_EXCEPTION_MARKERS, UNHANDLED})
 )
 
+_INTEREST: Final[list[str]] = sorted(
+    {lit for _, lit, _ in KIND_RULES}
+    | {lit for _, lit in ERROR_RULES}
+    | {"': ", TRACEBACK}
+    | set(FAILURE_LITERALS)
+)
+
+# The scan flags a line when it holds one of these anchors: every literal above contains one, so
+# a line holding any literal is flagged, and the classification that follows (on the flagged lines
+# only) tests the literals themselves. The one pass over every byte stays fast only with few
+# alternatives, none short and lowercase (the regex engine's literal prefilter: ~21 ms a 48 MiB
+# read with these 51, ~40 ms with one or two more or with `died`, 92 ms with every literal). Bare
+# lowercase words are avoided where possible (`failed` is the exception): an Iris job name in
+# every line's prefix that held one would flag every line (still correct, but slow).
+_ANCHORS: Final = (
+    # failure vocabulary
+    *("Error", " error", "ERROR", "Exception", ".errors.", ".exceptions.", "Exit", "SIG"),
+    *("NCCL", "CUDA", "Cuda failure", "failed", "Failed", "FAILED", "FATAL"),
+    # failure lines without those words
+    *("The actor", "A worker died", "marked dead", "Task was killed", "(OOM)", "shutting down"),
+    *("Sandbox", "Snapshot with", "pull access denied", "No reward file"),
+    *("PreemptionMode", "In config: Override", "not in struct", "taking the entire"),
+    *("terminate called",),
+    # the older literal rules
+    *("INTERNAL ASSERT", "Watchdog caught", "Could not override", "Trajectory ", "No available"),
+    *("ImagePullBackOff", TRACEBACK, "WANDB_MIRROR kind=", "Batch generation ", "Started: '"),
+    *("Finished: '", "': ", "{'", "reward/", "avg_final_rewards: ", "Progress"),
+    *("[iris setup] step 1/", "No checkpoint found", "Loading checkpoint from"),
+    *("Resuming from global_step",),
+)
+# A literal no anchor covers (a new catalogue entry, say) flags lines by itself.
+_UNCOVERED: Final = tuple(lit for lit in _INTEREST if not any(a in lit for a in _ANCHORS))
 
 # Every literal that flags a line, longest first: one leftmost-first search finds the first one.
-_FLAG_LITERALS: Final = sorted({*_INTEREST, ENGINE_LITERAL}, key=lambda lit: (-len(lit), lit))
+_FLAG_LITERALS: Final = sorted(
+    {*_ANCHORS, *_UNCOVERED, ENGINE_LITERAL}, key=lambda lit: (-len(lit), lit)
+)
 _ANY_FLAG: Final = "|".join(re.escape(lit) for lit in _FLAG_LITERALS)
 
 
@@ -112,7 +181,11 @@ def _flagged(lines: pl.Series) -> pl.DataFrame:
     others = hits.filter(first != ENGINE_LITERAL)
     engine_later = _later(others, ENGINE_LITERAL)
     tb_at = pl.concat(
-        [_later(others, TRACEBACK), _later(hits.filter(first == ENGINE_LITERAL), TRACEBACK)]
+        [
+            _later(others, TRACEBACK),
+            _later(others, UNHANDLED),
+            _later(hits.filter(first == ENGINE_LITERAL), TRACEBACK),
+        ]
     )
     idx = pl.col("idx")
     engine = (first == ENGINE_LITERAL).fill_null(False) | idx.is_in(engine_later.implode())
@@ -156,7 +229,8 @@ def _prefix_fields(outer: pl.Expr, header: pl.Expr) -> dict[str, pl.Expr]:
         "task": iris.str.slice(16).str.head(-1),
         "tod": clock(1) * 3600 + clock(4) * 60 + clock(7),
         "pid": outer.str.extract(r"pid=(\d+)", 1),
-        "ip": outer.str.extract(r"ip=([^\s()]+)", 1),
+        "ip": outer.str.extract(r"ip=([^\s()\]]+)", 1),
+        "rank": outer.str.extract(r"\[rank\d+\]", 0),
         "ldt": loguru.str.to_datetime(
             "%Y-%m-%d %H:%M:%S%.f", strict=False, time_unit="us", time_zone="UTC"
         ),
@@ -174,7 +248,8 @@ def _strip_prefixes(frame: pl.LazyFrame) -> pl.LazyFrame:
     skip = pl.col("_header").str.len_chars().fill_null(0)
     fields = _prefix_fields(pl.col("_outer"), pl.col("_header"))
     msg = pl.col("text").str.slice(skip)
-    return frame.select("idx", "window_only", "tb", "text", msg=msg, **fields)
+    prefix = pl.col("_outer").str.strip_chars_end()
+    return frame.select("idx", "window_only", "tb", "text", msg=msg, prefix=prefix, **fields)
 
 
 def _alternation(literals: list[tuple[str, bool]]) -> str:
@@ -190,6 +265,7 @@ _ERROR_RANK: Final = {lit: rank for rank, (_, lit) in enumerate(_ERROR_RULES_PLA
 _ERROR_BY_RANK: Final = {rank: kind for rank, (kind, _) in enumerate(_ERROR_RULES_PLAIN)}
 _ERROR_ALT: Final = _alternation([(lit, False) for _, lit in _ERROR_RULES_PLAIN])
 _TRAJECTORY: Final = r"Trajectory \S+ attempt \d+/\d+ failed"
+_FAILURE_ALT: Final = _alternation([(lit, False) for lit in FAILURE_LITERALS])
 
 
 def _kind_expr() -> pl.Expr:
@@ -222,6 +298,7 @@ def _classify(frame: pl.LazyFrame) -> pl.LazyFrame:
     return frame.with_columns(
         kind=pl.when(only).then(null_str).otherwise(_kind_expr()),
         err=pl.when(only).then(null_str).otherwise(_error_expr()),
+        failure=~only & pl.col("msg").str.contains(_FAILURE_ALT),
         ldt=pl.when(only).then(None).otherwise(pl.col("ldt")),
         vts=pl.when(only).then(null_str).otherwise(pl.col("vts")),
         tod=pl.when(only).then(None).otherwise(pl.col("tod")),
@@ -231,6 +308,7 @@ def _classify(frame: pl.LazyFrame) -> pl.LazyFrame:
             pl.col("pid").fill_null(""),
             pl.lit("@"),
             pl.col("ip").fill_null(""),
+            pl.col("rank").fill_null(""),
         ),
     )
 
@@ -239,7 +317,9 @@ def evidence_lines(lines: pl.Series) -> tuple[pl.LazyFrame, pl.LazyFrame]:
     """Queries for the lines worth reading, prefixes stripped and classified, and the stat lines.
 
     The first has idx (0-based in `lines`), window_only (kept only as a possible traceback end),
-    tb, text, msg, task, tod, pid, ip, ldt, vts, kind, err, actor. The second has `idx` and `raw`
+    tb (a traceback or Ray's unhandled-error block starts), text, msg, prefix (the process
+    prefixes stripped), task, tod, pid, ip, rank, ldt, vts, kind, err, failure (a failure literal
+    or exception marker is in the message), actor. The second has `idx` and `raw`
     of the vLLM engine stat lines, which take a shorter path (they are most of a busy log).
     """
     frame = _flagged(lines).lazy()

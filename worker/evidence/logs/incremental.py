@@ -26,7 +26,7 @@ from worker.evidence.logs.stitch import Stitched
 __all__ = ["CacheEntry", "LogCache", "cache_key", "head_hash"]
 
 HEAD_BYTES: Final = 4096
-VERSION: Final = "3"
+VERSION: Final = "5"  # 5: clock offsets (issue 8) and failure columns in ERRORS (issue 10)
 _STITCHED: Final = ("metrics", "phases")
 
 

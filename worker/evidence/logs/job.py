@@ -8,6 +8,7 @@ already present. Every listing goes through `BundleFiles`, so nothing outside th
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from datetime import date, datetime
 from pathlib import Path
 from typing import Any, Final
@@ -17,10 +18,14 @@ import polars as pl
 from worker.evidence.logs.incremental import LogCache
 from worker.evidence.logs.reader import FileRows, parse_file_rows
 from worker.evidence.logs.stitch import build_tables
-from worker.evidence.model import LogTables, ParseSummary
+from worker.evidence.model import ClockSkew, LogTables, ParseSummary
 from worker.evidence.paths import BundleFiles
 
-__all__ = ["parse_job_logs"]
+__all__ = ["Progress", "parse_job_logs"]
+
+Progress = Callable[[str, int, int], None]
+"""Told `(source, bytes read before it, bytes in all)` before each log file is read (the command
+line draws a progress bar from it)."""
 
 FINELOG: Final = "finelog.log"
 _FILL_TABLES: Final = {"engines": ["engine", "timestamp"], "errors": ["kind", "text"]}
@@ -71,7 +76,23 @@ def _merge_summaries(parts: list[FileRows]) -> ParseSummary:
         serializations=tuple(sorted(k for k, v in records.items() if v)),
         first_timestamp=min(firsts, default=None),
         last_timestamp=_latest(lasts),
+        clock=_merge_clocks([s.clock for s in summaries]),
         **_head(summaries),
+    )
+
+
+def _merge_clocks(clocks: list[ClockSkew]) -> ClockSkew:
+    """The skew statistics of several files as one; the first disagreeing line of the first file."""
+    mins = [c.min_s for c in clocks if c.min_s is not None]
+    maxs = [c.max_s for c in clocks if c.max_s is not None]
+    first = next((c for c in clocks if c.first_line is not None), None)
+    return ClockSkew(
+        lines=sum(c.lines for c in clocks),
+        min_s=min(mins, default=None),
+        max_s=max(maxs, default=None),
+        off_lines=sum(c.off_lines for c in clocks),
+        first_line=first.first_line if first else None,
+        source=first.source if first else None,
     )
 
 
@@ -89,12 +110,30 @@ def _latest(stamps: list[datetime]) -> datetime | None:
 
 
 def _parse_all(
-    files: BundleFiles, paths: list[Path], reference_date: date | None, cache: LogCache | None
+    files: BundleFiles,
+    paths: list[Path],
+    reference_date: date | None,
+    cache: LogCache | None,
+    announce: Callable[[Path], None] = lambda _path: None,
 ) -> list[FileRows]:
-    return [
-        parse_file_rows(path, files.relative(path), reference_date=reference_date, cache=cache)
-        for path in paths
-    ]
+    found = []
+    for path in paths:
+        announce(path)
+        found.append(
+            parse_file_rows(path, files.relative(path), reference_date=reference_date, cache=cache)
+        )
+    return found
+
+
+def _announcer(files: BundleFiles, paths: list[Path], progress: Progress) -> Callable[[Path], None]:
+    sizes = {path: path.stat().st_size for path in paths}
+    total, done = sum(sizes.values()), [0]
+
+    def announce(path: Path) -> None:
+        progress(files.relative(path), done[0], total)
+        done[0] += sizes[path]
+
+    return announce
 
 
 def _ray_worker_logs(files: BundleFiles) -> list[Path]:
@@ -108,6 +147,7 @@ def parse_job_logs(
     reference_date: date | None = None,
     files: BundleFiles | None = None,
     cache: LogCache | None = None,
+    progress: Progress | None = None,
 ) -> LogTables | None:
     """The tables of a job directory's logs, or None when it holds no log file at all."""
     files = files or BundleFiles(job_dir)
@@ -117,9 +157,10 @@ def parse_job_logs(
     rays = _ray_worker_logs(files)
     if not (main or pods or rays):
         return None
-    primary = _parse_all(files, main, reference_date, cache)
-    secondary = _parse_all(files, pods, reference_date, cache)
-    extras = _parse_all(files, rays, reference_date, cache)
+    tick = _announcer(files, [*main, *pods, *rays], progress) if progress else lambda _path: None
+    primary = _parse_all(files, main, reference_date, cache, tick)
+    secondary = _parse_all(files, pods, reference_date, cache, tick)
+    extras = _parse_all(files, rays, reference_date, cache, tick)
     if not (primary and _usable(primary[0])):
         primary, secondary = primary + secondary, []
     rows = _union(primary) if primary else {}

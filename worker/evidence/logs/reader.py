@@ -8,6 +8,7 @@ parse run on two cores at once.
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from datetime import date, datetime
@@ -16,14 +17,14 @@ from typing import Final
 
 import polars as pl
 
-from worker.evidence.logs import detect
+from worker.evidence.logs import detect, errors
 from worker.evidence.logs.chunk import TABLES, parse_chunk
 from worker.evidence.logs.incremental import HEAD_BYTES, CacheEntry, LogCache, cache_key, head_hash
 from worker.evidence.logs.lines import CHUNK_BYTES, iter_reads, read_tail, split_lines
 from worker.evidence.logs.scan import Scan, scan
 from worker.evidence.logs.state import ParserState
 from worker.evidence.logs.stitch import Stitched, build_tables, restitch, stitch
-from worker.evidence.model import LogTables, ParseSummary
+from worker.evidence.model import ClockSkew, LogTables, ParseSummary
 
 __all__ = ["FileRows", "parse_file_rows", "parse_log_file"]
 
@@ -105,20 +106,33 @@ def _tail_timestamp(path: Path, size: int) -> datetime | None:
     return stamps if isinstance(stamps, datetime) else None
 
 
-def _summary(state: ParserState, source: str, size: int, tail_ts: datetime | None) -> ParseSummary:
+def _summary(
+    state: ParserState, source: str, size: int, tail_ts: datetime | None, n_errors: int
+) -> ParseSummary:
+    # the tail's raw loguru time is not reconciled with the Iris prefix: unused when they disagree
+    tail_ts = tail_ts if state.skew_off_lines == 0 else None
     last = max((t for t in (state.last_ts, tail_ts) if t is not None), default=None)
+    records = {**state.records, "error": n_errors} if n_errors else dict(state.records)
     return ParseSummary(
         files=(source,),
         lines=state.line,
         bytes=size,
-        records=dict(sorted(state.records.items())),
+        records=dict(sorted(records.items())),
         malformed=state.malformed,
         malformed_examples=tuple(state.malformed_examples),
-        serializations=tuple(sorted(k for k, v in state.records.items() if v)),
+        serializations=tuple(sorted(k for k, v in records.items() if v)),
         first_timestamp=state.first_ts,
         last_timestamp=last,
         head=tuple(state.head),
         head_lines=tuple(state.head_lines),
+        clock=ClockSkew(
+            lines=state.skew_lines,
+            min_s=state.skew_min_s,
+            max_s=state.skew_max_s,
+            off_lines=state.skew_off_lines,
+            first_line=state.skew_first_line,
+            source=source,
+        ),
     )
 
 
@@ -165,7 +179,11 @@ def _read_file(
         cache.store(key, entry)
     final = restitch(known, rows, [run.tail]) if known is not None else None
     tail_ts = _tail_timestamp(path, run.bytes_read)
-    return FileRows(rows, _summary(run.state, source, run.bytes_read, tail_ts)), final
+    if "errors" in rows:
+        rows["errors"] = errors.annotate(rows["errors"])
+    n_errors = rows["errors"].height if "errors" in rows else 0
+    summary = _summary(run.state, source, run.bytes_read, tail_ts, n_errors)
+    return FileRows(rows, summary), final
 
 
 def parse_file_rows(
@@ -187,8 +205,12 @@ def parse_log_file(
     reference_date: date | None = None,
     cache: LogCache | None = None,
     chunk_bytes: int = CHUNK_BYTES,
+    progress: Callable[[str, int, int], None] | None = None,
 ) -> LogTables:
-    """The tables of one log file; `source` is the name written in provenance columns."""
+    """The tables of one log file; `source` is the name written in provenance columns.
+    `progress` is told `(source, 0, size)` before the read."""
+    if progress is not None:
+        progress(source, 0, path.stat().st_size)
     found, stitched = _read_file(
         path, source, reference_date, cache, chunk_bytes, stitched=cache is not None
     )

@@ -42,6 +42,11 @@ class ParserState:
     malformed_examples: list[str] = field(default_factory=list)
     first_ts: datetime | None = None
     last_ts: datetime | None = None
+    skew_lines: int = 0  # lines with both an own time and an Iris prefix time
+    skew_min_s: float | None = None  # own time minus prefix time, smallest and largest
+    skew_max_s: float | None = None
+    skew_off_lines: int = 0  # lines whose two times differ beyond PREFIX_SKEW_TOLERANCE_S
+    skew_first_line: int | None = None  # the first such line
 
     @classmethod
     def initial(cls, reference_date: date | None) -> ParserState:

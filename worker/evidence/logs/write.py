@@ -1,4 +1,5 @@
-"""Writing the tables as `<table>.csv` or `<table>.parquet`, each only when it has rows."""
+"""Writing the tables as `<table>.csv` or `<table>.parquet`, each only when it has rows, every
+string column redacted (`shared.redact.redact_frame`)."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ from typing import Final, Literal
 
 import polars as pl
 
+from shared.redact import redact_frame
 from worker.evidence.model import LogTables
 
 __all__ = ["TABLE_NAMES", "write_frame", "write_tables"]
@@ -54,6 +56,7 @@ def write_frame(
 ) -> Path:
     """Write one table as `<name>.csv` (datetimes as ISO-8601 UTC) or `<name>.parquet`."""
     path = out_dir / f"{name}.{fmt}"
+    frame = redact_frame(frame)  # vectorised: only cells the prefilter flags are rewritten
     if fmt == "csv":
         _iso(frame).write_csv(path)
     else:

@@ -1,207 +1,62 @@
-"""Resources gate: policy ranks and inference ranks, judged apart, never averaged.
+"""Engine saturation and starvation: inference ranks judged by the tuple over a window.
 
-Reads the newest attempt's ERRORS rows (`cuda_oom`, `cuda_error`), the ENGINES table (vLLM stat
-lines) through the engine-window analysis of `worker.gates.engines`, the trainer's own account of
-what it waits for (PROGRESS `generation_buffer` counters, open phase timers, PHASES/`timing/*`), GPU
-probes (`probes.gpus`), `vllm/*` metric keys, and the entrypoint's demand/supply numbers.
-
-- FAIL (hard failure) — a CUDA OOM or CUDA error in the newest attempt followed by process death
-  (`actor_died`, `worker_crashed`, `train_loop_failed`, or a failed controller state) or by no later
-  progress (no finished phase timer and no metric record after it). The summary names the rank kind:
-  policy (trainer, `skyrl_entrypoint`, policy/critic workers, or the `policy_train` phase) or
-  inference (vLLM, `AsyncVLLMInferenceEngine`).
-- FAIL (not hard) — the same errors with progress after them; or starvation: every judged engine
-  `quiet` over a covered `STARVED_WINDOW_S` window (running ≤ 1, waiting 0, generation under
-  `STARVED_TOKENS_PER_S`) while the trainer waits for generation (a frozen `Generation Buffer
-  Progress` N/M over the window, an open `generate`/`wait_for_generation_buffer` phase, or those
-  phases taking over `DOMINANT_SHARE` of the newest step).
-- PASS — engines saturated (waiting > 0, KV above `KV_BUSY_PCT`), busy, or swinging with waiting 0
-  (benign backpressure when `wait_for_generation_buffer` is under `BUFFER_WAIT_SHARE` of the step);
-  quiet engines while the trainer is in a training phase (colocated engines take turns); only GPU
-  probes or `vllm/*` metrics (reduced claims: a point-in-time GPU reading cannot judge saturation);
-  initialising (no step finished yet, within `INIT_GRACE_S`) when engines are absent or quiet.
-- ERROR — no engine stat lines, no GPU probe and no `vllm/*` metric (missing
-  "vLLM engine stats or GPU probes", quoting what the log looks like); every engine too sparse to
-  judge; or quiet engines while nothing says what the trainer is doing.
+Engines (vLLM stat lines, through `worker.gates.engines`) are judged by a tuple over a window —
+waiting queue depth, KV-cache use, running requests, generation throughput — never by one
+point-in-time GPU reading, and the trainer's own account of what it waits for decides between
+starvation and a colocated engine sleeping while the policy trains. Each rule states its
+hypothesis in its docstring.
 """
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any
+from typing import Final
 
 import polars as pl
 
-from shared.models import GateResult, GateStatus, Handoff, Quote
+from shared.models import GateResult, GateStatus, Handoff, Quote, Table
 from worker.evidence.model import Evidence, LogTables, ProbeEvidence
 from worker.evidence.quotes import log_head_quotes, quote, quote_rows
 from worker.gates import engines as eng
 from worker.gates.base import error, passed
 from worker.gates.progress import initialization, minute_utc, newest_attempt
+from worker.gates.rules import rule
 
-__all__ = ["DOMINANT_SHARE", "check"]
+__all__ = [
+    "DOMINANT_SHARE",
+    "ENGINE_TUPLE",
+    "GENERATION_PHASES",
+    "MISSING_TELEMETRY",
+    "buffer_wait_share",
+    "check",
+    "innermost_open",
+    "trainer_wait",
+]
 
 DOMINANT_SHARE = 0.5
 """Generation phases over this share of the newest step mean the trainer mostly waits on engines."""
 
 GENERATION_PHASES = ("generate", "wait_for_generation_buffer")
-CUDA_KINDS = ("cuda_oom", "cuda_error")
-DEATH_KINDS = ("actor_died", "worker_crashed", "train_loop_failed")
-FAILED_STATES = ("failed", "killed", "worker_failed")
-POLICY_PHASES = (
-    "policy_train",
-    "critic_train",
-    "train_critic_and_policy",
-    "fwd_logprobs_values_reward",
-)
 MISSING_TELEMETRY = "vLLM engine stats or GPU probes"
-
-_INFERENCE_RANK = re.compile(r"vllm|AsyncVLLMInferenceEngine|EngineCore|inference_engine", re.I)
-_POLICY_RANK = re.compile(
-    r"skyrl_entrypoint|trainer|PolicyWorker|CriticWorker|RefWorker|policy|fsdp|megatron", re.I
-)
 
 
 def check(evidence: Evidence) -> GateResult:
-    """Judge policy and inference ranks of the newest attempt as of `evidence.now`."""
+    """Judge the inference engines (no CUDA fault in the newest attempt)."""
     logs = evidence.logs
-    if logs is not None:
-        fault = _cuda_fault(evidence, logs)
-        if fault is not None:
-            return fault
     states = _states(logs, evidence)
     if logs is not None and not states.is_empty():
         return _judge_engines(evidence, logs, states)
     return _without_engine_lines(evidence)
 
 
-# --- CUDA faults -------------------------------------------------------------------------------
-
-
-def _later(frame: pl.DataFrame, row: dict[str, Any]) -> pl.DataFrame:
-    """Rows after `row`: by timestamp when both have one, else by line in the same source."""
-    stamp, by_line = (
-        row["timestamp"],
-        (pl.col("source") == row["source"]) & (pl.col("line") > row["line"]),
-    )
-    if stamp is None:
-        return frame.filter(by_line)
-    return frame.filter(
-        pl.when(pl.col("timestamp").is_null()).then(by_line).otherwise(pl.col("timestamp") > stamp)
-    )
-
-
-def _progress_after(logs: LogTables, attempt: int, row: dict[str, Any]) -> bool:
-    timers = logs.timers.filter((pl.col("attempt") == attempt) & (pl.col("event") == "finished"))
-    metrics = logs.metrics.filter(pl.col("attempt") == attempt)
-    return not (_later(timers, row).is_empty() and _later(metrics, row).is_empty())
-
-
-def _deaths_after(
-    evidence: Evidence, logs: LogTables, attempt: int, row: dict[str, Any]
-) -> tuple[Quote, ...]:
-    deaths = logs.errors.filter((pl.col("attempt") == attempt) & pl.col("kind").is_in(DEATH_KINDS))
-    found = quote_rows(_later(deaths, row), limit=1)
-    state = evidence.bundle.state
-    if not found and state in FAILED_STATES:
-        found = (quote("manifest.json", f"job.state: {state}"),)
-    return found
-
-
-def _phase_at(logs: LogTables, attempt: int, row: dict[str, Any]) -> str | None:
-    """The innermost phase open when `row` was logged (from TIMERS of the same attempt)."""
-    timers = logs.timers.filter(pl.col("attempt") == attempt)
-    before = timers.filter(~pl.col("line").is_in(_later(timers, row)["line"].implode()))
-    return _innermost_open(before)
-
-
-def _innermost_open(timers: pl.DataFrame) -> str | None:
+def innermost_open(timers: pl.DataFrame) -> str | None:
     """The newest `Started:` phase with no `Finished:` after it, ignoring `step`."""
     last = timers.sort("line").group_by("phase", maintain_order=True).last()
     open_rows = last.filter((pl.col("event") == "started") & (pl.col("phase") != "step"))
     if open_rows.is_empty():
         return None
     return str(open_rows.sort("line")["phase"][-1])
-
-
-def _rank(text: str, source: str, phase: str | None) -> str:
-    if _INFERENCE_RANK.search(text):
-        return "an inference rank (vLLM engine)"
-    if _POLICY_RANK.search(text) or phase in POLICY_PHASES:
-        return "a policy rank"
-    if phase in GENERATION_PHASES:
-        return "an inference rank (during generation)"
-    return f"an unclassified rank ({source})"
-
-
-def _cuda_fault(evidence: Evidence, logs: LogTables) -> GateResult | None:
-    attempt = newest_attempt(logs)
-    faults = logs.errors.filter(
-        (pl.col("attempt") == attempt) & pl.col("kind").is_in(CUDA_KINDS)
-    ).sort(["timestamp", "line"], nulls_last=True)
-    if faults.is_empty():
-        return None
-    first = faults.row(0, named=True)
-    phase = _phase_at(logs, attempt, first)
-    rank = _rank(str(first["text"]), str(first["source"]), phase)
-    deaths = _deaths_after(evidence, logs, attempt, first)
-    progressed = _progress_after(logs, attempt, first)
-    return _fault_result(faults, first, rank, phase, deaths, hard=bool(deaths) or not progressed)
-
-
-def _fault_result(
-    faults: pl.DataFrame,
-    first: dict[str, Any],
-    rank: str,
-    phase: str | None,
-    deaths: tuple[Quote, ...],
-    *,
-    hard: bool,
-) -> GateResult:
-    what = "CUDA out of memory" if first["kind"] == "cuda_oom" else "CUDA error"
-    during = f" during phase {phase}" if phase else ""
-    after = "process died after it" if deaths else "no progress after it"
-    tail = after if hard else "the attempt kept making progress after it"
-    evidence = quote_rows(faults, limit=3) + deaths
-    return GateResult(
-        status=GateStatus.FAIL,
-        summary=f"{what} on {rank}{during} in attempt {first['attempt']} "
-        f"({faults.height} CUDA error line(s)); {tail}",
-        evidence=evidence,
-        hard_failure=hard,
-        mechanism=f"{what} on {rank}",
-        next_action=_fault_action(first["kind"], rank, hard=hard),
-        flip_signal="a finished step after "
-        f"{first['source']}:{first['line']} in the same attempt with no new CUDA error",
-        handoff=_oom_handoff(evidence, rank) if first["kind"] == "cuda_oom" else None,
-    )
-
-
-def _fault_action(kind: str, rank: str, *, hard: bool) -> str:
-    if not hard:
-        return "keep watching: the attempt survived the CUDA error; re-check after the next step"
-    if kind == "cuda_oom":
-        return f"the newest attempt died of an OOM on {rank}: relaunching unchanged will repeat it"
-    return f"inspect the node of {rank} (a CUDA error can be a bad GPU) before relaunching"
-
-
-def _oom_handoff(evidence: tuple[Quote, ...], rank: str) -> Handoff:
-    inference = "inference" in rank
-    component = (
-        "vLLM engine memory settings (gpu_memory_utilization, max_num_seqs, max_model_len)"
-        if inference
-        else "policy training memory settings (micro batch size per GPU, sequence length, "
-        "activation checkpointing, offload)"
-    )
-    return Handoff(
-        evidence=evidence,
-        likely_cause=f"the configured memory footprint does not fit the GPUs of {rank}",
-        component=component,
-        proposed_behavior="lower the per-GPU memory demand until the step fits",
-        test="the same geometry completes two steps with no `CUDA out of memory` line",
-    )
 
 
 # --- engines -------------------------------------------------------------------------------------
@@ -303,7 +158,7 @@ def _newest_step_wait(logs: LogTables) -> TrainerWait | None:
 def _open_phase(logs: LogTables, now: datetime, window_s: float) -> TrainerWait | None:
     """The open phase; a generation phase opened less than a window ago does not cover it."""
     timers = logs.timers.filter(pl.col("attempt") == newest_attempt(logs))
-    phase = _innermost_open(timers)
+    phase = innermost_open(timers)
     if phase is None:
         return None
     row = timers.filter((pl.col("phase") == phase) & (pl.col("event") == "started")).sort("line")
@@ -353,13 +208,16 @@ def _engine_quotes(states: pl.DataFrame, limit: int = 3) -> tuple[Quote, ...]:
     return quote_rows(rows, text_column="_text", limit=limit)
 
 
-def _details(evidence: Evidence, states: pl.DataFrame, *extra: str) -> tuple[str, ...]:
+def _details(evidence: Evidence, *extra: str) -> tuple[str, ...]:
     config = eng.engine_config(evidence.bundle.entrypoint)
     lines = [line for line in (config.describe(),) if line]
     if config.colocate_all is not None:
         lines.append(f"colocate_all={str(config.colocate_all).lower()}")
-    table = eng.engine_table(states) if not states.is_empty() else ()
-    return (*extra, *lines, *table, *_gpu_lines(evidence.probes))
+    return (*extra, *lines, *_gpu_lines(evidence.probes))
+
+
+def _tables(states: pl.DataFrame) -> tuple[Table, ...]:
+    return (eng.engine_table(states),) if not states.is_empty() else ()
 
 
 def _judge_engines(evidence: Evidence, logs: LogTables, states: pl.DataFrame) -> GateResult:
@@ -383,7 +241,8 @@ def _too_sparse(evidence: Evidence, states: pl.DataFrame) -> GateResult:
         summary,
         missing=("vLLM engine stats over a window",),
         evidence=_engine_quotes(states),
-        details=_details(evidence, states),
+        details=_details(evidence),
+        tables=_tables(states),
     )
 
 
@@ -396,7 +255,8 @@ def _quiet_fleet(
         return passed(
             f"initialising: no step finished yet; engines quiet so far ({fleet})",
             initializing=True,
-            details=_details(evidence, states),
+            details=_details(evidence),
+            tables=_tables(states),
         )
     wait = trainer_wait(logs, evidence.now, t.starved_window_s)
     if wait.state == "waiting":
@@ -406,20 +266,26 @@ def _quiet_fleet(
             f"engines quiet while the trainer trains ({wait.reason}): colocated or turn-taking "
             f"engines, not starvation; {fleet}",
             evidence=wait.quotes,
-            details=_details(evidence, states),
+            details=_details(evidence),
+            tables=_tables(states),
         )
     return error(
         f"engines quiet for {t.starved_window_s / 60:.0f} min and nothing says whether the trainer "
         f"waits for them ({wait.reason}); {fleet}",
         missing=("trainer phase timers, timing/* metrics or Generation Buffer Progress",),
         evidence=_engine_quotes(states),
-        details=_details(evidence, states),
+        details=_details(evidence),
+        tables=_tables(states),
     )
 
 
+@rule("resources.saturation")
 def _starved(
     evidence: Evidence, judged: pl.DataFrame, states: pl.DataFrame, wait: TrainerWait
 ) -> GateResult:
+    """Every judged engine quiet (running ≤ 1, waiting 0, generation under STARVED_TOKENS_PER_S)
+    over a covered STARVED_WINDOW_S while the trainer waits for generation: the engines are
+    starved of requests (an inefficiency to attribute, not death)."""
     t = evidence.thresholds
     config = eng.engine_config(evidence.bundle.entrypoint)
     quotes = _engine_quotes(judged) + wait.quotes
@@ -432,7 +298,8 @@ def _starved(
         status=GateStatus.FAIL,
         summary=summary,
         evidence=quotes,
-        details=_details(evidence, states),
+        details=_details(evidence),
+        tables=_tables(states),
         mechanism="inference engines starved of requests while the trainer waits for generation",
         next_action="find what holds rollouts back before the engines (trial/sandbox creation, "
         "the generator's concurrency, a dead agent loop); rollouts and duty cycle say which",
@@ -473,9 +340,13 @@ def _staleness(evidence: Evidence, judged: pl.DataFrame) -> str:
     )
 
 
+@rule("resources.saturation")
 def _active_fleet(
     evidence: Evidence, logs: LogTables, judged: pl.DataFrame, states: pl.DataFrame
 ) -> GateResult:
+    """Engines with requests in flight are working: saturated (waiting > 0, KV off the floor) is
+    generation-bound, a running sawtooth with waiting 0 is benign backpressure when the trainer's
+    buffer wait is near zero."""
     t = evidence.thresholds
     fleet = eng.fleet_line(states)
     states_seen = set(judged["state"])
@@ -496,7 +367,8 @@ def _active_fleet(
     return passed(
         f"{head}; {wait_text}; {fleet}{_staleness(evidence, judged)}",
         evidence=_engine_quotes(judged),
-        details=_details(evidence, states),
+        details=_details(evidence),
+        tables=_tables(states),
     )
 
 
@@ -533,26 +405,106 @@ def _vllm_metric_keys(logs: LogTables | None) -> list[str]:
     return sorted(keys.to_list())
 
 
-def _without_engine_lines(evidence: Evidence) -> GateResult:
-    gpus = _gpu_lines(evidence.probes)
-    vllm_keys = _vllm_metric_keys(evidence.logs)
-    if gpus or vllm_keys:
-        names = ", ".join(vllm_keys[:4]) or "none"
+ENGINE_TUPLE: Final = (
+    ("running requests", ("running",)),
+    ("waiting requests", ("waiting",)),
+    ("KV-cache use", ("cache_usage", "kv_cache", "cache_perc")),
+    ("generation throughput", ("generation_tokens", "throughput", "tokens_per_s")),
+)
+"""The engine tuple DOMAIN.md asks for; `vllm/*` metric keys must cover every member."""
+
+
+def _vllm_steps(logs: LogTables | None) -> int:
+    if logs is None or logs.metrics.is_empty():
+        return 0
+    rows = logs.metrics.filter(pl.col("key").str.starts_with("vllm/"))
+    return rows["step"].n_unique()
+
+
+def _uncovered(keys: list[str]) -> list[str]:
+    """Members of the engine tuple no `vllm/*` key names."""
+    lowered = [k.lower() for k in keys]
+    return [
+        member
+        for member, needles in ENGINE_TUPLE
+        if not any(n in key for key in lowered for n in needles)
+    ]
+
+
+@rule("resources.saturation")
+def _vllm_metrics(evidence: Evidence) -> GateResult | None:
+    """Without stat lines, `vllm/*` metric keys can stand in for the engines only when they cover
+    the whole tuple (running, waiting, KV-cache use, generation throughput) over a window of steps;
+    a single key or a few steps judge nothing."""
+    keys = _vllm_metric_keys(evidence.logs)
+    if not keys:
+        return None
+    missing, steps = _uncovered(keys), _vllm_steps(evidence.logs)
+    window = evidence.thresholds.min_window_steps
+    names = ", ".join(keys[:6])
+    if not missing and steps >= window:
         return passed(
-            f"no vLLM stat lines; reduced claims from {len(gpus)} GPU probe(s) and vllm/* metrics "
-            f"({names}): no CUDA error in the newest attempt, saturation not judged",
-            details=_details(evidence, pl.DataFrame()),
+            f"no vLLM stat lines; the engine tuple is logged as vllm/* metrics over {steps} steps "
+            f"({names}); no CUDA error in the newest attempt",
+            details=_details(evidence),
         )
+    lacks = "; ".join(
+        [
+            *(f"no key for {m}" for m in missing),
+            *([f"{steps} < {window} steps"] if steps < window else []),
+        ]
+    )
+    return error(
+        f"no vLLM stat lines and the vllm/* metrics ({names}) do not cover the engine tuple "
+        f"over a window: {lacks}",
+        missing=(f"the vLLM engine tuple over a window ({lacks})",),
+        evidence=_vllm_quotes(evidence.logs) or _log_head(evidence),
+        details=_details(evidence),
+    )
+
+
+def _vllm_quotes(logs: LogTables | None) -> tuple[Quote, ...]:
+    if logs is None:
+        return ()
+    rows = logs.metrics.filter(pl.col("key").str.starts_with("vllm/")).sort(["step", "line"])
+    texted = rows.with_columns(_text=pl.format("step {} {}={}", "step", "key", "value"))
+    return quote_rows(texted.tail(2), text_column="_text", limit=2)
+
+
+def _without_engine_lines(evidence: Evidence) -> GateResult:
+    from_metrics = _vllm_metrics(evidence)
+    if from_metrics is not None:
+        return from_metrics
     if initialization(evidence) is not None:
         return passed(
             "initialising: no step finished yet; no engine stat lines yet", initializing=True
         )
+    gpus = _gpu_lines(evidence.probes)
+    if gpus:
+        return error(
+            f"no vLLM engine stat lines and no vllm/* metric; {len(gpus)} GPU probe(s) are "
+            "point-in-time readings and cannot judge saturation or starvation",
+            missing=(MISSING_TELEMETRY.replace(" or GPU probes", " over a window"),),
+            evidence=tuple(
+                quote(f"probes/gpus/{pod}.csv", line) for pod, line in _gpu_pairs(evidence)
+            ),
+            details=_details(evidence),
+        )
+    failures = evidence.facts.failed("gpus")[:2]
+    failed = "; the GPU probe failed: " + "; ".join(f.text for f in failures) if failures else ""
     return error(
-        "no vLLM engine stat lines, no GPU probe and no vllm/* metric: engines cannot be judged",
+        "no vLLM engine stat lines, no GPU probe and no vllm/* metric: engines cannot be judged"
+        + failed,
         missing=(MISSING_TELEMETRY,),
-        evidence=_log_head(evidence),
-        details=_details(evidence, pl.DataFrame()),
+        evidence=tuple(f.quote for f in failures) + _log_head(evidence),
+        details=_details(evidence),
     )
+
+
+def _gpu_pairs(evidence: Evidence) -> list[tuple[str, str]]:
+    probes = evidence.probes
+    pods = sorted(probes.gpus) if probes is not None else []
+    return list(zip(pods, _gpu_lines(probes), strict=False))
 
 
 def _log_head(evidence: Evidence) -> tuple[Quote, ...]:

@@ -1,0 +1,46 @@
+"""`rl-health board`: serve the read-only board of recent verdicts (reports/board.py).
+
+Connections come from settings (RLHEALTH_REDIS_URL, RLHEALTH_S3_*, RLHEALTH_STREAM_PREFIX), like
+every pipeline command.
+"""
+
+from __future__ import annotations
+
+import click
+
+from worker.cli.options import load_settings
+
+__all__ = ["board_command"]
+
+
+@click.command("board")
+@click.option("--host", default="127.0.0.1", show_default=True, help="Address to listen on.")
+@click.option("--port", type=click.IntRange(1, 65535), default=8080, show_default=True)
+@click.option(
+    "--limit", type=click.IntRange(min=1), default=100, show_default=True, help="Verdicts shown."
+)
+@click.option(
+    "--refresh",
+    type=click.IntRange(min=2),
+    default=15,
+    show_default=True,
+    help="Seconds between the page's own refreshes.",
+)
+def board_command(host: str, port: int, limit: int, refresh: int) -> None:
+    """Serve a read-only web page of recent verdicts, each linking to its HTML report.
+
+    GET only: it lists verdicts and serves stored reports, and offers no action on any job.
+    """
+    import redis
+    import uvicorn
+
+    from reports.board import Board, make_board
+    from shared.streams import StreamNames
+    from worker.pipeline.store import store_from_settings
+
+    settings = load_settings()  # exit 2 with one line for an unusable setting
+    client = redis.Redis.from_url(settings.redis_url, health_check_interval=30)
+    stream = StreamNames(settings.stream_prefix).verdicts
+    board = Board(client, store_from_settings(settings), stream, limit=limit, refresh_s=refresh)
+    click.echo(f"rl-health board on http://{host}:{port}/ (read-only)", err=True)
+    uvicorn.run(make_board(board), host=host, port=port, log_level="warning", access_log=False)

@@ -1,0 +1,151 @@
+"""Configuration failures: a configuration-class failure that ended every attempt is a hard failure
+(DOMAIN.md section 6: "a configuration that cannot parse"), with a handoff fed from the catalogue
+entry that knows the failure (its component and note). Proof rule `config_failure`.
+
+Reads `Facts.attempt_failures` (the failure that ended each attempt: its first specific hard or
+configuration row after the attempt's last timer or train metric line) and the job state.
+
+- **Every attempt**: attempts 0 to the newest each have a failure, and each failure's catalogue
+  class is `configuration` (an override of a missing key, a key not in a struct config,
+  `max_model_len` beyond the KV cache, a GPU the build has no kernel for, a spent sandbox quota).
+- **Ended it**: nothing advanced in that attempt after the row (no timer or train metric line;
+  `Facts.attempt_failures` keeps only such rows): a configuration error caught and logged while
+  training went on ended nothing.
+- **The newest attempt is over**: the job state is a failure, or `now` is past the stall limit
+  after the newest attempt's failure with nothing advancing since. A succeeded job never is.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any, Final
+
+import polars as pl
+
+from shared.models import GateResult, GateStatus, Handoff, KillProof, Quote
+from worker.evidence.facts import row_signature
+from worker.evidence.failures import Entry, FailureClass, catalogue
+from worker.evidence.jobstate import JobState
+from worker.evidence.model import Evidence
+from worker.evidence.quotes import quote_rows
+from worker.gates.progress import minute_utc
+from worker.gates.rules import rule
+
+__all__ = ["config_failure", "config_handoff"]
+
+CONFIGURATION: Final = FailureClass.CONFIGURATION.value
+
+# component -> (what to change, the behaviour to propose)
+_WHERE: Final[dict[str, tuple[str, str]]] = {
+    "configuration": (
+        "the launch configuration: the Hydra/OmegaConf keys and overrides the entrypoint passes",
+        "correct the key or override the error names (rename or drop it, or add it to the "
+        "config schema) so the configuration composes before any GPU is allocated",
+    ),
+    "engine": (
+        "the inference engine settings (vLLM gpu_memory_utilization, max_model_len, "
+        "max_num_seqs) and the GPU architectures the vLLM build supports",
+        "change the engine setting the error names, or use a build for these GPUs, so the "
+        "engine starts",
+    ),
+    "sandbox": (
+        "the sandbox configuration (Daytona quota, snapshot, image reference)",
+        "fix the sandbox setting the error names (raise the quota, create the snapshot, correct "
+        "the image) before relaunching",
+    ),
+    "policy": (
+        "the policy training configuration (model, parallelism, the kernels built for these GPUs)",
+        "change the policy setting the error names so every rank starts on these GPUs",
+    ),
+}
+_DEFAULT: Final = ("the job's configuration", "change the setting the error names")
+
+
+def _entry(row: dict[str, Any]) -> Entry | None:
+    entry_id = row.get("entry")
+    found = [e for e in catalogue().entries if e.id == entry_id] if entry_id else []
+    return found[0] if found else None
+
+
+def config_handoff(row: dict[str, Any], quotes: tuple[Quote, ...]) -> Handoff | None:
+    """A handoff for a configuration-class failure row, from its catalogue entry: the component
+    to change (the entry's, else the row's), the entry's note as the cause, the behaviour to
+    propose, and a test that proves the fix (no such row before the first finished step)."""
+    entry = _entry(row)
+    if entry is None or entry.failure_class is not FailureClass.CONFIGURATION:
+        return None
+    component = entry.component.value if entry.component else str(row.get("component") or "")
+    where, behaviour = _WHERE.get(component, _DEFAULT)
+    signature = row_signature(row) or row.get("text")
+    return Handoff(
+        evidence=quotes,
+        likely_cause=f"{entry.note} (catalogue `{entry.id}`): `{row.get('text')}`",
+        component=f"{where} [{component or 'unknown'}]",
+        proposed_behavior=behaviour,
+        test=f"launch the corrected configuration once (or compose it offline) and assert it "
+        f"logs a `Finished: 'step'` line and no failure with signature `{signature}` "
+        "(`rl-health signatures` on its log lists none)",
+    )
+
+
+def _every_attempt(evidence: Evidence) -> pl.DataFrame | None:
+    """The configuration failure that ended each attempt, when every attempt has one (an
+    attempt's failure comes after its last advancement: `Facts.attempt_failures`)."""
+    facts = evidence.facts
+    attempts = set(range(facts.newest_attempt + 1))
+    rows = facts.attempt_failures.filter(pl.col("failure_class") == CONFIGURATION)
+    if set(rows["attempt"].to_list()) != attempts:
+        return None
+    return rows.sort("attempt")
+
+
+def _over(evidence: Evidence, newest: dict[str, Any], limit_s: float) -> datetime | None:
+    """When the newest attempt is known to be over: at its failure when the job state is a
+    failure or the silence since it is past the stall limit; None while it may still run."""
+    state = evidence.facts.state
+    at: datetime | None = newest.get("timestamp")
+    if state is JobState.SUCCEEDED:
+        return None
+    if state is not None and state.failure:
+        return at or evidence.bundle.finished_at or evidence.now
+    if at is not None and (evidence.now - at).total_seconds() > limit_s:
+        return at
+    return None
+
+
+@rule("liveness")
+def config_failure(
+    evidence: Evidence, limit_s: float, base: tuple[Quote, ...]
+) -> GateResult | None:
+    """A configuration-class failure (a catalogue entry's class) that ended every attempt, the
+    newest included, is a hard failure: relaunching the same configuration fails the same way.
+    The handoff names the component to change, from the catalogue entry.
+
+    `limit_s` is the stall limit for a newest attempt the controller still calls alive; `base`
+    the controller quote and the newest advancement."""
+    rows = _every_attempt(evidence) if evidence.logs is not None else None
+    if rows is None:
+        return None
+    newest = rows.row(-1, named=True)
+    at = _over(evidence, newest, limit_s)
+    if at is None:
+        return None
+    quotes = quote_rows(rows.reverse(), limit=3)
+    n, text = rows.height, newest["text"]
+    mechanism = f"configuration failure on every attempt ({n}): {text}"
+    return GateResult(
+        status=GateStatus.FAIL,
+        summary=f"the configuration fails every attempt ({n}); the newest ended at "
+        f"{minute_utc(at)} on: {text}",
+        evidence=quotes + base,
+        hard_failure=True,
+        proof=KillProof(
+            rule="config_failure", mechanism=mechanism, established_at=at, evidence=quotes + base
+        ),
+        mechanism=mechanism,
+        kind="config_failure",
+        next_action="Supervisor: kill the job; relaunching the same configuration fails the same "
+        "way. Fix the configuration (handoff) before relaunching.",
+        flip_signal="a relaunch with a changed configuration that logs a `Finished: 'step'` line",
+        handoff=config_handoff(newest, quotes),
+    )

@@ -1,0 +1,229 @@
+"""Fleet metrics for Prometheus: what the workers and ingest did, served by prometheus-client.
+
+Worker metrics come from Celery signals, so the tasks stay thin:
+- `task_prerun` / `task_postrun`: diagnoses started (a capture's first try), stage durations
+  (capture, each gate by name, verdict, publish; successful runs), diagnoses finished and verdicts
+  by kind and confidence (a publish that succeeded);
+- `task_retry`: retries per task; `task_failure`: tasks that failed for good;
+- `worker_process_shutdown`: a prefork child's live values are released.
+Where no signal can see, the adapters call a function here in one line: ingest for every alert's
+outcome (started, attached, reannounced, duplicate, dead-letter; attached and reannounced are the
+coalesced ones) and every dead letter by reason, the capture policy for the probes it ran.
+
+Prefork workers: every pool child is its own process, so values are kept in prometheus-client's
+multiprocess mode — one memory-mapped file per process in `PROMETHEUS_MULTIPROC_DIR`, which must be
+set (and emptied) before prometheus-client is imported, i.e. before this module is: `rl-health
+worker --metrics-port` does that. The main process serves the sum of every
+child's files (`serve`), and the counts of a child that died stay counted. A process without that
+variable (ingest, `rl-health diagnose`) keeps its values in memory and serves them directly.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import time
+from collections.abc import Sequence
+from typing import Any, Final
+
+from celery import signals
+from prometheus_client import (
+    REGISTRY,
+    CollectorRegistry,
+    Counter,
+    Histogram,
+    multiprocess,
+    start_http_server,
+    values,
+)
+
+__all__ = [
+    "ALERTS",
+    "ALERTS_COALESCED",
+    "DEAD_LETTERS",
+    "DIAGNOSES_FINISHED",
+    "DIAGNOSES_STARTED",
+    "MULTIPROC_ENV",
+    "PROBES_FAILED",
+    "PROBES_RUN",
+    "STAGE_SECONDS",
+    "TASK_FAILURES",
+    "TASK_RETRIES",
+    "VERDICTS",
+    "alert_handled",
+    "dead_letter_kind",
+    "dead_lettered",
+    "probes_ran",
+    "serve",
+    "stage_of",
+]
+
+MULTIPROC_ENV: Final = "PROMETHEUS_MULTIPROC_DIR"
+_TASK_PREFIX: Final = "rlhealth."
+_STAGE_BUCKETS: Final = (0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300)
+
+DIAGNOSES_STARTED = Counter(
+    "rlhealth_diagnoses_started", "Diagnoses whose capture began (first try of the capture task)."
+)
+DIAGNOSES_FINISHED = Counter(
+    "rlhealth_diagnoses_finished", "Diagnoses whose verdict was published to the stream."
+)
+VERDICTS = Counter(
+    "rlhealth_verdicts", "Verdicts published, by kind and confidence.", ["verdict", "confidence"]
+)
+STAGE_SECONDS = Histogram(
+    "rlhealth_stage_seconds",
+    "Wall time of a pipeline stage that succeeded: capture, each gate by name, verdict, publish.",
+    ["stage"],
+    buckets=_STAGE_BUCKETS,
+)
+TASK_RETRIES = Counter("rlhealth_task_retries", "Task retries (infrastructure faults).", ["task"])
+TASK_FAILURES = Counter("rlhealth_task_failures", "Tasks that failed for good.", ["task"])
+ALERTS = Counter(
+    "rlhealth_alerts",
+    "Alerts handled by ingest, by outcome (started, attached, reannounced, duplicate, "
+    "dead-letter).",
+    ["outcome"],
+)
+ALERTS_COALESCED = Counter(
+    "rlhealth_alerts_coalesced",
+    "Alerts answered by a diagnosis they did not start (attached or reannounced).",
+)
+DEAD_LETTERS = Counter(
+    "rlhealth_dead_letters", "Alerts refused to the dead-letter stream, by reason.", ["reason"]
+)
+PROBES_RUN = Counter("rlhealth_probes_run", "Live probe commands run, by backend.", ["backend"])
+PROBES_FAILED = Counter(
+    "rlhealth_probes_failed", "Live probes that failed or timed out, by backend.", ["backend"]
+)
+
+_COALESCED: Final = frozenset({"attached", "reannounced"})
+_DEAD_LETTER_KINDS: Final = (
+    # first match wins: a bounded label set, never the free-text reason
+    ("malformed_json", re.compile(r"malformed JSON")),
+    ("no_event_field", re.compile(r"^no '.*' field")),
+    ("not_an_object", re.compile(r"not an object")),
+    ("outside_bundle_root", re.compile(r"escapes the bundle root")),
+    ("missing_directory", re.compile(r"does not exist under the bundle root")),
+    ("invalid_event", re.compile(r"^invalid event")),
+    ("ingest_failed", re.compile(r"^ingest failed")),
+)
+_started: dict[str, float] = {}  # task id -> monotonic start, in the process that runs it
+
+
+# --- hooks the adapters call ----------------------------------------------------------------------
+
+
+def alert_handled(outcome: str) -> None:
+    """Ingest handled one alert with this outcome."""
+    ALERTS.labels(outcome=outcome).inc()
+    if outcome in _COALESCED:
+        ALERTS_COALESCED.inc()
+
+
+def dead_letter_kind(reason: str) -> str:
+    """The bounded label of a dead-letter reason."""
+    return next((kind for kind, pattern in _DEAD_LETTER_KINDS if pattern.search(reason)), "other")
+
+
+def dead_lettered(reason: str) -> None:
+    """Ingest refused one alert to the dead-letter stream."""
+    DEAD_LETTERS.labels(reason=dead_letter_kind(reason)).inc()
+
+
+def probes_ran(backend: str, exit_codes: Sequence[int | None]) -> None:
+    """The capture policy ran probe commands through `backend` with these exit codes (None: timed
+    out); every non-zero or missing code is a failed probe."""
+    PROBES_RUN.labels(backend=backend).inc(len(exit_codes))
+    PROBES_FAILED.labels(backend=backend).inc(sum(1 for code in exit_codes if code != 0))
+
+
+# --- Celery signals -------------------------------------------------------------------------------
+
+
+def stage_of(
+    task_name: str, args: Sequence[Any] | None, kwargs: dict[str, Any] | None
+) -> str | None:
+    """The stage label of a task run: the gate's name for `rlhealth.gate`, else the task's."""
+    if not task_name.startswith(_TASK_PREFIX):
+        return None
+    stage = task_name.removeprefix(_TASK_PREFIX)
+    if stage != "gate":
+        return stage
+    name = (kwargs or {}).get("name") or (args[1] if args and len(args) > 1 else None)
+    return str(name) if name else "gate"
+
+
+def _task_started(task_id: str, task: Any, **_: Any) -> None:
+    _started[task_id] = time.monotonic()
+    if task.name == f"{_TASK_PREFIX}capture" and not getattr(task.request, "retries", 0):
+        DIAGNOSES_STARTED.inc()
+
+
+def _task_finished(
+    task_id: str,
+    task: Any,
+    args: Sequence[Any] | None = None,
+    kwargs: dict[str, Any] | None = None,
+    retval: Any = None,
+    state: str | None = None,
+    **_: Any,
+) -> None:
+    began = _started.pop(task_id, None)
+    stage = stage_of(task.name, args, kwargs)
+    if stage is None or state != "SUCCESS":
+        return
+    if began is not None:
+        STAGE_SECONDS.labels(stage=stage).observe(time.monotonic() - began)
+    if stage == "publish" and isinstance(retval, dict):
+        DIAGNOSES_FINISHED.inc()
+        verdict, confidence = retval.get("verdict"), retval.get("confidence")
+        VERDICTS.labels(verdict=str(verdict), confidence=str(confidence)).inc()
+
+
+def _task_retried(sender: Any = None, **_: Any) -> None:
+    name = getattr(sender, "name", None)
+    if name and name.startswith(_TASK_PREFIX):
+        TASK_RETRIES.labels(task=name.removeprefix(_TASK_PREFIX)).inc()
+
+
+def _task_failed(sender: Any = None, **_: Any) -> None:
+    name = getattr(sender, "name", None)
+    if name and name.startswith(_TASK_PREFIX):
+        TASK_FAILURES.labels(task=name.removeprefix(_TASK_PREFIX)).inc()
+
+
+def _child_gone(pid: int | None = None, **_: Any) -> None:
+    if os.environ.get(MULTIPROC_ENV):
+        multiprocess.mark_process_dead(pid or os.getpid())  # type: ignore[no-untyped-call]
+
+
+# Strong references: these handlers are module functions, but nothing else needs to hold them.
+signals.task_prerun.connect(_task_started, weak=False)
+signals.task_postrun.connect(_task_finished, weak=False)
+signals.task_retry.connect(_task_retried, weak=False)
+signals.task_failure.connect(_task_failed, weak=False)
+signals.worker_process_shutdown.connect(_child_gone, weak=False)
+
+
+# --- serving --------------------------------------------------------------------------------------
+
+
+def _multiprocess_values() -> bool:
+    return values.ValueClass is not values.MutexValue
+
+
+def serve(port: int, addr: str = "0.0.0.0") -> None:
+    """Serve /metrics on `port` in a background thread: the sum over every process sharing the
+    multiprocess directory when there is one, else this process's own values."""
+    if os.environ.get(MULTIPROC_ENV):
+        if not _multiprocess_values():
+            raise RuntimeError(
+                f"{MULTIPROC_ENV} was set after prometheus-client was imported: "
+                "child processes' metrics would be lost"
+            )
+        registry = CollectorRegistry()
+        multiprocess.MultiProcessCollector(registry)  # type: ignore[no-untyped-call]
+        start_http_server(port, addr, registry=registry)
+        return
+    start_http_server(port, addr, registry=REGISTRY)
