@@ -44,15 +44,16 @@ def test_a_killed_worker_is_answered_within_the_lease(fast: Session) -> None:
     assert figures["watchdog_resends"] >= 1
 
 
-def test_a_gate_past_its_soft_limit_answers_error_and_frees_the_job(fast: Session) -> None:
-    """A gate stopped past its 12 s soft limit: the error callback answers ERROR naming it
-    (the limit is never quoted as evidence), dead-letters it, and the next alert is answered."""
+def test_a_gate_past_its_soft_limit_is_sent_again_never_evidence(fast: Session) -> None:
+    """A gate stopped past its 12 s soft limit: the diagnosis is sent again (a second time limit
+    would answer ERROR naming it), the limit is never quoted as evidence, and the next alert for
+    the job is answered."""
     figures = drills.time_limit(fast, runs=1, task="rlhealth.gate", stall_s=13, kind="soft")
     assert_exactly_once(figures)
     assert figures["later_alerts_answered"] == 1
     assert figures["reports_quoting_a_time_limit_as_evidence"] == 0
-    assert figures["diagnoses_failed_and_dead_lettered"] == 1
-    assert "soft time limit" in figures["failure_reasons"][0]
+    assert figures["watchdog_or_callback_resends"] >= 1
+    assert all("soft time limit" in reason for reason in figures["failure_reasons"])
 
 
 def test_a_poison_bundle_is_answered_and_dead_lettered(fast: Session) -> None:
