@@ -9,7 +9,7 @@ DEMO_PROBES := examples/probes/rl-gsm8k-stalled
 DEMO_NOW := 2026-07-30T19:17:00Z
 DEMO_OUT := build/demo
 
-.PHONY: demo test lint typecheck unit system-deps venv bench clean
+.PHONY: demo test lint typecheck unit system-deps venv bench clean drills
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -48,6 +48,10 @@ typecheck: $(STAMP)
 
 test: $(STAMP) system-deps lint typecheck
 	$(BIN)/pytest -q
+
+## The long fault drills on real services (docs/reliability.md); DRILL_RUNS repeats each (3).
+drills: $(STAMP) system-deps
+	$(BIN)/pytest -q -m drill tests/drills
 
 bench: $(STAMP)
 	$(BIN)/python -m bench.run_all

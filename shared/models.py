@@ -11,7 +11,15 @@ from datetime import UTC, datetime
 from enum import StrEnum
 from typing import Annotated, Any
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_serializer, model_validator
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    ConfigDict,
+    Field,
+    field_serializer,
+    field_validator,
+    model_validator,
+)
 
 from shared.redact import clean_cut
 
@@ -311,6 +319,22 @@ class Event(Frozen):
     probes: str | None = None
     now: UtcDatetime | None = None
     replay_of: str | None = None
+
+    @field_validator("event_id", "replay_of")
+    @classmethod
+    def _names_an_object(cls, value: str | None) -> str | None:
+        # ids become S3 key segments (events/<id>.json): `.` and `..` would climb the key path
+        if value is not None and not any(ch.isalnum() for ch in value):
+            raise ValueError("an event id needs a letter or digit (not only dots or dashes)")
+        return value
+
+    @field_validator("job_dir", "probes")
+    @classmethod
+    def _no_control_characters(cls, value: str | None) -> str | None:
+        # a CR/LF in a path would forge lines in logs and reports, and break S3 keys
+        if value is not None and any(ord(ch) < 32 or ord(ch) == 127 for ch in value):
+            raise ValueError("a path may not hold control characters (CR, LF, ...)")
+        return value
 
     @field_serializer("published_at", "now")
     def _ts(self, value: datetime | None) -> str | None:

@@ -89,6 +89,13 @@ class Settings(BaseSettings):
     probe_timeout_s: float = Field(60, gt=0)
     probe_interval_s: float = Field(5, gt=0)  # between the two py-spy dumps of one process
     probe_process_match: str | None = None  # regex picking the trainer's processes for py-spy
+    # The pipeline's fault budgets (docs/reliability.md).
+    lease_s: float = Field(120, ge=5)  # a diagnosis with no sign of life this long is re-sent
+    redispatch_max: int = Field(2, ge=0)  # re-sends before the diagnosis is answered ERROR
+    retry_deadline_s: float = Field(1800, gt=0)  # infrastructure faults retried until this old
+    worker_memory_mb: int = Field(8192, ge=0)  # a task's resident memory budget (0: none)
+    capture_time_limit_s: float = Field(300, gt=1)  # hard; the soft limit is 80 % of it
+    gate_time_limit_s: float = Field(90, gt=1)  # for gates, verdict and publish
 
 
 def _read_campaign(path: Path) -> dict[str, Any]:

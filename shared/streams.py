@@ -8,8 +8,19 @@ the pipeline's own coalescing state, written only by the Lua scripts of `worker.
 - `<p>:inflight:<job>`       the lead event id of the diagnosis in flight for a job (one per job)
 - `<p>:cooldown:<job>`       hash: the last verdict entry of a job, alive for RLHEALTH_COALESCE_S
 - `<p>:answers:<lead>`       list: every event id one diagnosis answers, in arrival order
-- `<p>:published:<lead>`     set once the verdict of a diagnosis is on the stream
+- `<p>:published:<lead>`     the verdict entry (JSON) once a diagnosis is on the stream
 - `<p>:diagnoses`            stream: `started` / `published` marks, to audit concurrency per job
+- `<p>:leases`               sorted set: each unpublished lead, scored by when its lease runs out
+                             (ms); renewed by every sign of life, watched by ingest's watchdog
+- `<p>:lead:<lead>`          hash: what re-sending a diagnosis needs (`job`, `evidence`, `event`)
+                             and how often it was re-sent (`redispatches`)
+- `<p>:lastlead:<job>`       the job's latest lead, so a new lead can take over the answer list
+                             of one that never published
+- `<p>:superseded:<lead>`    the lead that took over this one's answer list
+- `<p>:entry:<lead>`         the verdict entry decided for a lead (JSON), before it is published
+- `<p>:runs:<task>:<n>`      how often one delivery of a task started (a task killed twice stops)
+- `<p>:poison:<task>`        why a task's process was stopped (its memory budget exhausted)
+- `<p>:capture:<evidence>`   the capture claim: the task id holding it, with a renewed expiry
 
 `<job>` is the job directory relative to the bundle root, which is how events name a job.
 """
@@ -81,6 +92,34 @@ class StreamNames:
 
     def published(self, lead: str) -> str:
         return f"{self.prefix}:published:{lead}"
+
+    def dispatched(self, lead: str) -> str:
+        return f"{self.prefix}:dispatched:{lead}"
+
+    @property
+    def leases(self) -> str:
+        return f"{self.prefix}:leases"
+
+    def lead(self, lead: str) -> str:
+        return f"{self.prefix}:lead:{lead}"
+
+    def last_lead(self, job: str) -> str:
+        return f"{self.prefix}:lastlead:{job}"
+
+    def superseded(self, lead: str) -> str:
+        return f"{self.prefix}:superseded:{lead}"
+
+    def entry(self, lead: str) -> str:
+        return f"{self.prefix}:entry:{lead}"
+
+    def runs(self, task_id: str, retries: int) -> str:
+        return f"{self.prefix}:runs:{task_id}:{retries}"
+
+    def poison(self, task_id: str) -> str:
+        return f"{self.prefix}:poison:{task_id}"
+
+    def capture_claim(self, evidence_id: str) -> str:
+        return f"{self.prefix}:capture:{evidence_id}"
 
 
 def entry_fields(entry: VerdictEntry) -> dict[str, str]:

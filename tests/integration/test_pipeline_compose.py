@@ -91,6 +91,16 @@ def test_bundles_are_mounted_read_only(compose: dict[str, Any]) -> None:
         assert any(v.endswith(f":{root}:ro") for v in volumes), volumes
 
 
+def test_redis_keeps_its_data_across_a_restart(compose: dict[str, Any]) -> None:
+    """Redis runs with the append-only file on a named volume, so a restart loses nothing."""
+    redis = compose["services"]["redis"]
+    command = redis["command"]
+    assert command[command.index("--appendonly") + 1] == "yes"
+    assert command[command.index("--appendfsync") + 1] in {"everysec", "always"}
+    assert any(str(v).endswith(":/data") or "/data" in str(v) for v in redis["volumes"])
+    assert "redis-data" in compose["volumes"]
+
+
 def _metrics_port(command: list[str]) -> int:
     return int(command[command.index("--metrics-port") + 1])
 

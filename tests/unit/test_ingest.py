@@ -205,6 +205,11 @@ def test_every_event_is_archived(ingest: Ingest, client: Any, settings: Settings
             '{"job_dir": "jobs/cw/ops/rl-job", "published_at": "2026-07-30T21:00:00Z"}',
             "event_id: Field required",
         ),
+        (_event(event_id=".", job_dir="jobs/cw/ops/rl-job"), "needs a letter or digit"),
+        (_event(event_id="..", job_dir="jobs/cw/ops/rl-job"), "needs a letter or digit"),
+        (_event(job_dir="jobs/cw/ops/rl-job", replay_of=".."), "needs a letter or digit"),
+        (_event(job_dir="jobs/cw/ops/rl\r\njob"), "control characters"),
+        (_event(job_dir="jobs/cw/ops/rl-job", probes="p\nq"), "control characters"),
     ],
 )
 def test_bad_events_are_dead_lettered_and_acked(
@@ -299,3 +304,42 @@ def test_handle_reports_the_outcome(ingest: Ingest, client: Any, settings: Setti
     decoded = {k.decode(): v.decode() for k, v in fields.items()}
     assert ingest.handle(Entry(entry_id.decode(), decoded, False)) == "started"
     assert ingest.pipeline.coalescer.in_flight(JOB) == event_id
+
+
+def test_ids_just_short_of_refused_are_admitted(
+    ingest: Ingest, client: Any, recorder: Recorder
+) -> None:
+    """Event ids with dots beside a letter or digit (`..a`, `v1.2`) are ordinary ids."""
+    for event_id in ("..a", "v1.2"):
+        _raw(client, ingest.names, _event(event_id=event_id, job_dir=JOB))
+    ingest.run(until_idle=True)
+    assert [lead for lead, _job in recorder.started] == ["..a"]
+    assert client.xlen(ingest.names.dead_letter) == 0
+
+
+def test_a_started_lead_keeps_its_event_for_a_recapture(
+    ingest: Ingest, client: Any, settings: Settings
+) -> None:
+    """Admission stores the lead's event beside its lease, so S3 losing it is not final."""
+    event_id = _alert(client, settings)
+    ingest.run(until_idle=True)
+    kept = ingest.pipeline.leases.record(event_id).event
+    assert kept is not None and (kept["event_id"], kept["job_dir"]) == (event_id, JOB)
+
+
+def test_the_loop_ticks_the_watchdog(
+    pipeline: Pipeline, client: Any, settings: Settings, recorder: Recorder
+) -> None:
+    """A lead whose lease ran out is sent again by the watchdog ticking in the ingest loop."""
+    from worker.pipeline.watchdog import Watchdog
+
+    sent: list[tuple[str, str, str]] = []
+    watchdog = Watchdog(pipeline, lambda *args: sent.append(args))
+    consumer = Ingest(pipeline, recorder, consumer="c1", block_ms=1, watchdog=watchdog)
+    consumer.ensure_group()
+    event_id = _alert(client, settings)
+    consumer.run(max_events=1)
+    client.zadd(pipeline.names.leases, {event_id: 0})
+    watchdog._next = 0.0
+    consumer.run(until_idle=True)
+    assert sent == [(event_id, JOB, event_id)]

@@ -17,7 +17,10 @@ from worker.pipeline.store import (
     ObjectMissingError,
     ObjectStore,
     S3Store,
+    UnsafeKeyError,
+    check_key,
     download_prefix,
+    key_segment,
     upload_directory,
 )
 
@@ -84,6 +87,59 @@ def test_keys_lists_under_a_prefix(store: ObjectStore) -> None:
     for key in ("evidence/a/2", "evidence/a/1", "evidence/b/1"):
         store.put_once(key, b"x")
     assert store.keys("evidence/a/") == ["evidence/a/1", "evidence/a/2"]
+
+
+def test_delete_removes_one_object(store: ObjectStore) -> None:
+    """delete() removes the object (and is quiet about one that is not there)."""
+    store.put_once("evidence/d/1", b"x")
+    store.put_once("evidence/d/2", b"y")
+    store.delete("evidence/d/1")
+    store.delete("evidence/d/none")
+    assert store.keys("evidence/d/") == ["evidence/d/2"]
+
+
+@pytest.mark.parametrize(
+    "key",
+    [
+        "events/...json/../x",
+        "reports/../ops/a.json",
+        "evidence/./x",
+        "a//b",
+        "events/e\r\n.json",
+        "/abs",
+        "evidence/\x00",
+    ],
+)
+def test_unsafe_keys_are_refused(store: ObjectStore, key: str) -> None:
+    """A key with an empty, `.` or `..` segment, or a control character, is never written."""
+    with pytest.raises(UnsafeKeyError):
+        store.put_once(key, b"x")
+
+
+def test_keys_just_short_of_unsafe_are_fine() -> None:
+    """Dots inside a name, a trailing slash on a prefix and `...` are plain names."""
+    for key in ("events/e..1.json", "evidence/e1/", "reports/.../x", "a/.hidden"):
+        assert check_key(key) == key
+
+
+@pytest.mark.parametrize(
+    ("value", "segment"),
+    [
+        ("..", "%2E%2E"),
+        (".", "%2E"),
+        ("cw", "cw"),
+        ("a.b", "a.b"),
+        ("evil\r\nx", "evil%0D%0Ax"),
+        ("../../etc", ".._.._etc"),
+        ("", "fallback"),
+        (None, "fallback"),
+    ],
+)
+def test_key_segment_makes_any_value_one_safe_segment(value: str | None, segment: str) -> None:
+    """Values read from a bundle become one segment: dots-only and control characters encoded,
+    slashes replaced as the report sink does."""
+    assert key_segment(value, "fallback") == segment
+    check_key(f"reports/{segment}/x")
 
 
 def test_directories_round_trip(store: ObjectStore, tmp_path: Path) -> None:

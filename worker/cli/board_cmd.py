@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import click
 
-from shared.settings import Settings
+from worker.cli.options import load_settings
 
 __all__ = ["board_command"]
 
@@ -38,7 +38,7 @@ def board_command(host: str, port: int, limit: int, refresh: int) -> None:
     from shared.streams import StreamNames
     from worker.pipeline.store import store_from_settings
 
-    settings = Settings()
+    settings = load_settings()  # exit 2 with one line for an unusable setting
     client = redis.Redis.from_url(settings.redis_url, health_check_interval=30)
     stream = StreamNames(settings.stream_prefix).verdicts
     board = Board(client, store_from_settings(settings), stream, limit=limit, refresh_s=refresh)

@@ -18,8 +18,13 @@ import click
 
 from shared.models import Mode, Report
 from shared.redact import clean
-from shared.settings import CampaignError, Settings, load_thresholds
-from worker.cli.options import ISO_DATETIME
+from shared.settings import Settings
+from worker.cli.options import (
+    ISO_DATETIME,
+    load_campaign_thresholds,
+    load_settings,
+    writable_directory,
+)
 from worker.evidence.model import Evidence
 
 if TYPE_CHECKING:
@@ -133,10 +138,9 @@ def diagnose_command(
         )
     if probes_dir is not None and backend is not None:
         raise click.UsageError("give --probes or --backend, not both")
-    try:
-        thresholds = load_thresholds(campaign)
-    except CampaignError as exc:
-        raise click.BadParameter(str(exc), param_hint="--campaign") from exc
+    thresholds = load_campaign_thresholds(campaign)
+    if out is not None:
+        writable_directory(out, "--out")
     moment = now or datetime.now(UTC)
     collect = partial(
         collect_evidence,
@@ -148,7 +152,7 @@ def diagnose_command(
     )
     notes: tuple[str, ...] = ()
     if backend is not None:
-        settings = Settings()
+        settings = load_settings()
         tools = _tools(settings)
         with log_progress() as progress:
             first = collect(progress=progress)

@@ -1,13 +1,26 @@
-"""Option types shared by the commands."""
+"""Option types and the clean exit 2 (one line) for unusable arguments or settings, shared by
+the commands."""
 
 from __future__ import annotations
 
+import tempfile
+from collections.abc import Callable
 from datetime import UTC, datetime
+from pathlib import Path
 from typing import Any
 
 import click
+from pydantic import ValidationError
 
-__all__ = ["ISO_DATETIME"]
+from shared.settings import CampaignError, Settings, Thresholds, load_thresholds
+
+__all__ = [
+    "ISO_DATETIME",
+    "UnusableError",
+    "load_campaign_thresholds",
+    "load_settings",
+    "writable_directory",
+]
 
 
 class IsoDatetime(click.ParamType[datetime]):
@@ -30,3 +43,58 @@ class IsoDatetime(click.ParamType[datetime]):
 
 
 ISO_DATETIME = IsoDatetime()
+
+
+class UnusableError(click.ClickException):
+    """An unusable argument or setting: one line on stderr, exit status 2."""
+
+    exit_code = 2
+
+    def show(self, file: Any = None) -> None:
+        click.echo(f"rl-health: {self.format_message()}", err=True)
+
+
+def _problems(exc: ValidationError, name: Callable[[str], str]) -> str:
+    # the offending value is left out: a connection URL may carry a password
+    return "; ".join(
+        f"{name('.'.join(str(part) for part in error['loc']))}: {error['msg']}"
+        for error in exc.errors()
+    )
+
+
+def _env_name(field: str) -> str:
+    return f"RLHEALTH_{field.upper()}"
+
+
+def load_settings() -> Settings:
+    """The RLHEALTH_* settings, or exit 2 naming each unusable variable."""
+    try:
+        return Settings()
+    except ValidationError as exc:
+        raise UnusableError(f"unusable setting {_problems(exc, _env_name)}") from exc
+
+
+def load_campaign_thresholds(campaign: Path | None) -> Thresholds:
+    """The thresholds from RLHEALTH_* and the campaign file, or exit 2 saying what is wrong."""
+    try:
+        Thresholds()
+    except ValidationError as exc:
+        raise UnusableError(f"unusable threshold {_problems(exc, _env_name)}") from exc
+    path = campaign or load_settings().campaign_file
+    try:
+        return load_thresholds(path)
+    except CampaignError as exc:
+        raise UnusableError(str(exc)) from exc
+    except ValidationError as exc:
+        raise UnusableError(f"campaign file {path}: {_problems(exc, str)}") from exc
+
+
+def writable_directory(path: Path, option: str) -> Path:
+    """`path`, made if missing and checked writable; exit 2 naming the option otherwise."""
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+        with tempfile.NamedTemporaryFile(dir=path, prefix=".rlhealth-write-test-"):
+            pass
+    except OSError as exc:
+        raise UnusableError(f"{option} {path} is not a writable directory: {exc.strerror}") from exc
+    return path

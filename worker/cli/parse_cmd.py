@@ -123,11 +123,12 @@ def parse_command(
     Exits 1, quoting what the log looks like, when no usable metrics were found (a failed probe);
     the other tables are still written.
     """
+    from worker.cli.options import writable_directory
     from worker.evidence.logs import write_tables
 
+    writable_directory(out, "--out")
     logs = _read_logs(path)
     trials = _read_trials(path, trace_jobs_dir)
-    out.mkdir(parents=True, exist_ok=True)
     written = write_tables(logs, out, fmt) if logs is not None else []
     written += _write_trials(trials, out, fmt)
     for line in _summary_lines(logs, trials):

@@ -21,7 +21,7 @@ import click
 
 from shared.models import Event, Mode, VerdictEntry
 from shared.settings import Settings
-from worker.cli.options import ISO_DATETIME
+from worker.cli.options import ISO_DATETIME, load_settings
 
 if TYPE_CHECKING:
     from worker.pipeline.steps import Pipeline
@@ -108,13 +108,17 @@ def alert_command(
     """
     from shared.alerts import OutsideBundleRootError, confine, publish_alert
 
-    settings = Settings()
+    settings = load_settings()
+    if not job_dir.strip():
+        _fail("JOB_DIR is empty: name a job directory under the bundle root")
     try:
         for path in (job_dir, probes):
             if path and not (settings.bundle_root / confine(settings.bundle_root, path)).is_dir():
                 _fail(f"{path} is not a directory under the bundle root {settings.bundle_root}")
     except OutsideBundleRootError as exc:
         _fail(str(exc))
+    except (OSError, ValueError) as exc:  # a NUL byte, a name too long, a loop of links
+        _fail(f"{job_dir!r} is not a usable path: {exc}")
     kwargs: dict[str, Any] = {"reason": reason, "mode": mode, "probes": probes, "now": now}
     click.echo(publish_alert(_redis(settings), job_dir, settings=settings, **kwargs))
 
@@ -131,8 +135,12 @@ def ingest_command(
     once: bool, max_events: int | None, consumer: str | None, metrics_port: int | None
 ) -> None:
     """Consume the alert stream and start one diagnosis per job in need (until interrupted)."""
+    from functools import partial
+
+    settings = load_settings()  # before the app module reads them
     from worker.pipeline.ingest import Ingest
-    from worker.pipeline.tasks import dispatch
+    from worker.pipeline.tasks import dispatch, resend
+    from worker.pipeline.watchdog import Watchdog
 
     if metrics_port is not None:
         from worker.pipeline.metrics import serve
@@ -142,7 +150,10 @@ def ingest_command(
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
     stopping: list[int] = []
     signal.signal(signal.SIGTERM, lambda signum, _frame: stopping.append(signum))
-    ingest = Ingest(_pipeline(Settings()), dispatch, consumer=consumer)
+    pipeline = _pipeline(settings)
+    started = partial(dispatch, register=False)  # the admission registered the lead
+    watchdog = Watchdog(pipeline, resend)
+    ingest = Ingest(pipeline, started, consumer=consumer, watchdog=watchdog)
     try:
         handled = ingest.run(stop=lambda: bool(stopping), max_events=max_events, until_idle=once)
     except KeyboardInterrupt:
@@ -180,6 +191,7 @@ def worker_command(
     metrics_dir: Path | None,
 ) -> None:
     """Start a Celery worker running the diagnosis tasks."""
+    settings = load_settings()  # before the app module reads them
     if metrics_port is not None:
         _prepare_metrics_dir(metrics_dir)  # before the tasks import prometheus-client
     import worker.pipeline.tasks  # noqa: F401 - registers the tasks
@@ -191,7 +203,6 @@ def worker_command(
 
         serve(metrics_port)  # in this main process, summing every pool child's files
 
-    settings = Settings()
     if settings.s3_endpoint_url:
         _pipeline(settings)  # makes the bucket of a local S3 before the first task
     argv = [
@@ -224,7 +235,7 @@ def verdicts_command(
     from shared.supervisor import VerdictReader
     from worker.cli.terminal import is_terminal, live_verdicts
 
-    settings = Settings()
+    settings = load_settings()
     reader = VerdictReader(_redis(settings), settings, group=group)
     if follow or group:
         if group and not follow and timeout is None:
@@ -281,16 +292,17 @@ def replay_command(event_id: str, fresh: bool, timeout: float, as_json: bool) ->
     The replay is an event of its own (with `replay_of`), archived and answered on the verdict
     stream like any other, but never coalesced with the job's live alerts.
     """
+    settings = load_settings()  # before the app module reads them
     from shared.alerts import confine
     from shared.supervisor import VerdictReader
-    from worker.pipeline.store import ObjectMissingError
+    from worker.pipeline.failures import EvidenceLostError
+    from worker.pipeline.store import ObjectMissingError, UnsafeKeyError
     from worker.pipeline.tasks import dispatch
 
-    settings = Settings()
     pipeline = _pipeline(settings)
     try:
         original = pipeline.load_event(event_id)
-    except ObjectMissingError:
+    except (ObjectMissingError, EvidenceLostError, UnsafeKeyError):
         _fail(f"no archived event {event_id}")
     replay, evidence_id = _replay_event(pipeline, original, fresh)
     reader = VerdictReader(pipeline.redis, settings)

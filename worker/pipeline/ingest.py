@@ -9,6 +9,9 @@ crash.
 
 A pending entry read again after a crash is a redelivery: if it leads a diagnosis still in flight
 that has no workflow yet, the workflow is started (once, guarded by a dispatch mark).
+
+Between reads the loop ticks the lease watchdog (`worker.pipeline.watchdog`), which sends again,
+or answers ERROR, every diagnosis whose workflow was lost.
 """
 
 from __future__ import annotations
@@ -32,6 +35,7 @@ from worker.pipeline.coalesce import Admission, Coalescer
 from worker.pipeline.failures import BadEventError, describe, is_infrastructure
 from worker.pipeline.metrics import alert_handled, dead_lettered
 from worker.pipeline.steps import Pipeline
+from worker.pipeline.watchdog import Watchdog
 
 __all__ = ["Dispatch", "Ingest", "validate_alert"]
 
@@ -108,6 +112,7 @@ class Ingest:
         *,
         consumer: str | None = None,
         block_ms: int = 1000,
+        watchdog: Watchdog | None = None,
     ) -> None:
         self.pipeline = pipeline
         self.redis = pipeline.redis
@@ -116,6 +121,7 @@ class Ingest:
         self.dispatch = dispatch
         self.consumer = consumer or socket.gethostname()
         self.block_ms = block_ms
+        self.watchdog = watchdog
         self.outcomes: dict[str, int] = {}
         self._pending = True  # read our own pending entries first: redeliveries after a crash
         self._grouped = False
@@ -164,7 +170,8 @@ class Ingest:
 
     def admit(self, event: Event, job: str, *, redelivered: bool) -> str:
         self.pipeline.archive(event)
-        admission = self.coalescer.admit(event.event_id, job)
+        event_json = event.model_dump_json(exclude_none=True)
+        admission = self.coalescer.admit(event.event_id, job, event_json=event_json)
         if admission.outcome == "started" or (redelivered and self._orphaned(admission, job)):
             self._start(admission.lead, job)
         return admission.outcome
@@ -176,7 +183,7 @@ class Ingest:
         )
 
     def _dispatch_mark(self, lead: str) -> str:
-        return f"{self.names.prefix}:dispatched:{lead}"
+        return self.names.dispatched(lead)
 
     def _start(self, lead: str, job: str) -> None:
         self.dispatch(lead, job)
@@ -241,6 +248,8 @@ class Ingest:
         handled, backoff = 0, 0.5
         while not stop() and (max_events is None or handled < max_events):
             count = self._step_safely()
+            if self.watchdog is not None:
+                self.watchdog.maybe_tick()
             if count == 0 and until_idle and not self._pending:
                 break
             if count < 0:

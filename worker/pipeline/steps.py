@@ -1,17 +1,23 @@
 """The steps of one diagnosis in the pipeline, each safe to run twice; the Celery tasks call these.
 
 capture  event → evidence frozen under S3 `evidence/<event_id>/` (a replay reuses the original's)
-gate     frozen evidence → one gate's result (never raises: broken evidence is an ERROR result)
+gate     frozen evidence → one gate's result (broken evidence is an ERROR result; lost evidence
+         raises `EvidenceLostError`, so the diagnosis is sent again and captures afresh)
 verdict  gate results → the report, written once to S3 `reports/...` → the verdict entry
 publish  verdict entry → the verdict stream and channel, with every event id it answers
+fail     a diagnosis that cannot finish → an ERROR report and verdict naming the stage and the
+         cause, through the same publish, and a dead-letter entry with the lead's event
 
 Only references travel between steps: event ids, the evidence id (whose frozen evidence to judge)
-and the job key; results are small JSON documents.
+and the job key; results are small JSON documents. The verdict entry decided for a lead is kept in
+Redis (`<p>:entry:<lead>`) before it is published, so a verdict and a failure racing for the same
+lead publish one entry, the first one decided.
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import shutil
 import tempfile
 import time
@@ -24,25 +30,33 @@ from typing import Any, Final
 from pydantic import ValidationError
 
 from reports.html import store_html
-from reports.sinks import S3ReportSink, VerdictStreamSink
+from reports.sinks import S3ReportSink, StoredReport, VerdictStreamSink
 from shared.models import (
     Event,
     GateName,
     GateResult,
-    GateStatus,
-    Mode,
     Report,
     RestartsResult,
     VerdictEntry,
 )
-from shared.settings import Settings, load_thresholds
+from shared.settings import Settings
 from shared.streams import StreamNames
 from worker.diagnosis import GATE_NAMES, collect_evidence, run_gate
 from worker.evidence.frozen import MARKER, freeze, thaw
-from worker.evidence.model import BundleInfo, Evidence, ModeDecision
+from worker.evidence.model import Evidence
+from worker.pipeline.claim import CaptureClaim
 from worker.pipeline.coalesce import Coalescer
-from worker.pipeline.failures import describe, is_infrastructure
-from worker.pipeline.store import ObjectMissingError, ObjectStore, download_prefix
+from worker.pipeline.failed import failure_evidence, failure_report, unreadable_result
+from worker.pipeline.failures import (
+    EvidenceLostError,
+    PipelineError,
+    describe,
+    is_infrastructure,
+    is_time_limit,
+)
+from worker.pipeline.lease import Leases
+from worker.pipeline.metrics import dead_lettered
+from worker.pipeline.store import ObjectMissingError, ObjectStore, download_prefix, key_segment
 from worker.verdict import decide
 
 __all__ = [
@@ -54,8 +68,11 @@ __all__ = [
     "frozen_now",
 ]
 
+log = logging.getLogger(__name__)
+
 _THAWED_KEPT: Final = 4
 _CACHE_MAX_AGE_S: Final = 3600
+_CLAIM_TTL_S: Final = 60
 
 
 def event_key(event_id: str) -> str:
@@ -66,28 +83,28 @@ def evidence_prefix(evidence_id: str) -> str:
     return f"evidence/{evidence_id}/"
 
 
-def _failed_capture(event: Event, label: str, reason: str) -> Evidence:
-    """Evidence that says only why it could not be read, so the gates answer ERROR and quote it."""
-    note = f"capture failed: {reason}"
-    return Evidence(
-        job_dir=label,
-        now=event.now or datetime.now(UTC),
-        thresholds=load_thresholds(),
-        mode=ModeDecision(mode=event.mode or Mode.UNDECLARED, reason=note),
-        bundle=BundleInfo(job_dir=Path(event.job_dir), manifest=None, manifest_error=note),
-        discrepancies=(note,),
+def _must_propagate(exc: BaseException) -> bool:
+    """Failures that are never evidence: infrastructure, time limits, memory, our own."""
+    return (
+        is_infrastructure(exc)
+        or is_time_limit(exc)
+        or isinstance(exc, (PipelineError, MemoryError))
     )
 
 
-def _unreadable_result(name: str, reason: str) -> GateResult | RestartsResult:
-    summary = f"the frozen evidence could not be read: {reason}"
-    if name == "restarts":
-        return RestartsResult(count=None, same_failure=None, interpretation=summary)
-    return GateResult(status=GateStatus.ERROR, summary=summary, missing=(summary,))
+def _place(evidence: Evidence) -> dict[str, str]:
+    """Where a report of this evidence goes: cluster, user and job as safe key segments."""
+    bundle = evidence.bundle
+    job = bundle.job_name or Path(evidence.job_id).name
+    return {
+        "cluster": key_segment(bundle.cluster, "unknown-cluster"),
+        "user": key_segment(bundle.user, "unknown-user"),
+        "job": key_segment(job, "unknown-job"),
+    }
 
 
 class Pipeline:
-    """The adapters one worker process needs, and the four steps."""
+    """The adapters one worker process needs, and the steps."""
 
     def __init__(self, settings: Settings, store: ObjectStore, redis: Any) -> None:
         self.settings = settings
@@ -100,7 +117,12 @@ class Pipeline:
 
     @cached_property
     def coalescer(self) -> Coalescer:
-        return Coalescer(self.redis, self.names, coalesce_s=self.settings.coalesce_s)
+        s = self.settings
+        return Coalescer(self.redis, self.names, coalesce_s=s.coalesce_s, lease_s=s.lease_s)
+
+    @cached_property
+    def leases(self) -> Leases:
+        return Leases(self.redis, self.names, lease_s=self.settings.lease_s)
 
     # --- events -----------------------------------------------------------------------------
 
@@ -110,29 +132,52 @@ class Pipeline:
         return self.store.put_once(event_key(event.event_id), body, "application/json")
 
     def load_event(self, event_id: str) -> Event:
-        return Event.model_validate_json(self.store.get(event_key(event_id)))
+        """The archived event; archived again from the copy its lead keeps in Redis if S3 lost
+        it. Raises `EvidenceLostError` when neither has it."""
+        try:
+            return Event.model_validate_json(self.store.get(event_key(event_id)))
+        except ObjectMissingError:
+            kept = self.leases.record(event_id).get("event")
+            if not kept:
+                raise EvidenceLostError(f"the event {event_id} is gone from S3 and Redis") from None
+            event = Event.model_validate_json(kept)
+            self.archive(event)
+            log.warning("event %s was gone from S3: archived again from its alert", event_id)
+            return event
 
     # --- capture ----------------------------------------------------------------------------
 
     def capture(self, event_id: str, evidence_id: str, claim: str) -> str:
         """Freeze the event's evidence to S3 (once); returns the evidence id.
 
-        `claim` (the task id) makes a re-delivered task finish its own capture, while a second
-        workflow for the same event waits for the first one's instead of mixing files with it.
+        `claim` (the task id) makes a re-delivered task resume its own capture, while a second
+        workflow for the same event waits for the first one's, and takes over once that one's
+        process is gone (see `worker.pipeline.claim`).
         """
         prefix = evidence_prefix(evidence_id)
         if self.store.exists(prefix + MARKER):
             return evidence_id
         if evidence_id != event_id:
-            raise ObjectMissingError(f"no frozen evidence at {prefix} to replay")
-        if not self._claimed(prefix, claim):
+            raise EvidenceLostError(
+                f"the frozen evidence of {evidence_id} is gone from S3: the replay cannot judge "
+                "it (rl-health replay --fresh captures the job again)"
+            )
+        event = self.load_event(event_id)
+        key = self.names.capture_claim(evidence_id)
+        holder = CaptureClaim(self.redis, key, claim, _CLAIM_TTL_S)
+        if not holder.acquire():
             raise CaptureBusyError(f"another capture of {event_id} is under way")
-        self._capture_fresh(self.load_event(event_id), prefix)
+        with holder.kept():
+            if not self.store.exists(prefix + MARKER):  # finished while we waited for the claim
+                self._clear(prefix)
+                self._capture_fresh(event, prefix, holder)
+        holder.release()
         return evidence_id
 
-    def _claimed(self, prefix: str, claim: str) -> bool:
-        key = prefix + ".claim"
-        return self.store.put_once(key, claim.encode()) or self.store.get(key).decode() == claim
+    def _clear(self, prefix: str) -> None:
+        """Remove what a capture that died left under `prefix` (never a marked freeze)."""
+        for key in self.store.keys(prefix):
+            self.store.delete(key)
 
     def _collect(self, event: Event, label: str) -> Evidence:
         root = self.settings.bundle_root
@@ -146,26 +191,38 @@ class Pipeline:
                 evidence_label=label,
             )
         except Exception as exc:
-            if is_infrastructure(exc):
+            if _must_propagate(exc):
                 raise
-            return _failed_capture(event, label, describe(exc))
+            return failure_evidence(event, label, describe(exc))
 
-    def _capture_fresh(self, event: Event, prefix: str) -> None:
+    def _capture_fresh(self, event: Event, prefix: str, holder: CaptureClaim) -> None:
         evidence = self._collect(event, self.store.uri(prefix))
         with tempfile.TemporaryDirectory(prefix="rlhealth-freeze-") as tmp:
             directory = Path(tmp)
             for path in freeze(evidence, directory):  # the marker comes last
+                if not holder.held():
+                    raise CaptureBusyError(f"lost the capture claim on {prefix} (too slow)")
                 key = prefix + path.relative_to(directory).as_posix()
                 self.store.put_once(key, path.read_bytes())
 
     # --- gates ------------------------------------------------------------------------------
 
     def evidence(self, evidence_id: str) -> Evidence:
-        """The frozen evidence, thawed once per process and kept for the next gate."""
+        """The frozen evidence, thawed once per process and kept for the next gate; raises
+        `EvidenceLostError` when it is gone or cannot be read."""
         if evidence_id in self._thawed:
             self._thawed.move_to_end(evidence_id)
             return self._thawed[evidence_id]
-        evidence = thaw(self._local_copy(evidence_id))
+        directory = self._local_copy(evidence_id)
+        try:
+            evidence = thaw(directory)
+        except Exception as exc:
+            if _must_propagate(exc):
+                raise
+            shutil.rmtree(directory, ignore_errors=True)
+            raise EvidenceLostError(
+                f"the frozen evidence of {evidence_id} cannot be read: {describe(exc)}"
+            ) from exc
         self._thawed[evidence_id] = evidence
         while len(self._thawed) > _THAWED_KEPT:
             self._thawed.popitem(last=False)
@@ -175,10 +232,16 @@ class Pipeline:
         target = self.cache_root / evidence_id
         if (target / MARKER).is_file():
             return target
+        prefix = evidence_prefix(evidence_id)
+        if not self.store.exists(prefix + MARKER):
+            raise EvidenceLostError(f"the frozen evidence of {evidence_id} is gone from S3")
         self._prune_cache()
         self.cache_root.mkdir(parents=True, exist_ok=True)
         staging = Path(tempfile.mkdtemp(prefix=".partial-", dir=self.cache_root))
-        download_prefix(self.store, evidence_prefix(evidence_id), staging)
+        download_prefix(self.store, prefix, staging)
+        if not (staging / MARKER).is_file():  # objects vanished while we downloaded them
+            shutil.rmtree(staging, ignore_errors=True)
+            raise EvidenceLostError(f"the frozen evidence of {evidence_id} is gone from S3")
         try:
             staging.rename(target)  # atomic: other processes see all of it or none
         except OSError:
@@ -194,13 +257,15 @@ class Pipeline:
                 shutil.rmtree(entry, ignore_errors=True)
 
     def gate(self, evidence_id: str, name: str) -> dict[str, Any]:
-        """One gate on the frozen evidence, as `{"name", "result"}`; never raises but for infra."""
+        """One gate on the frozen evidence, as `{"name", "result"}`. A gate that breaks on the
+        evidence gives ERROR; infrastructure faults, time limits and lost evidence raise."""
+        evidence = self.evidence(evidence_id)
         try:
-            result = run_gate(name, self.evidence(evidence_id))
+            result = run_gate(name, evidence)
         except Exception as exc:
-            if is_infrastructure(exc):
+            if _must_propagate(exc):
                 raise
-            result = _unreadable_result(name, describe(exc))
+            result = unreadable_result(name, f"the {name} check failed: {describe(exc)}")
         return {"name": name, "result": result.model_dump(mode="json")}
 
     # --- verdict and publish ----------------------------------------------------------------
@@ -218,19 +283,105 @@ class Pipeline:
         self, results: list[dict[str, Any]], event_id: str, evidence_id: str
     ) -> dict[str, Any]:
         """Write the report once to S3; returns the verdict entry (as JSON) to publish."""
+        known = self.coalescer.published(event_id) or self.decided(event_id)
+        if known is not None:
+            return known.model_dump(mode="json")
         report = self.report(results, event_id, evidence_id)
-        bundle = self.evidence(evidence_id).bundle
-        stored = S3ReportSink(self.store)(
-            report, cluster=bundle.cluster, user=bundle.user, job=bundle.job_name
-        )
-        store_html(self.store, stored.json_key, report, self.evidence(evidence_id))
-        entry = VerdictStreamSink.entry(report, stored)
-        return entry.model_dump(mode="json")
+        stored = self._store_report(report, self.evidence(evidence_id))
+        return self._decide(VerdictStreamSink.entry(report, stored)).model_dump(mode="json")
+
+    def _store_report(self, report: Report, evidence: Evidence) -> StoredReport:
+        """The text, JSON and HTML renderings, written once under the report's key."""
+        stored = S3ReportSink(self.store)(report, **_place(evidence))
+        store_html(self.store, stored.json_key, report, evidence)
+        return stored
+
+    def decided(self, lead: str) -> VerdictEntry | None:
+        """The verdict entry decided for `lead`, before or after it was published."""
+        raw = self.redis.get(self.names.entry(lead))
+        return None if raw is None else VerdictEntry.model_validate_json(raw)
+
+    def _decide(self, entry: VerdictEntry) -> VerdictEntry:
+        """Keep `entry` as the lead's decision unless one was kept first; returns the kept one."""
+        key, retention = self.names.entry(entry.event_id), self.coalescer.retention_s
+        if self.redis.set(key, entry.model_dump_json(), nx=True, ex=retention):
+            return entry
+        return self.decided(entry.event_id) or entry
 
     def publish(self, entry: dict[str, Any], job: str) -> dict[str, Any]:
         """Announce the verdict (once); returns the entry with every event id it answers."""
         published = VerdictStreamSink(self.coalescer)(VerdictEntry.model_validate(entry), job=job)
         return published.model_dump(mode="json")
+
+    # --- a diagnosis that cannot finish -----------------------------------------------------
+
+    def fail(
+        self, lead: str, job: str, reason: str, *, read_frozen: bool = True
+    ) -> VerdictEntry | None:
+        """Answer the diagnosis led by `lead` with an ERROR verdict saying `reason`, through the
+        normal publish (every attached id announced, the job released without a cooldown), and
+        dead-letter its event. Returns the entry, None when the lead was already answered. A
+        verdict decided before the failure (only its publish failed) is published instead."""
+        if self.coalescer.published(lead) is not None:
+            return None
+        entry = self.decided(lead)
+        if entry is not None:
+            self.coalescer.publish(entry, job)
+            return entry
+        event = self._event_or_placeholder(lead, job)
+        entry = self._decide(self._failure_entry(event, lead, reason, read_frozen))
+        if self.coalescer.publish(entry, job, cooldown=False):
+            self.dead_letter(event, reason)
+        log.warning("diagnosis %s answered ERROR: %s", lead, reason)
+        return entry
+
+    def _event_or_placeholder(self, lead: str, job: str) -> Event:
+        try:
+            return self.load_event(lead)
+        except (EvidenceLostError, ValidationError):
+            return Event(event_id=lead, job_dir=job, published_at=datetime.now(UTC))
+
+    def _failure_entry(
+        self, event: Event, lead: str, reason: str, read_frozen: bool
+    ) -> VerdictEntry:
+        """The ERROR report written to S3, with the job's identity from the frozen evidence
+        when it is readable and renders, else from the event's job directory."""
+        answers = self.coalescer.answers(lead) or [lead]
+        label = self.store.uri(evidence_prefix(lead))
+        frozen = self._frozen_or_none(lead) if read_frozen else None
+        for evidence in (frozen, failure_evidence(event, label, reason)):
+            if evidence is None:
+                continue
+            report = failure_report(evidence, reason, lead=lead, answers=answers)
+            try:
+                return VerdictStreamSink.entry(report, self._store_report(report, evidence))
+            except Exception as exc:
+                if is_infrastructure(exc):
+                    raise
+                log.warning("ERROR report of %s did not render: %s", lead, describe(exc))
+        raise PipelineError(f"no ERROR report could be written for {lead}")
+
+    def _frozen_or_none(self, evidence_id: str) -> Evidence | None:
+        try:
+            return self.evidence(evidence_id)
+        except Exception as exc:
+            if is_infrastructure(exc):
+                raise
+            return None
+
+    def dead_letter(self, event: Event, reason: str) -> None:
+        """Put a diagnosis that failed on the dead-letter stream, with its lead's event."""
+        self.redis.xadd(
+            self.names.dead_letter,
+            {
+                "reason": f"diagnosis failed: {reason}",
+                "raw": event.model_dump_json(exclude_none=True),
+                "alert_id": "",
+                "event_id": event.event_id,
+                "refused_at": datetime.now(UTC).isoformat(),
+            },
+        )
+        dead_lettered(f"diagnosis failed: {reason}")
 
 
 class CaptureBusyError(RuntimeError):

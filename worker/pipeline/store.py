@@ -2,16 +2,22 @@
 
 Everything the pipeline stores is written once. `put_once` sends `If-None-Match: *`, so S3 itself
 refuses to overwrite (412 PreconditionFailed means the object is already there, which for a task
-that runs twice is success). Transient faults are retried inside the adapter with tenacity; what
-still fails is raised as `InfrastructureError`.
+that runs twice is success). The one deletion is a capture taking over from a dead one: it removes
+the partial objects of a freeze that never got its marker. Transient faults are retried inside the
+adapter with tenacity; what still fails is raised as `InfrastructureError`.
+
+Keys are checked before any request: a key with an empty, `.` or `..` segment, or a control
+character, is refused (`UnsafeKeyError`), so no value read from a bundle or an event can climb the
+key path. `key_segment` turns such a value into a safe segment.
 """
 
 from __future__ import annotations
 
+import string
 import threading
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Protocol, TypeVar, runtime_checkable
+from typing import Any, Final, Protocol, TypeVar, runtime_checkable
 
 import boto3
 import botocore.exceptions
@@ -20,6 +26,7 @@ from tenacity import (
     retry,
     retry_if_exception,
     stop_after_attempt,
+    stop_after_delay,
     wait_exponential_jitter,
 )
 
@@ -31,17 +38,51 @@ __all__ = [
     "ObjectMissingError",
     "ObjectStore",
     "S3Store",
+    "UnsafeKeyError",
+    "check_key",
     "download_prefix",
+    "key_segment",
     "store_from_settings",
     "upload_directory",
 ]
 
 T = TypeVar("T")
 BINARY = "application/octet-stream"
+_SAFE: Final = frozenset(string.ascii_letters + string.digits + "-_.:@+=,")
 
 
 class ObjectMissingError(KeyError):
     """No object under that key."""
+
+
+class UnsafeKeyError(ValueError):
+    """A key with an empty, `.` or `..` segment, or a control character."""
+
+
+def check_key(key: str) -> str:
+    """`key` unchanged when every segment is a plain name; raises `UnsafeKeyError`."""
+    if any(ord(ch) < 32 or ord(ch) == 127 for ch in key):
+        raise UnsafeKeyError(f"key {key!r} holds a control character")
+    if not key:
+        return key  # the whole store, when listing
+    segments = key.split("/")
+    inner = segments[:-1] if key.endswith("/") else segments  # a prefix may end with '/'
+    if any(segment in {"", ".", ".."} for segment in inner):
+        raise UnsafeKeyError(f"key {key!r} has an empty, '.' or '..' segment")
+    return key
+
+
+def key_segment(value: str | None, fallback: str) -> str:
+    """`value` as one safe key segment: anything but letters, digits and `-_.:@+=,` is
+    percent-encoded, and a segment of dots only has them all encoded, so `..` stays a name."""
+    text = (value or "").strip().strip("/").replace("/", "_")  # the report sink's convention
+    if not text:
+        return fallback
+    raw = text.encode("utf-8", errors="surrogateescape")
+    encoded = "".join(chr(b) if chr(b) in _SAFE else f"%{b:02X}" for b in raw)
+    if set(encoded) == {"."}:
+        return "%2E" * len(encoded)
+    return encoded
 
 
 @runtime_checkable
@@ -57,6 +98,10 @@ class ObjectStore(Protocol):
         ...
 
     def exists(self, key: str) -> bool: ...
+
+    def delete(self, key: str) -> None:
+        """Remove the object (no error when it is not there)."""
+        ...
 
     def keys(self, prefix: str) -> list[str]:
         """Keys under `prefix` (relative to the store's own prefix), sorted."""
@@ -77,6 +122,7 @@ class MemoryStore:
         self._lock = threading.Lock()
 
     def put_once(self, key: str, body: bytes, content_type: str = BINARY) -> bool:
+        check_key(key)
         with self._lock:
             if key in self.objects:
                 return False
@@ -92,6 +138,10 @@ class MemoryStore:
     def exists(self, key: str) -> bool:
         return key in self.objects
 
+    def delete(self, key: str) -> None:
+        with self._lock:
+            self.objects.pop(check_key(key), None)
+
     def keys(self, prefix: str) -> list[str]:
         return sorted(key for key in self.objects if key.startswith(prefix))
 
@@ -101,10 +151,11 @@ class MemoryStore:
 
 
 def _retrying(call: Callable[[], T]) -> T:
-    """Run `call`, retrying infrastructure faults with jittered backoff (about 10 s in all)."""
+    """Run `call`, retrying infrastructure faults with jittered backoff (at most 5 tries, about
+    20 s: the task above retries longer, outside its time limit)."""
     wrapped = retry(
         retry=retry_if_exception(is_infrastructure),
-        stop=stop_after_attempt(5),
+        stop=stop_after_attempt(5) | stop_after_delay(20),
         wait=wait_exponential_jitter(multiplier=0.2, max=4),
         reraise=True,
     )(call)
@@ -129,6 +180,7 @@ class S3Store:
         self.prefix = prefix.strip("/")
 
     def _key(self, key: str) -> str:
+        check_key(key)
         return f"{self.prefix}/{key}" if self.prefix else key
 
     def put_once(self, key: str, body: bytes, content_type: str = BINARY) -> bool:
@@ -175,6 +227,12 @@ class S3Store:
             return True
 
         return _retrying(head)
+
+    def delete(self, key: str) -> None:
+        def delete() -> None:
+            self.client.delete_object(Bucket=self.bucket, Key=self._key(key))
+
+        _retrying(delete)
 
     def keys(self, prefix: str) -> list[str]:
         def list_keys() -> list[str]:

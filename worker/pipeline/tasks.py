@@ -4,103 +4,315 @@
              ├─ gate liveness ──┤
              ├─ ...             ├─ verdict ── publish
              └─ gate duty_cycle ┘
+    (any of them failing) ──────────────────────────────▶ fail
 
-Each task takes references (event id, evidence id, job key) and calls one pipeline step.
-Infrastructure faults retry with backoff; a gate never raises, so the chord always joins; every task
-is safe to run twice (write-once S3 objects, a publish script that announces a lead once).
+Each task takes references (event id, evidence id, job key) and the diagnosis's `lead` and retry
+`deadline` as keywords, and calls one pipeline step through `_run`, which
+
+- renews the lead's lease, and drops the task (`Ignore`) when the lead is already answered — a
+  task the broker restored late, or one of a workflow sent again;
+- counts the starts of this delivery: a task killed twice fails instead of running again;
+- stops the process when the task passes its memory budget (the next delivery fails with why);
+- turns a soft time limit, or a step that ran past it, into `StageTimeoutError`: never evidence;
+- retries infrastructure faults with backoff until the wall-clock `deadline`.
+
+Every failure lands in `fail`, linked as the error callback of the capture and of the chord's
+callback (verdict, then publish; Celery calls it when a gate fails). It reads what failed from the
+result backend and answers the diagnosis ERROR through the normal publish — or sends it again when
+a new run can get past the failure (`_recoverable`: lost evidence, a fault that escaped the
+retries, a first time limit).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from functools import cache
+import logging
+import random
+import re
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from functools import cache, partial
 from typing import Any, Final, TypeVar
 
 import redis
 from celery import Task, chain, chord, group
 from celery.canvas import Signature
+from celery.exceptions import Ignore, Reject, SoftTimeLimitExceeded
 
 from shared.settings import Settings
 from worker.pipeline import metrics  # noqa: F401 - connects the Celery signals it counts
-from worker.pipeline.app import CAPTURE_LIMITS_S, app
-from worker.pipeline.failures import InfrastructureError, classified
+from worker.pipeline.app import app, limits
+from worker.pipeline.failures import (
+    EvidenceLostError,
+    InfrastructureError,
+    StageTimeoutError,
+    classified,
+    explain,
+    is_infrastructure,
+    is_time_limit,
+)
+from worker.pipeline.guard import DeliveryGuard, MemoryBudget
 from worker.pipeline.steps import GATE_NAMES, CaptureBusyError, Pipeline
 from worker.pipeline.store import store_from_settings
 
-__all__ = ["capture", "dispatch", "gate", "pipeline", "publish", "verdict", "workflow"]
+__all__ = [
+    "capture",
+    "dispatch",
+    "fail",
+    "gate",
+    "pipeline",
+    "publish",
+    "redispatch",
+    "resend",
+    "verdict",
+    "workflow",
+]
 
-_RETRY: Final[dict[str, Any]] = {
-    "autoretry_for": (InfrastructureError,),
-    "retry_backoff": 1,
-    "retry_backoff_max": 60,
-    "retry_jitter": True,
-    "max_retries": 8,
-}
-_BUSY_RETRY_S: Final = 2
+log = logging.getLogger(__name__)
+T = TypeVar("T")
 F = TypeVar("F", bound=Callable[..., Any])
+_BACKOFF_MAX_S: Final = 30.0
+_BUSY_RETRY_S: Final = 2
+_RESULT_WAIT_TRIES: Final = 10  # the failed task's result may be stored just after its errback
+_DEPENDENCY: Final = re.compile(r"Dependency ([0-9a-f-]{36}) raised")
 
 
-def _task(name: str, **options: Any) -> Callable[[F], Any]:
-    """`app.task` with the retry policy for infrastructure faults (typed for mypy)."""
-    decorator: Callable[[F], Any] = app.task(name=name, **(_RETRY | options))
-    return decorator
+@cache
+def settings() -> Settings:
+    return Settings()
 
 
 @cache
 def pipeline() -> Pipeline:
     """This worker process's adapters, made on first use (after the fork)."""
-    settings = Settings()
-    client = redis.Redis.from_url(settings.redis_url, health_check_interval=30)
-    return Pipeline(settings, store_from_settings(settings), client)
+    client = redis.Redis.from_url(
+        settings().redis_url, health_check_interval=30, socket_timeout=10, socket_connect_timeout=5
+    )
+    return Pipeline(settings(), store_from_settings(settings()), client)
 
 
-@_task(
-    "rlhealth.capture",
-    bind=True,
-    soft_time_limit=CAPTURE_LIMITS_S[0],
-    time_limit=CAPTURE_LIMITS_S[1],
-)
-def capture(self: Task, event_id: str, evidence_id: str) -> str:
+def _task(name: str) -> Callable[[F], Any]:
+    """`app.task` (bound, so a task can retry itself), typed for mypy."""
+    decorator: Callable[[F], Any] = app.task(name=name, bind=True)
+    return decorator
+
+
+def _backoff(retries: int) -> float:
+    return min(_BACKOFF_MAX_S, 2.0 ** min(retries, 6)) * random.uniform(0.5, 1.0)
+
+
+@contextmanager
+def _timed(what: str, soft_s: float) -> Iterator[None]:
+    """A soft time limit, or a step that ran past it (a gate may swallow the signal), fails."""
+    started = time.monotonic()
+    try:
+        yield
+    except SoftTimeLimitExceeded as exc:
+        raise StageTimeoutError(f"{what} ran past its soft time limit ({soft_s:g} s)") from exc
+    if time.monotonic() - started >= soft_s:
+        raise StageTimeoutError(
+            f"{what} ran past its soft time limit ({soft_s:g} s); its result is not used"
+        )
+
+
+def _budget(task_id: str, what: str) -> MemoryBudget:
+    budget_mb = settings().worker_memory_mb
+
+    def record(used: int) -> None:
+        reason = (
+            f"{what} exhausted its memory budget: {used / 2**20:.0f} MB resident > "
+            f"RLHEALTH_WORKER_MEMORY_MB={budget_mb}"
+        )
+        DeliveryGuard(pipeline().redis, pipeline().names).stopped(task_id, reason)
+
+    return MemoryBudget(budget_mb, record)
+
+
+def _guarded(task: Task, lead: str, what: str, step: Callable[[], T]) -> T:
+    request, p = task.request, pipeline()
+    soft_s = limits(settings())[task.name][0]
+    with _timed(what, soft_s), classified():
+        if not p.leases.renew(lead):
+            raise Ignore()  # the diagnosis is answered: this task is a late copy
+        DeliveryGuard(p.redis, p.names).started(str(request.id), int(request.retries or 0), what)
+        with _budget(str(request.id), what).watching():
+            return step()
+
+
+def _run(task: Task, lead: str, deadline: float, what: str, step: Callable[[], T]) -> T:
+    """Run one step for the diagnosis `lead` (see the module docstring)."""
+    try:
+        return _guarded(task, lead, what, step)
+    except InfrastructureError as exc:
+        if time.time() >= deadline:
+            raise
+        countdown = _backoff(int(task.request.retries or 0))
+        # with the broker away too, Celery rejects the task instead: the error callback (or
+        # else the lease) sends the diagnosis again
+        raise task.retry(exc=exc, countdown=countdown, max_retries=None) from exc
+
+
+@_task("rlhealth.capture")
+def capture(self: Task, event_id: str, evidence_id: str, *, lead: str, deadline: float) -> str:
     """Freeze the event's evidence to S3; returns the evidence id."""
-    with classified():
-        try:
-            return pipeline().capture(event_id, evidence_id, claim=str(self.request.id))
-        except CaptureBusyError as exc:
-            raise self.retry(exc=exc, countdown=_BUSY_RETRY_S, max_retries=150) from exc
+    step = partial(pipeline().capture, event_id, evidence_id, claim=str(self.request.id))
+    try:
+        return _run(self, lead, deadline, "capture", step)
+    except CaptureBusyError as exc:
+        if time.time() >= deadline:
+            raise
+        raise self.retry(exc=exc, countdown=_BUSY_RETRY_S, max_retries=None) from exc
 
 
 @_task("rlhealth.gate")
-def gate(evidence_id: str, name: str) -> dict[str, Any]:
-    """One gate on the frozen evidence; ERROR rather than an exception."""
-    with classified():
-        return pipeline().gate(evidence_id, name)
+def gate(self: Task, evidence_id: str, name: str, *, lead: str, deadline: float) -> dict[str, Any]:
+    """One gate on the frozen evidence; ERROR rather than an exception for broken evidence."""
+    return _run(self, lead, deadline, f"gate {name}", partial(pipeline().gate, evidence_id, name))
 
 
 @_task("rlhealth.verdict")
-def verdict(results: list[dict[str, Any]], event_id: str, evidence_id: str) -> dict[str, Any]:
+def verdict(
+    self: Task,
+    results: list[dict[str, Any]],
+    event_id: str,
+    evidence_id: str,
+    *,
+    lead: str,
+    deadline: float,
+) -> dict[str, Any]:
     """Join the gates into the report, store it once; returns the verdict entry."""
-    with classified():
-        return pipeline().verdict(results, event_id, evidence_id)
+    step = partial(pipeline().verdict, results, event_id, evidence_id)
+    return _run(self, lead, deadline, "verdict", step)
 
 
 @_task("rlhealth.publish")
-def publish(entry: dict[str, Any], job: str) -> dict[str, Any]:
+def publish(
+    self: Task, entry: dict[str, Any], job: str, *, lead: str, deadline: float
+) -> dict[str, Any]:
     """Put the verdict on the stream and the channel, once."""
-    with classified():
-        return pipeline().publish(entry, job)
+    return _run(self, lead, deadline, "publish", partial(pipeline().publish, entry, job))
 
 
-def workflow(event_id: str, evidence_id: str, job: str) -> Signature:
-    """capture → every gate in parallel → verdict → publish."""
-    gates = group(gate.si(evidence_id, name) for name in GATE_NAMES)
+# --- the error callback -------------------------------------------------------------------------
+
+
+def _stage(result: Any) -> str:
+    """`capture`, `gate liveness`, `verdict` or `publish`, from a task's stored result."""
+    name = str(getattr(result, "name", None) or "a stage").removeprefix("rlhealth.")
+    args = list(getattr(result, "args", None) or ())
+    return f"gate {args[1]}" if name == "gate" and len(args) > 1 else name
+
+
+def _cause(result: Any) -> tuple[str, str, BaseException | None]:
+    """(the stage that failed, why, the exception), following a chord's failed dependency."""
+    exc = result.result if isinstance(result.result, BaseException) else None
+    found = _DEPENDENCY.search(str(exc)) if exc is not None else None
+    if found:
+        inner = app.AsyncResult(found.group(1))
+        if isinstance(inner.result, BaseException):
+            result, exc = inner, inner.result
+    return _stage(result), explain(_stage(result), exc), exc
+
+
+@_task("rlhealth.fail")
+def fail(self: Task, failed_task_id: str, *, lead: str, job: str, deadline: float) -> None:
+    """The error callback: answer the diagnosis `lead` ERROR, naming the stage and the cause —
+    or send it again when only its frozen evidence was lost."""
+    result = app.AsyncResult(failed_task_id)
+    if not result.ready() and self.request.retries < _RESULT_WAIT_TRIES:
+        raise self.retry(countdown=1, max_retries=None)
+    stage, why, exc = _cause(result)
+    try:
+        with classified():
+            p = pipeline()
+            first = DeliveryGuard(p.redis, p.names).count(str(self.request.id), 0) == 1
+            _answer(lead, job, stage, why, exc, read_frozen=first)
+    except InfrastructureError as infra:
+        if time.time() >= deadline:
+            raise
+        countdown = _backoff(int(self.request.retries or 0))
+        raise self.retry(exc=infra, countdown=countdown, max_retries=None) from infra
+
+
+def _answer(
+    lead: str, job: str, stage: str, why: str, exc: BaseException | None, *, read_frozen: bool
+) -> None:
+    first = not int(pipeline().leases.record(lead).get("redispatches") or 0)
+    if _recoverable(stage, exc, first=first) and redispatch(lead, why):
+        return
+    # a callback whose process died (reading a huge frozen evidence?) answers from the event
+    pipeline().fail(lead, job, why, read_frozen=read_frozen)
+
+
+def _recoverable(stage: str, exc: BaseException | None, *, first: bool = True) -> bool:
+    """A failure a new workflow can get past: evidence lost after its capture (captured again),
+    a service fault that escaped the retries (Redis away while a result was stored or a message
+    sent, a retry the broker could not take), or — on the diagnosis's first run only — a time
+    limit (a stage slowed by a loaded machine, or timed from before an outage that kept the
+    worker from collecting its result). Faults still there at the deadline are final; a stage
+    past its time limit a second time is answered ERROR."""
+    if exc is not None and is_time_limit(exc):
+        return first
+    if isinstance(exc, EvidenceLostError):
+        return stage != "capture"  # a capture that lost its event cannot capture again
+    if isinstance(exc, Reject):  # its retry could not be sent: the broker was away
+        return True
+    return exc is not None and is_infrastructure(exc) and not isinstance(exc, InfrastructureError)
+
+
+def redispatch(lead: str, why: str = "") -> bool:
+    """Send the diagnosis `lead` again (its lease restarted); False once it has been sent
+    again RLHEALTH_REDISPATCH_MAX times, when it should be answered ERROR instead."""
+    p = pipeline()
+    times = p.leases.take(lead, only_expired=False)
+    if times > settings().redispatch_max:
+        return False
+    if times > 0:  # -1: answered meanwhile, nothing to send
+        record = p.leases.record(lead)
+        log.warning("diagnosis %s: %s: sending it again (%d)", lead, why, times)
+        resend(lead, record.get("job") or "", record.get("evidence") or lead)
+    return True
+
+
+def resend(lead: str, job: str, evidence_id: str) -> None:
+    """Send a registered diagnosis again, as a new workflow with a new retry deadline."""
+    dispatch(lead, job, evidence_id=evidence_id, register=False)
+
+
+# --- the workflow -------------------------------------------------------------------------------
+
+
+def workflow(event_id: str, evidence_id: str, job: str, *, deadline: float) -> Signature:
+    """capture → every gate in parallel → verdict → publish, each failing into `fail`."""
+    lead = {"lead": event_id, "deadline": deadline}
+    on_error = fail.s(lead=event_id, job=job, deadline=deadline + settings().retry_deadline_s)
+    gates = group(gate.si(evidence_id, name, **lead) for name in GATE_NAMES)
+    # the chord's callback is this chain: Celery calls its error callback when a gate fails
+    then = chain(verdict.s(event_id, evidence_id, **lead), publish.s(job, **lead))
     return chain(
-        capture.si(event_id, evidence_id),
-        chord(gates, verdict.s(event_id, evidence_id)),
-        publish.s(job),
+        capture.si(event_id, evidence_id, **lead).on_error(on_error.clone()),
+        chord(gates, then.on_error(on_error.clone())),
     )
 
 
-def dispatch(event_id: str, job: str, *, evidence_id: str | None = None) -> None:
-    """Start the workflow of a diagnosis led by `event_id` (on a frozen evidence for a replay)."""
+def dispatch(
+    event_id: str, job: str, *, evidence_id: str | None = None, register: bool = True
+) -> None:
+    """Start the workflow of a diagnosis led by `event_id` (on a frozen evidence for a replay).
+
+    `register` records the lead's lease and what a re-send needs; ingest's admission has
+    already done so for a coalesced lead, and a re-send keeps the record it has.
+    """
+    evidence = evidence_id or event_id
+    deadline = time.time() + settings().retry_deadline_s
     with classified():
-        workflow(event_id, evidence_id or event_id, job).apply_async()
+        if register:
+            pipeline().leases.register(event_id, job, evidence, _event_json(event_id))
+        workflow(event_id, evidence, job, deadline=deadline).apply_async()
+
+
+def _event_json(event_id: str) -> str:
+    try:
+        return pipeline().load_event(event_id).model_dump_json(exclude_none=True)
+    except EvidenceLostError:
+        return ""

@@ -1,0 +1,242 @@
+"""The pipeline steps on fakeredis and the in-memory store: lost objects, captures taken over,
+time limits and safe keys."""
+
+from __future__ import annotations
+
+import json
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import fakeredis
+import pytest
+from celery.exceptions import SoftTimeLimitExceeded
+
+from shared.models import Event, VerdictEntry
+from shared.settings import Settings
+from tests.integration.bundles import write_job_bundle
+from worker.pipeline import steps
+from worker.pipeline.claim import CaptureClaim
+from worker.pipeline.failures import EvidenceLostError, StageTimeoutError
+from worker.pipeline.steps import CaptureBusyError, Pipeline
+from worker.pipeline.store import MemoryStore
+
+NOW = datetime(2026, 7, 30, 21, 15, tzinfo=UTC)
+JOB = "jobs/cw/ops/rl-job"
+
+
+@pytest.fixture
+def pipeline(tmp_path: Path) -> Pipeline:
+    write_job_bundle(tmp_path / "bundles", "rl-job")
+    settings = Settings(
+        bundle_root=tmp_path / "bundles", stream_prefix="t", cache_dir=tmp_path / "cache"
+    )
+    return Pipeline(settings, MemoryStore(), fakeredis.FakeRedis())
+
+
+def _admit(pipeline: Pipeline, event_id: str = "e1", job: str = JOB) -> Event:
+    event = Event(event_id=event_id, job_dir=job, published_at=NOW, now=NOW)
+    pipeline.archive(event)
+    pipeline.coalescer.admit(event_id, job, event_json=event.model_dump_json())
+    return event
+
+
+def _objects(pipeline: Pipeline) -> dict[str, bytes]:
+    store = pipeline.store
+    assert isinstance(store, MemoryStore)
+    return store.objects
+
+
+def _diagnose(pipeline: Pipeline, lead: str = "e1") -> VerdictEntry:
+    pipeline.capture(lead, lead, claim="t1")
+    results = [pipeline.gate(lead, name) for name in steps.GATE_NAMES]
+    return VerdictEntry.model_validate(pipeline.verdict(results, lead, lead))
+
+
+# --- lost objects -------------------------------------------------------------------------------
+
+
+def test_a_lost_event_is_archived_again_from_its_alert(pipeline: Pipeline) -> None:
+    """The capture of an event gone from S3 re-archives it from the copy its lead keeps."""
+    _admit(pipeline)
+    del _objects(pipeline)["events/e1.json"]
+    pipeline.capture("e1", "e1", claim="t1")
+    assert json.loads(_objects(pipeline)["events/e1.json"])["event_id"] == "e1"
+    assert "evidence/e1/evidence.json" in _objects(pipeline)
+
+
+def test_an_event_gone_everywhere_is_reported_lost(pipeline: Pipeline) -> None:
+    """An event neither S3 nor Redis holds raises EvidenceLostError, not a bare KeyError."""
+    with pytest.raises(EvidenceLostError, match="gone from S3 and Redis"):
+        pipeline.capture("e9", "e9", claim="t1")
+
+
+def test_lost_frozen_evidence_is_not_turned_into_a_verdict(pipeline: Pipeline) -> None:
+    """A gate whose frozen evidence vanished raises EvidenceLostError (the diagnosis is sent
+    again) instead of answering "the evidence could not be read"."""
+    _admit(pipeline)
+    pipeline.capture("e1", "e1", claim="t1")
+    for key in [k for k in _objects(pipeline) if k.startswith("evidence/")]:
+        del _objects(pipeline)[key]
+    with pytest.raises(EvidenceLostError, match="gone from S3"):
+        pipeline.gate("e1", "liveness")
+
+
+def test_lost_evidence_is_captured_again(pipeline: Pipeline) -> None:
+    """After the loss, a new capture of the same event freezes the evidence again."""
+    _admit(pipeline)
+    pipeline.capture("e1", "e1", claim="t1")
+    for key in [k for k in _objects(pipeline) if k.startswith("evidence/")]:
+        del _objects(pipeline)[key]
+    pipeline.capture("e1", "e1", claim="t2")
+    assert pipeline.gate("e1", "liveness")["name"] == "liveness"
+
+
+def test_a_replay_whose_evidence_is_gone_says_so(pipeline: Pipeline) -> None:
+    """A replay on frozen evidence that is gone cannot capture it again: EvidenceLostError."""
+    _admit(pipeline, "e2")
+    with pytest.raises(EvidenceLostError, match="replay --fresh"):
+        pipeline.capture("e2", "e1", claim="t1")
+
+
+# --- the capture claim --------------------------------------------------------------------------
+
+
+def test_a_live_claim_makes_a_second_capture_wait(pipeline: Pipeline) -> None:
+    """While another task holds the claim, a capture raises CaptureBusyError and writes nothing."""
+    _admit(pipeline)
+    CaptureClaim(pipeline.redis, pipeline.names.capture_claim("e1"), "other").acquire()
+    with pytest.raises(CaptureBusyError):
+        pipeline.capture("e1", "e1", claim="t1")
+    assert not any(k.startswith("evidence/") for k in _objects(pipeline))
+
+
+def test_a_dead_captures_leftovers_are_replaced(pipeline: Pipeline) -> None:
+    """Once a dead capture's claim expired, the next one removes its unmarked objects."""
+    _admit(pipeline)
+    _objects(pipeline)["evidence/e1/logs/stale.parquet"] = b"half a file"
+    pipeline.capture("e1", "e1", claim="t2")
+    assert "evidence/e1/logs/stale.parquet" not in _objects(pipeline)
+    assert "evidence/e1/evidence.json" in _objects(pipeline)
+
+
+def test_the_same_task_delivered_again_resumes_its_capture(pipeline: Pipeline) -> None:
+    """A task whose child was killed holds its own claim and captures at once when redelivered."""
+    _admit(pipeline)
+    CaptureClaim(pipeline.redis, pipeline.names.capture_claim("e1"), "t1").acquire()
+    pipeline.capture("e1", "e1", claim="t1")
+    assert "evidence/e1/evidence.json" in _objects(pipeline)
+    assert pipeline.redis.get(pipeline.names.capture_claim("e1")) is None
+
+
+def test_a_capture_that_lost_its_claim_stops_writing(pipeline: Pipeline) -> None:
+    """A holder frozen past its claim's expiry does not mix its files with its successor's."""
+    _admit(pipeline)
+    holder = CaptureClaim(pipeline.redis, pipeline.names.capture_claim("e1"), "t1")
+    holder.acquire()
+    pipeline.redis.set(pipeline.names.capture_claim("e1"), "t2")  # taken over meanwhile
+    event = pipeline.load_event("e1")
+    with pytest.raises(CaptureBusyError, match="lost the capture claim"):
+        pipeline._capture_fresh(event, "evidence/e1/", holder)
+    assert not any(k.startswith("evidence/") for k in _objects(pipeline))
+
+
+# --- time limits and memory are never evidence --------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "failure",
+    [SoftTimeLimitExceeded(), StageTimeoutError("past"), MemoryError()],
+)
+def test_a_capture_interrupted_by_a_limit_freezes_nothing(
+    pipeline: Pipeline, monkeypatch: pytest.MonkeyPatch, failure: BaseException
+) -> None:
+    """A time limit or a memory error during the capture propagates: no frozen evidence says
+    "capture failed: SoftTimeLimitExceeded"."""
+    _admit(pipeline)
+
+    def interrupted(*_args: Any, **_kwargs: Any) -> Any:
+        raise failure
+
+    monkeypatch.setattr(steps, "collect_evidence", interrupted)
+    with pytest.raises(type(failure)):
+        pipeline.capture("e1", "e1", claim="t1")
+    assert "evidence/e1/evidence.json" not in _objects(pipeline)
+
+
+def test_a_broken_bundle_is_still_evidence(
+    pipeline: Pipeline, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A reader error on the bundle (not a limit) freezes evidence that says why: ERROR."""
+    _admit(pipeline)
+
+    def broken(*_args: Any, **_kwargs: Any) -> Any:
+        raise ValueError("unreadable manifest")
+
+    monkeypatch.setattr(steps, "collect_evidence", broken)
+    entry = _diagnose(pipeline)
+    assert entry.verdict.value == "ERROR"
+
+
+@pytest.mark.parametrize("failure", [SoftTimeLimitExceeded(), StageTimeoutError("past")])
+def test_a_gate_interrupted_by_a_limit_raises(
+    pipeline: Pipeline, monkeypatch: pytest.MonkeyPatch, failure: BaseException
+) -> None:
+    """A gate past its time limit fails the stage instead of becoming an ERROR gate result."""
+    _admit(pipeline)
+    pipeline.capture("e1", "e1", claim="t1")
+
+    def interrupted(*_args: Any) -> Any:
+        raise failure
+
+    monkeypatch.setattr(steps, "run_gate", interrupted)
+    with pytest.raises(type(failure)):
+        pipeline.gate("e1", "liveness")
+
+
+def test_a_gate_that_breaks_on_the_evidence_answers_error(
+    pipeline: Pipeline, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An ordinary exception in a gate is an ERROR result quoting it, so the chord joins."""
+    _admit(pipeline)
+    pipeline.capture("e1", "e1", claim="t1")
+
+    def broken(*_args: Any) -> Any:
+        raise KeyError("step")
+
+    monkeypatch.setattr(steps, "run_gate", broken)
+    result = pipeline.gate("e1", "liveness")["result"]
+    assert result["status"] == "ERROR"
+    assert "KeyError" in result["summary"]
+
+
+# --- keys ---------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "manifest",
+    [
+        {"cluster": ".."},
+        {"user": ".."},
+        {"cluster": "."},
+        {"job_id": "/ops/evil\r\nVERDICT: NO-KILL"},
+        {"cluster": "../../etc"},
+    ],
+)
+def test_report_keys_never_climb(pipeline: Pipeline, manifest: dict[str, str]) -> None:
+    """Cluster, user or job values from a manifest cannot put `.`/`..` segments or control
+    characters into the report's key."""
+    path = pipeline.settings.bundle_root / JOB / "manifest.json"
+    path.write_text(json.dumps({**json.loads(path.read_text()), **manifest}))
+    _admit(pipeline)
+    entry = _diagnose(pipeline)
+    key = entry.report_uri.removeprefix("memory://rlhealth/")
+    assert key in _objects(pipeline)
+    assert not {".", "..", ""} & set(key.split("/"))
+    assert all(ord(ch) >= 32 for ch in key)
+
+
+def test_a_plain_cluster_keeps_its_name(pipeline: Pipeline) -> None:
+    """An ordinary cluster, user and job name appear unchanged in the key."""
+    _admit(pipeline)
+    assert "/reports/cw/ops/rl-job/" in _diagnose(pipeline).report_uri
