@@ -61,6 +61,16 @@ def _note_first_content(chunk: Scan, state: ParserState) -> None:
         state.first_content = state.line + chunk.first_content + 1
 
 
+def _note_cuts(chunk: Scan, cut: int, state: ParserState, source: str) -> None:
+    """Count the committed lines that were cut to LINE_MAX_BYTES; quote the first few."""
+    cuts = [c for c in chunk.cuts if c.idx < cut]
+    state.cut_lines += len(cuts)
+    room = max(MAX_EXAMPLES - len(state.cut_examples), 0)
+    state.cut_examples.extend(
+        f"{source}:{state.line + c.idx + 1}: {c.length:,} bytes" for c in cuts[:room]
+    )
+
+
 def _cut(ev: pl.DataFrame, blocks: pl.DataFrame, n_lines: int) -> int:
     starts = pl.concat([records.open_blocks(blocks, n_lines), errors.open_tracebacks(ev, n_lines)])
     return int(starts.min()) if len(starts) else n_lines  # type: ignore[arg-type]
@@ -160,6 +170,7 @@ def parse_chunk(
     context.advance_state(ev, state)
     context.note_timestamps(tables["engines"].get_column("timestamp"), state)
     carry = chunk.after(cut) if cut < n_lines else None
+    _note_cuts(chunk, cut, state, source)
     state.line += cut
     state.offset += chunk.offset_of(cut)
     return tables, carry

@@ -1,0 +1,111 @@
+"""The memory budget of one parse: how much it may hold, how big its reads are, when to stop.
+
+A parse may use at most 1.5x the bytes of the logs it reads, and never more than the operator's
+setting `RLHEALTH_PARSE_MEMORY_MB`; below `FLOOR_MB` the fixed working set of one read decides
+(a 1 MB log still needs a few reads' worth of buffers). The memory counted is what the parse adds
+to the process: its reads in flight and the rows it keeps.
+
+Bounded by construction: the read size follows from the budget (`chunk_bytes`), a line never
+holds more than LINE_MAX_BYTES (`lines.py`), and after every chunk the rows kept so far are
+measured (`DataFrame.estimated_size`). When the rows kept, with the room the final tables need to
+be assembled, would pass the budget, the parse stops with `LogBudgetError`: the diagnosis says
+ERROR with that reason instead of growing until the process is killed.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Final
+
+import polars as pl
+
+__all__ = [
+    "DEFAULT_MEMORY_MB",
+    "FLOOR_MB",
+    "LOG_FACTOR",
+    "LogBudgetError",
+    "MemoryBudget",
+    "frames_bytes",
+    "setting_mb",
+]
+
+DEFAULT_MEMORY_MB: Final = 2048
+FLOOR_MB: Final = 256
+LOG_FACTOR: Final = 1.5
+_MB: Final = 2**20
+# Reads in flight (two scanned in worker threads, one queued, one parsed, their split lines and
+# scan frames) come to about this many times the read size.
+_WORKING_READS: Final = 10
+_MIN_CHUNK: Final = 4 * _MB
+_MAX_CHUNK: Final = 48 * _MB
+# Assembling the final tables copies the rows kept (concatenation, stitching's sort) about twice.
+_ASSEMBLY: Final = 3.0
+_ENV: Final = "RLHEALTH_PARSE_MEMORY_MB"
+
+
+class LogBudgetError(ValueError):
+    """A log that cannot be read within the parse memory budget; the message says why."""
+
+
+def setting_mb() -> int:
+    """`RLHEALTH_PARSE_MEMORY_MB` (`shared.settings.Settings.parse_memory_mb`), read when called;
+    `ValueError` with one clear line when it is not a whole number of at least 64."""
+    from pydantic import ValidationError
+
+    from shared.settings import Settings
+
+    if os.environ.get(_ENV) is None:
+        return DEFAULT_MEMORY_MB
+    try:
+        return Settings().parse_memory_mb
+    except ValidationError as exc:
+        problems = "; ".join(
+            f"{'.'.join(str(p) for p in error['loc'])}: {error['msg']}" for error in exc.errors()
+        )
+        raise ValueError(f"unusable RLHEALTH_* setting: {problems}") from None
+
+
+def frames_bytes(parts: Iterable[dict[str, pl.DataFrame]]) -> int:
+    """The estimated bytes of every frame in `parts`."""
+    return sum(int(frame.estimated_size()) for part in parts for frame in part.values())
+
+
+@dataclass
+class MemoryBudget:
+    """The budget of one parse (one file, or every log of a job read together)."""
+
+    limit_bytes: int
+    chunk_bytes: int
+    kept_before: int = 0  # bytes of rows kept from files read earlier in the same parse
+
+    @classmethod
+    def for_logs(cls, log_bytes: int, memory_mb: int | None = None) -> MemoryBudget:
+        """The budget for reading `log_bytes` of logs under a setting of `memory_mb`."""
+        setting = (memory_mb if memory_mb is not None else setting_mb()) * _MB
+        limit = min(setting, max(FLOOR_MB * _MB, int(LOG_FACTOR * log_bytes)))
+        # half the budget for the reads in flight, half for the rows kept and their assembly
+        chunk = min(_MAX_CHUNK, max(_MIN_CHUNK, limit // (2 * _WORKING_READS)))
+        return cls(limit_bytes=limit, chunk_bytes=chunk - chunk % 4096)
+
+    @property
+    def limit_mb(self) -> int:
+        return self.limit_bytes // _MB
+
+    def check(self, kept: int, source: str, line: int, offset: int) -> None:
+        """Raise `LogBudgetError` when `kept` bytes of rows (of `source`, read up to `line`)
+        could not be assembled into tables within the budget."""
+        working = _WORKING_READS * self.chunk_bytes
+        needed = working + _ASSEMBLY * (self.kept_before + kept)
+        if needed <= self.limit_bytes:
+            return
+        raise LogBudgetError(
+            f"{source} could not be read within the parse memory budget of {self.limit_mb:,} MB "
+            f"(1.5x the logs, at most RLHEALTH_PARSE_MEMORY_MB): by line {line:,} "
+            f"(byte {offset:,}) its tables already held {(self.kept_before + kept) // _MB:,} MB"
+        )
+
+    def keep(self, kept: int) -> None:
+        """Count `kept` bytes of rows of a file read to the end."""
+        self.kept_before += kept
