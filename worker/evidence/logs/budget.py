@@ -1,8 +1,9 @@
 """The memory budget of one parse: how much it may hold, how big its reads are, when to stop.
 
 A parse may use at most 1.5x the bytes of the logs it reads, and never more than the operator's
-setting `RLHEALTH_PARSE_MEMORY_MB`; below `FLOOR_MB` the fixed working set of one read decides
-(a 1 MB log still needs a few reads' worth of buffers). The memory counted is what the parse adds
+setting `RLHEALTH_PARSE_MEMORY_MB` (default 2048). Below FLOOR_MB (512) of budget, 1.5x does not
+apply: a few MB of log still need a few reads' worth of buffers and their tables (a 17 MB log of
+750,000 distinct metric keys keeps ~100 MB of rows). The memory counted is what the parse adds
 to the process: its reads in flight and the rows it keeps.
 
 Bounded by construction: the read size follows from the budget (`chunk_bytes`), a line never
@@ -16,7 +17,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Final
 
 import polars as pl
@@ -25,6 +26,7 @@ __all__ = [
     "DEFAULT_MEMORY_MB",
     "FLOOR_MB",
     "LOG_FACTOR",
+    "Held",
     "LogBudgetError",
     "MemoryBudget",
     "frames_bytes",
@@ -32,7 +34,7 @@ __all__ = [
 ]
 
 DEFAULT_MEMORY_MB: Final = 2048
-FLOOR_MB: Final = 256
+FLOOR_MB: Final = 512
 LOG_FACTOR: Final = 1.5
 _MB: Final = 2**20
 # Reads in flight (two scanned in worker threads, one queued, one parsed, their split lines and
@@ -40,8 +42,10 @@ _MB: Final = 2**20
 _WORKING_READS: Final = 10
 _MIN_CHUNK: Final = 4 * _MB
 _MAX_CHUNK: Final = 48 * _MB
-# Assembling the final tables copies the rows kept (concatenation, stitching's sort) about twice.
-_ASSEMBLY: Final = 3.0
+# After the read: the tables built from the rows kept, and what their readers copy (half again),
+# and stitching, which sorts and filters the metric rows (two more copies of them).
+_KEPT_COPIES: Final = 1.5
+_METRIC_COPIES: Final = 2.0
 _ENV: Final = "RLHEALTH_PARSE_MEMORY_MB"
 
 
@@ -73,12 +77,27 @@ def frames_bytes(parts: Iterable[dict[str, pl.DataFrame]]) -> int:
 
 
 @dataclass
+class Held:
+    """Bytes of rows kept: all of them, and the metric rows among them (stitching copies those)."""
+
+    total: int = 0
+    metrics: int = 0
+
+    def add(self, rows: dict[str, pl.DataFrame]) -> None:
+        """Count the frames of `rows`."""
+        self.total += frames_bytes([rows])
+        metrics = rows.get("metrics")
+        self.metrics += int(metrics.estimated_size()) if metrics is not None else 0
+
+
+@dataclass
 class MemoryBudget:
     """The budget of one parse (one file, or every log of a job read together)."""
 
     limit_bytes: int
     chunk_bytes: int
-    kept_before: int = 0  # bytes of rows kept from files read earlier in the same parse
+    log_bytes: int = 0  # the bytes to read (a small log never has many reads in flight)
+    before: Held = field(default_factory=Held)  # rows kept from files read earlier
 
     @classmethod
     def for_logs(cls, log_bytes: int, memory_mb: int | None = None) -> MemoryBudget:
@@ -87,25 +106,28 @@ class MemoryBudget:
         limit = min(setting, max(FLOOR_MB * _MB, int(LOG_FACTOR * log_bytes)))
         # half the budget for the reads in flight, half for the rows kept and their assembly
         chunk = min(_MAX_CHUNK, max(_MIN_CHUNK, limit // (2 * _WORKING_READS)))
-        return cls(limit_bytes=limit, chunk_bytes=chunk - chunk % 4096)
+        return cls(limit_bytes=limit, chunk_bytes=chunk - chunk % 4096, log_bytes=log_bytes)
 
     @property
     def limit_mb(self) -> int:
         return self.limit_bytes // _MB
 
-    def check(self, kept: int, source: str, line: int, offset: int) -> None:
-        """Raise `LogBudgetError` when `kept` bytes of rows (of `source`, read up to `line`)
-        could not be assembled into tables within the budget."""
-        working = _WORKING_READS * self.chunk_bytes
-        needed = working + _ASSEMBLY * (self.kept_before + kept)
+    def check(self, held: Held, source: str, line: int, offset: int) -> None:
+        """Raise `LogBudgetError` when the rows `held` (of `source`, read up to `line`) could not
+        be made into tables within the budget."""
+        working = _WORKING_READS * min(self.chunk_bytes, max(self.log_bytes, _MIN_CHUNK))
+        total = self.before.total + held.total
+        metrics = self.before.metrics + held.metrics
+        needed = working + _KEPT_COPIES * total + _METRIC_COPIES * metrics
         if needed <= self.limit_bytes:
             return
         raise LogBudgetError(
             f"{source} could not be read within the parse memory budget of {self.limit_mb:,} MB "
             f"(1.5x the logs, at most RLHEALTH_PARSE_MEMORY_MB): by line {line:,} "
-            f"(byte {offset:,}) its tables already held {(self.kept_before + kept) // _MB:,} MB"
+            f"(byte {offset:,}) its tables already held {total // _MB:,} MB"
         )
 
-    def keep(self, kept: int) -> None:
-        """Count `kept` bytes of rows of a file read to the end."""
-        self.kept_before += kept
+    def keep(self, held: Held) -> None:
+        """Count the rows `held` of a file read to the end."""
+        self.before.total += held.total
+        self.before.metrics += held.metrics

@@ -16,11 +16,13 @@ begins with the magic bytes of a compressed stream is never handed to polars' CS
 
 from __future__ import annotations
 
+import errno
 import os
 from collections.abc import Iterator
 from dataclasses import dataclass
+from io import BufferedReader
 from pathlib import Path
-from typing import BinaryIO, Final, Literal
+from typing import Final, Literal
 
 import polars as pl
 
@@ -207,26 +209,44 @@ class Read:
         return [Cut(0, self.long_line, self.long_line - kept)]
 
 
-def _skip_line(handle: BinaryIO, data: bytes, chunk_bytes: int, line_max: int) -> Read:
+def _next_data(handle: BufferedReader) -> int:
+    """Skip to where the next data of a sparse file starts (at or after the current position);
+    the bytes skipped. A hole holds only NUL bytes, so no newline: it need not be read."""
+    here = handle.tell()
+    try:
+        found = os.lseek(handle.fileno(), here, os.SEEK_DATA)
+    except OSError as exc:  # ENXIO: nothing but a hole is left
+        found = os.fstat(handle.fileno()).st_size if exc.errno == errno.ENXIO else here
+    except (AttributeError, ValueError):  # no SEEK_DATA on this platform or file
+        found = here
+    handle.seek(found)
+    return found - here
+
+
+def _skip_line(handle: BufferedReader, data: bytes, chunk_bytes: int, line_max: int) -> Read:
     """The read of a line longer than a read, of which `data` was read: the rest is read and
-    dropped, a read at a time, up to its newline (the file is left after it)."""
+    dropped, a block at a time into one buffer (holes of a sparse file are jumped over), up to
+    its newline; the file is left after it."""
     head, length = data[:line_max], len(data)
+    buffer = bytearray(min(chunk_bytes, 8 * 2**20))
+    view = memoryview(buffer)
     while True:
-        block = handle.read(chunk_bytes)
-        if not block:
+        length += _next_data(handle)
+        n = handle.readinto(view)
+        if not n:
             text = cut_line(head, length, line_max).encode()
             return Read(text, len(text), final=True, long_line=length)
-        newline = block.find(b"\n")
+        newline = buffer.find(b"\n", 0, n)
         if newline >= 0:
             length += newline
-            handle.seek(newline + 1 - len(block), os.SEEK_CUR)
+            handle.seek(newline + 1 - n, os.SEEK_CUR)
             text = cut_line(head, length, line_max).encode() + b"\n"
             return Read(text, len(text), final=False, long_line=length)
-        length += len(block)
+        length += n
 
 
 def iter_reads(
-    handle: BinaryIO, chunk_bytes: int, line_max: int = LINE_MAX_BYTES
+    handle: BufferedReader, chunk_bytes: int, line_max: int = LINE_MAX_BYTES
 ) -> Iterator[Read]:
     """Reads of complete lines (about `chunk_bytes` each), then one final read of the rest.
 

@@ -18,7 +18,7 @@ from typing import Final
 import polars as pl
 
 from worker.evidence.logs import detect, errors
-from worker.evidence.logs.budget import MemoryBudget, frames_bytes
+from worker.evidence.logs.budget import Held, MemoryBudget
 from worker.evidence.logs.chunk import TABLES, parse_chunk
 from worker.evidence.logs.incremental import CacheEntry, LogCache, cache_key, entry_for
 from worker.evidence.logs.lines import LINE_MAX_BYTES, iter_reads, read_tail, split_lines
@@ -77,7 +77,7 @@ class _Chunks:
     budget: a parse that could not finish within it stops with `LogBudgetError`.
     """
 
-    def __init__(self, state: ParserState, source: str, budget: MemoryBudget, kept: int) -> None:
+    def __init__(self, state: ParserState, source: str, budget: MemoryBudget, kept: Held) -> None:
         self.state = state
         self.source = source
         self.budget = budget
@@ -89,7 +89,7 @@ class _Chunks:
         chunk = self.carry.then(piece) if self.carry is not None else piece
         rows, self.carry = parse_chunk(chunk, self.state, self.source, final=False)
         self.committed.append(rows)
-        self.kept += frames_bytes([rows])
+        self.kept.add(rows)
         self.budget.check(self.kept, self.source, self.state.line, self.state.offset)
 
     def finish(self, piece: Scan) -> _Run:
@@ -223,7 +223,10 @@ def _read_file(path: Path, source: str, opts: _Options) -> tuple[FileRows, Stitc
     key = cache_key(path, source, opts.reference_date)
     hit = cache.lookup(key, path) if cache is not None else None
     state = hit.state.copy() if hit else ParserState.initial(opts.reference_date)
-    chunks = _Chunks(state, source, opts.budget, frames_bytes([hit.rows]) if hit else 0)
+    kept = Held()
+    if hit is not None:
+        kept.add(hit.rows)
+    chunks = _Chunks(state, source, opts.budget, kept)
     run = _run(path, state, source, chunks, opts.chunk_bytes)
     committed = _concat(([hit.rows] if hit else []) + run.committed)
     rows = _concat([committed, run.tail])
@@ -236,7 +239,9 @@ def _read_file(path: Path, source: str, opts: _Options) -> tuple[FileRows, Stitc
         rows["errors"] = errors.annotate(rows["errors"])
     n_errors = rows["errors"].height if "errors" in rows else 0
     summary = _summary(run.state, source, run.bytes_read, tail_ts, n_errors)
-    opts.budget.keep(frames_bytes([rows]))
+    held = Held()
+    held.add(rows)
+    opts.budget.keep(held)
     return FileRows(rows, summary), final
 
 

@@ -15,6 +15,7 @@ import polars as pl
 from worker.evidence.logs.lines import WINDOW_LINES
 
 __all__ = [
+    "PAIR_BATCH_BYTES",
     "block_steps",
     "dict_blocks",
     "dict_metrics",
@@ -38,6 +39,7 @@ _REWARD_PAIR: Final = r"(?:reward/[^\s:,]+|avg_final_rewards|avg_response_length
 _GLOBAL_STEP: Final = r"'trainer/global_step':\s*'?(-?\d+)"
 _METRIC_HINT: Final = ("'trainer/", "'reward/", "'policy", "'timing/", "'final_loss'")
 _KEEP: Final = ("step", "key", "value", "line", "ts", "attempt")
+PAIR_BATCH_BYTES: Final = 4 * 2**20
 
 
 def _values(token: pl.Expr) -> pl.Expr:
@@ -71,13 +73,34 @@ def mirror_records(ev: pl.DataFrame) -> pl.DataFrame:
     return rows.with_columns(ok=pl.col("json").is_not_null() & pl.col("mstep").is_not_null())
 
 
+def _batches(frame: pl.DataFrame, column: str, max_bytes: int) -> list[pl.DataFrame]:
+    """`frame` in consecutive slices whose `column` holds at most about `max_bytes` (a row
+    longer than that is a slice by itself)."""
+    ends = frame.get_column(column).str.len_bytes().cast(pl.Int64).cum_sum()
+    if frame.is_empty() or int(ends[-1]) <= max_bytes:
+        return [frame]
+    parts, start = [], 0
+    while start < frame.height:
+        before = int(ends[start - 1]) if start else 0
+        stop = max(start + 1, int(ends.search_sorted(before + max_bytes, side="right")))
+        parts.append(frame.slice(start, stop - start))
+        start = stop
+    return parts
+
+
 def mirror_pairs(records: pl.DataFrame) -> pl.DataFrame:
     """`idx`, `key` and `value` of each numeric pair of the well-formed train records.
 
     They need no parser state, so the scan threads read them; `mirror_metrics` adds the context.
+    The pairs are exploded PAIR_BATCH_BYTES of JSON at a time: a read of nothing but records
+    would otherwise hold every pair's text at once (several times the read).
     """
     train = records.filter(pl.col("ok") & (pl.col("mkind") == "train")).select("idx", "json")
-    return _explode_pairs(train, "json", _JSON_PAIR, _JSON_KEY).select("idx", "key", "value")
+    parts = [
+        _explode_pairs(part, "json", _JSON_PAIR, _JSON_KEY).select("idx", "key", "value")
+        for part in _batches(train, "json", PAIR_BATCH_BYTES)
+    ]
+    return parts[0] if len(parts) == 1 else pl.concat(parts)
 
 
 def mirror_metrics(records: pl.DataFrame, pairs: pl.DataFrame) -> pl.DataFrame:
