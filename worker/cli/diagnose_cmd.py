@@ -144,13 +144,13 @@ def diagnose_command(
     if probes_dir is not None and backend is not None:
         raise click.UsageError("give --probes or --backend, not both")
     try:
-        thresholds = load_thresholds(campaign)
-    except CampaignError as exc:
-        raise click.BadParameter(str(exc), param_hint="--campaign") from exc
-    try:
         setting_mb()
     except ValueError as exc:
         raise click.UsageError(clean(str(exc))) from exc
+    try:
+        thresholds = load_thresholds(campaign)
+    except CampaignError as exc:
+        raise click.BadParameter(str(exc), param_hint="--campaign") from exc
     cache = LogCache(directory=cache_dir) if cache_dir is not None else None
     moment = now or datetime.now(UTC)
     collect = partial(
