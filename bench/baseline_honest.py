@@ -1,7 +1,8 @@
 """An honest per-line baseline: what a user would write to get the same tables with `re`.
 
 One pass over the lines; one cheap literal test picks the record kind and one compiled pattern per
-kind reads it (`json` for WANDB_MIRROR records, `ast.literal_eval` for a one-line policy dict).
+kind reads it (`json` for WANDB_MIRROR records, `ast.literal_eval` for a policy dict or a console
+dict, which pprint spreads over lines: those are gathered until the line that closes them).
 No prefix stripping, no per-line work a user would not write: lines of no kind cost one or two
 `in` tests. It keeps the same rows the parser keeps (engine stat rows with their fields, one metric
 per step and key, the newest phase timer per step and phase, progress rows) so that the row
@@ -35,6 +36,7 @@ ENGINE = re.compile(
 MIRROR = re.compile(r"WANDB_MIRROR kind=(\w+) step=(-?\d+) metrics=(\{.*\})\s*$")
 TIMER = re.compile(r" - (Started|Finished): '([^']+)'(?:, time cost: ([-+\d.eE]+)s)?")
 POLICY = re.compile(r" - (\{'(?:final_loss|policy_loss)'.*\})\s*$")
+DICT_START = re.compile(r" - (\{'.*)$")
 REWARD = re.compile(r"(reward/[^\s:,]+|avg_final_rewards|avg_response_length): ([^\s,]+)")
 PROGRESS = re.compile(r"Training Step Progress: (\d+) / (\d+)")
 RESUMED = re.compile(r"Resuming from global_step:?\s*(\d+)")
@@ -60,6 +62,7 @@ class Tables:
     errors: int = 0
     completed: int = 0
     post: bool = False
+    open_dict: list[str] | None = None  # a console dict printed over several lines
 
     def put(self, step: int, values: dict[str, Any], line: int, prefix: str = "") -> None:
         for key, value in values.items():
@@ -117,6 +120,27 @@ def _rewards(t: Tables, line: str, n: int) -> None:
         t.put(step, {name: value}, n)
 
 
+def _console(t: Tables, text: str, n: int) -> None:
+    try:
+        values = ast.literal_eval(text)
+    except (ValueError, SyntaxError):
+        return
+    if isinstance(values, dict) and "trainer/global_step" in values:
+        step = int(values["trainer/global_step"])
+        t.put(step, values, n)
+        t.completed = step
+
+
+def _dict_line(t: Tables, line: str, n: int) -> None:
+    """A line of an open console dict: its text after the process prefix."""
+    assert t.open_dict is not None
+    at = line.find(" '")
+    t.open_dict.append(line[at:].rstrip() if at >= 0 else "")
+    if line.rstrip().endswith("}"):
+        text, t.open_dict = " ".join(t.open_dict), None
+        _console(t, text, n)
+
+
 def _progress(t: Tables, line: str, n: int) -> None:
     match = PROGRESS.search(line)
     if match is not None:
@@ -137,6 +161,8 @@ def _other(t: Tables, line: str, n: int) -> None:
         _progress(t, line, n)
     elif "_loss'" in line:
         _policy(t, line, n)
+    elif "{'" in line and (m := DICT_START.search(line)):
+        t.open_dict = [m.group(1).rstrip()]
     elif "No checkpoint found" in line or "[iris setup] step 1/" in line:
         t.completed, t.post = 0, False
     elif "Resuming from global_step" in line and (m := RESUMED.search(line)):
@@ -160,6 +186,8 @@ def baseline_tables(path: Path) -> Tables:
                         (ts, engine, int(run), int(wait), float(kv), float(gen), float(prompt),
                          float(hit), n)
                     )  # fmt: skip
+            elif t.open_dict is not None:
+                _dict_line(t, line, n)
             else:
                 _other(t, line, n)
     return t

@@ -14,10 +14,13 @@ from __future__ import annotations
 
 import argparse
 import random
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
-from gen_finelog import PHASES, _mirror, _Writer
+sys.path[:0] = [str(Path(__file__).resolve().parent.parent)]  # also run as a script
+
+from bench.gen_finelog import PHASES, _mirror, _Writer  # noqa: E402
 
 __all__ = ["ENGINE_SHARE", "generate_continuous"]
 

@@ -32,7 +32,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-__all__ = ["INPUTS", "NOW", "Input", "Result", "build", "run_command"]
+__all__ = ["INPUTS", "NOW", "Input", "Ran", "Result", "build", "run_command"]
 
 NOW = "2026-03-27T08:00:00Z"
 _MB = 1_000_000
@@ -240,43 +240,86 @@ class Result:
     killed_at_cap: bool = False
 
 
-def _watch(pid: int, cap_mb: float, stop: threading.Event, killed: list[bool]) -> None:
-    """Kill `pid` when its RSS passes `cap_mb` (checked every 50 ms)."""
-    statm = Path(f"/proc/{pid}/statm")
+# A child's peak RSS (`ru_maxrss`) starts from its parent's at `exec` (Linux keeps the larger
+# high-water mark): a command started by a big process (pytest, a benchmark holding tables)
+# would report the parent's memory. So every command runs under this small wrapper (an
+# interpreter without `site`, ~10 MB), which reports its child's peak to a file.
+_WRAPPER = """
+import resource, subprocess, sys
+code = subprocess.run(sys.argv[2:]).returncode
+use = resource.getrusage(resource.RUSAGE_CHILDREN)
+open(sys.argv[1], "w").write(f"{use.ru_maxrss} {use.ru_utime + use.ru_stime}")
+sys.exit(code)
+"""
+
+
+@dataclass(frozen=True)
+class Ran:
+    """One command: exit code, wall and CPU seconds, peak RSS (MB), output, killed at a cap."""
+
+    code: int
+    wall: float
+    cpu: float
+    rss_mb: float
+    stdout: str
+    stderr: str
+    killed: bool = False
+
+
+def _children(pid: int) -> list[int]:
+    try:
+        return [int(n) for n in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
+    except (OSError, ValueError):
+        return []
+
+
+def _watch(wrapper: int, cap_mb: float, stop: threading.Event, killed: list[bool]) -> None:
+    """Kill the wrapper's child when its RSS passes `cap_mb` (checked every 50 ms)."""
+    page = os.sysconf("SC_PAGE_SIZE")
     while not stop.wait(0.05):
-        try:
-            rss_mb = int(statm.read_text().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
-        except (OSError, ValueError, IndexError):
-            return
-        if rss_mb > cap_mb:
-            killed.append(True)
-            os.kill(pid, signal.SIGKILL)
-            return
+        for pid in _children(wrapper):
+            try:
+                rss_mb = int(Path(f"/proc/{pid}/statm").read_text().split()[1]) * page / 2**20
+            except (OSError, ValueError, IndexError):
+                continue
+            if rss_mb > cap_mb:
+                killed.append(True)
+                os.kill(pid, signal.SIGKILL)
+                return
 
 
-def run_command(
-    argv: list[str], env: dict[str, str], cap_mb: float | None = None
-) -> tuple[int, float, float, str, str, bool]:
-    """Run `argv`; (exit code, wall s, peak RSS MB, stdout, stderr, killed at the cap)."""
-    with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
+def run_command(argv: list[str], env: dict[str, str], cap_mb: float | None = None) -> Ran:
+    """Run `argv` under the measuring wrapper (and the RSS cap, when given)."""
+    with (
+        tempfile.TemporaryFile() as out,
+        tempfile.TemporaryFile() as err,
+        tempfile.NamedTemporaryFile("r") as usage,
+    ):
         started = time.perf_counter()
-        child = subprocess.Popen(argv, stdout=out, stderr=err, env=env)
+        wrapper = [sys.executable, "-S", "-c", _WRAPPER, usage.name, *argv]
+        process = subprocess.Popen(wrapper, stdout=out, stderr=err, env=env)
         stop, killed = threading.Event(), []
         watcher = None
         if cap_mb is not None:
-            watcher = threading.Thread(target=_watch, args=(child.pid, cap_mb, stop, killed))
+            watcher = threading.Thread(target=_watch, args=(process.pid, cap_mb, stop, killed))
             watcher.start()
-        _, status, usage = os.wait4(child.pid, 0)
+        code = process.wait()
         wall = time.perf_counter() - started
         stop.set()
         if watcher is not None:
             watcher.join()
-        child.returncode = os.waitstatus_to_exitcode(status)
+        rss_kb, cpu = usage.read().split()
         out.seek(0)
         err.seek(0)
-        stdout = out.read().decode("utf-8", "replace")
-        stderr = err.read().decode("utf-8", "replace")
-    return child.returncode, wall, usage.ru_maxrss / 1024, stdout, stderr, bool(killed)
+        return Ran(
+            code=code,
+            wall=wall,
+            cpu=float(cpu),
+            rss_mb=int(rss_kb) / 1024,
+            stdout=out.read().decode("utf-8", "replace"),
+            stderr=err.read().decode("utf-8", "replace"),
+            killed=bool(killed),
+        )
 
 
 def _verdict(stdout: str) -> str | None:
@@ -302,19 +345,19 @@ def measure(
             "parse": [rl_health, "parse", str(job), "--out", out],
         }
         for name, argv in commands.items():
-            code, wall, rss, stdout, stderr, killed = run_command(argv, env, cap_mb)
-            tail = [line for line in (stderr or stdout).splitlines() if line.strip()]
+            ran = run_command(argv, env, cap_mb)
+            tail = [line for line in (ran.stderr or ran.stdout).splitlines() if line.strip()]
             results.append(
                 Result(
                     input=item.name,
                     command=name,
-                    exit_code=code,
-                    wall_s=round(wall, 2),
-                    peak_rss_mb=round(rss),
-                    verdict=_verdict(stdout) if name == "diagnose" else None,
-                    traceback="Traceback (most recent call last)" in stderr,
+                    exit_code=ran.code,
+                    wall_s=round(ran.wall, 2),
+                    peak_rss_mb=round(ran.rss_mb),
+                    verdict=_verdict(ran.stdout) if name == "diagnose" else None,
+                    traceback="Traceback (most recent call last)" in ran.stderr,
                     last_line=(tail[-1] if tail else "")[:160],
-                    killed_at_cap=killed,
+                    killed_at_cap=ran.killed,
                 )
             )
     return results

@@ -50,8 +50,10 @@ def _values(token: pl.Expr) -> pl.Expr:
 
 
 def _explode_pairs(frame: pl.DataFrame, text: str, pair: str, key: str) -> pl.DataFrame:
-    """One row per `key: value` pair of column `text` with a numeric value."""
-    pairs = frame.with_columns(_pair=pl.col(text).str.extract_all(pair)).explode("_pair")
+    """One row per `key: value` pair of column `text` with a numeric value (without `text`:
+    exploding it too would repeat a whole record's text on each of its pairs)."""
+    found = frame.with_columns(_pair=pl.col(text).str.extract_all(pair)).drop(text)
+    pairs = found.explode("_pair")
     pairs = pairs.filter(pl.col("_pair").is_not_null())
     token = pl.col("_pair").str.replace(r"^" + key.removeprefix("^") + r"\s*:\s*", "")
     pairs = pairs.with_columns(key=pl.col("_pair").str.extract(key, 1), value=_values(token))
