@@ -40,6 +40,18 @@ _GLOBAL_STEP: Final = r"'trainer/global_step':\s*'?(-?\d+)"
 _METRIC_HINT: Final = ("'trainer/", "'reward/", "'policy", "'timing/", "'final_loss'")
 _KEEP: Final = ("step", "key", "value", "line", "ts", "attempt")
 PAIR_BATCH_BYTES: Final = 4 * 2**20
+_NO_ROWS: Final = pl.DataFrame(
+    schema={
+        "step": pl.Int64,
+        "key": pl.String,
+        "value": pl.Float64,
+        "line": pl.Int64,
+        "ts": pl.Datetime("us", "UTC"),
+        "attempt": pl.Int32,
+    }
+)
+# What a bare JSON value (a number, NaN, Infinity, true, null) never holds.
+_NOT_BARE: Final = (" ", "\t", ",", "{", "}", "[", "]", "(", ")", '"', "'")
 
 
 def _values(token: pl.Expr) -> pl.Expr:
@@ -90,6 +102,42 @@ def _batches(frame: pl.DataFrame, column: str, max_bytes: int) -> list[pl.DataFr
     return parts
 
 
+def _plain_pairs(part: pl.DataFrame) -> tuple[pl.DataFrame, pl.DataFrame]:
+    """The pairs of the records of `part` (`idx`, `json`) written as `json.dumps` writes them
+    (`"key": value, ...`, values bare), split at `, ` and `: `; and the other records.
+
+    A record is plain when every piece is one quoted key without an escaped quote, `: `, and a
+    value without a quote, space, comma, bracket, brace or parenthesis: then the split gives
+    exactly the pairs `_JSON_PAIR` finds, at a third of its cost. Any other record is left to
+    the pattern (`_explode_pairs`), whole."""
+    body = pl.col("json").str.strip_prefix("{").str.strip_suffix("}")
+    pieces = part.select("idx", _p=body.str.split(", ")).explode("_p")
+    kv = pl.col("_p").str.split_exact(": ", 1).struct
+    pieces = pieces.with_columns(_k=kv.field("field_0"), _v=kv.field("field_1"))
+    plain = (
+        (pl.col("_p").str.count_matches('"', literal=True) == 2)
+        & pl.col("_k").str.starts_with('"')
+        & pl.col("_k").str.ends_with('"')
+        & (pl.col("_k").str.len_bytes() >= 2)
+        & ~pl.col("_v").str.contains_any(list(_NOT_BARE))
+    ).fill_null(False)
+    odd = pieces.filter(~plain).get_column("idx").unique().implode()
+    found = pieces.filter(~pl.col("idx").is_in(odd)).select(
+        "idx",
+        key=pl.col("_k").str.strip_prefix('"').str.strip_suffix('"'),
+        value=pl.col("_v").cast(pl.Float64, strict=False),
+    )
+    return found.filter(pl.col("value").is_not_null()), part.filter(pl.col("idx").is_in(odd))
+
+
+def _record_pairs(part: pl.DataFrame) -> pl.DataFrame:
+    plain, other = _plain_pairs(part)
+    if other.is_empty():
+        return plain
+    rest = _explode_pairs(other, "json", _JSON_PAIR, _JSON_KEY).select("idx", "key", "value")
+    return pl.concat([plain, rest]).sort("idx", maintain_order=True)
+
+
 def mirror_pairs(records: pl.DataFrame) -> pl.DataFrame:
     """`idx`, `key` and `value` of each numeric pair of the well-formed train records.
 
@@ -98,10 +146,7 @@ def mirror_pairs(records: pl.DataFrame) -> pl.DataFrame:
     would otherwise hold every pair's text at once (several times the read).
     """
     train = records.filter(pl.col("ok") & (pl.col("mkind") == "train")).select("idx", "json")
-    parts = [
-        _explode_pairs(part, "json", _JSON_PAIR, _JSON_KEY).select("idx", "key", "value")
-        for part in _batches(train, "json", PAIR_BATCH_BYTES)
-    ]
+    parts = [_record_pairs(part) for part in _batches(train, "json", PAIR_BATCH_BYTES)]
     return parts[0] if len(parts) == 1 else pl.concat(parts)
 
 
@@ -160,6 +205,10 @@ def dict_metrics(blocks: pl.DataFrame) -> tuple[pl.DataFrame, pl.DataFrame]:
 
     `blocks` must carry `step` (console) and the provenance of its first line.
     """
+    if blocks.is_empty():
+        return _NO_ROWS.with_columns(origin=pl.lit("console")), _NO_ROWS.with_columns(
+            origin=pl.lit("policy_dict")
+        )
     closed = blocks.filter(pl.col("closed"))
     console = closed.filter(pl.col("gstep").is_not_null())
     console_pairs = _explode_pairs(console, "text", _PY_PAIR, _PY_KEY)

@@ -131,8 +131,8 @@ def scan(read: Read) -> Scan:
     """The scan of the complete lines of `read` (of all of it when final)."""
     lines, cuts = bound_lines(split_read(read.data, read.end))
     n_lines = len(lines)
-    ev_query, stats_query = detect.evidence_lines(lines)
-    ev, stats = pl.collect_all([ev_query, engines.engine_fields(stats_query)])
+    ev_query, stat_lines = detect.evidence_lines(lines)
+    ev, stats = ev_query.collect(), engines.engine_fields(stat_lines)
     mirrors = records.mirror_records(ev)
     pairs = records.mirror_pairs(mirrors)
     head, first_content = _head(lines)
