@@ -84,10 +84,10 @@ def _write_repeated(path: Path, head: bytes, unit: bytes, size: int, tail: bytes
 
 
 def _long_line(job: Path, full: bool) -> None:
-    """One line of 300 MB (6 MB small) without a newline: an unclosed WANDB_MIRROR record."""
+    """One line of 300 MB (16 MB small) without a newline: an unclosed WANDB_MIRROR record."""
     _manifest(job)
     head = (_IRIS + "WANDB_MIRROR kind=train step=1 metrics={").encode()
-    _write_repeated(job / "finelog.log", head, b'"policy/k": 1.0, ', (300 if full else 6) * _MB)
+    _write_repeated(job / "finelog.log", head, b'"policy/k": 1.0, ', (300 if full else 16) * _MB)
 
 
 def _sparse(size: int) -> Callable[[Path, bool], None]:
@@ -106,11 +106,11 @@ def _record(step: int, keys: list[str]) -> bytes:
 
 
 def _metric_records(job: Path, full: bool) -> None:
-    """2.2 GB (8 MB small) of WANDB_MIRROR records, 37 metrics each, one step a line."""
+    """2.2 GB (40 MB small) of WANDB_MIRROR records, 37 metrics each, one step a line."""
     _manifest(job)
     keys = [f"policy/k{i}" for i in range(24)] + [f"generate/g{i}" for i in range(12)]
     keys.append("reward/avg_raw_reward")
-    size = (2200 if full else 8) * _MB
+    size = (2200 if full else 40) * _MB
     with (job / "finelog.log").open("wb") as handle:
         step, written, block = 0, 0, []
         while written < size:
@@ -198,13 +198,13 @@ INPUTS: tuple[Input, ...] = (
     Input(
         "long_line", "one 300 MB line without a newline", _long_line, {"small": 64, "full": None}
     ),
-    Input("nul_256mb", "a 256 MB sparse file of NUL bytes", _sparse(256 * _MB), {"small": 64}),
-    Input("nul_2gb", "a 2 GB sparse file of NUL bytes", _sparse(2048 * _MB), {"small": 64}),
+    Input("nul_256mb", "a 256 MB sparse file of NUL bytes", _sparse(256 * _MB), {"small": 256}),
+    Input("nul_2gb", "a 2 GB sparse file of NUL bytes", _sparse(2048 * _MB), {"small": 256}),
     Input(
         "metric_records",
         "2.2 GB of WANDB_MIRROR records (37 metrics a line)",
         _metric_records,
-        {"small": 64},
+        {"small": 256},
     ),
     Input("many_keys", "300,000 distinct metric keys (6.8 MB)", _many_keys(300_000), {}),
     Input("many_keys_17mb", "750,000 distinct metric keys (17 MB)", _many_keys(750_000), {}),

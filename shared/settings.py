@@ -90,7 +90,7 @@ class Settings(BaseSettings):
     probe_interval_s: float = Field(5, gt=0)  # between the two py-spy dumps of one process
     probe_process_match: str | None = None  # regex picking the trainer's processes for py-spy
     # the most memory one parse of a job's logs may use (it also stays within 1.5x the logs)
-    parse_memory_mb: int = Field(2048, ge=64)
+    parse_memory_mb: int = Field(2048, ge=256)
 
 
 def _read_campaign(path: Path) -> dict[str, Any]:

@@ -60,15 +60,15 @@ def _cli(*args: str | Path, memory_mb: int | None = None) -> subprocess.Complete
 
 
 def test_line_longer_than_a_read_is_cut_counted_and_quoted(tmp_path: Path) -> None:
-    """A 6 MB line without a newline, read 4 MiB at a time, is one line: its head and a marker
+    """A 16 MB line without a newline, read 4 MiB at a time, is one line: its head and a marker
     naming its length; the summary counts it and a note quotes where it is."""
     job = _built(tmp_path, "long_line")
     tables = parse_log_file(job / "finelog.log", "finelog.log", chunk_bytes=4 * 2**20)
     summary = tables.summary
-    assert (summary.lines, summary.cut_lines, summary.bytes) == (1, 1, 6_000_000)
-    assert summary.head[0].endswith("[... line cut: 6,000,000 bytes]")
+    assert (summary.lines, summary.cut_lines, summary.bytes) == (1, 1, 16_000_000)
+    assert summary.head[0].endswith("[... line cut: 16,000,000 bytes]")
     assert len(summary.head[0].encode()) <= LINE_MAX_BYTES
-    assert summary.cut_examples == ("finelog.log:1: 6,000,000 bytes",)
+    assert summary.cut_examples == ("finelog.log:1: 16,000,000 bytes",)
     assert "1 line longer than 1,048,576 bytes cut" in summary.notes[0]
     assert summary.malformed == 1  # the record never closes: malformed, quoted, not raised
 
@@ -247,21 +247,21 @@ def test_int64_bound_is_exact() -> None:
 def test_metric_records_past_the_budget_give_error_with_the_reason(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """8 MB of records under a 64 MB setting cannot be kept: ERROR, and the discrepancy says
+    """40 MB of records under a 256 MB setting cannot be kept: ERROR, and the discrepancy says
     which file, the budget and how far the read got."""
     job = _built(tmp_path, "metric_records")
     verdict, found = _diagnose(job, monkeypatch, BY_NAME["metric_records"])
     assert verdict is Verdict.ERROR
     reason = next(d for d in found if "parse memory budget" in d)
-    assert reason.startswith("finelog.log could not be read within the parse memory budget of 64")
+    assert reason.startswith("finelog.log could not be read within the parse memory budget of 256")
 
 
 def test_metric_records_within_the_budget_are_read(tmp_path: Path) -> None:
-    """The same records, fewer of them (1 MB), fit the 64 MB budget and are read whole."""
+    """The same records, fewer of them (1 MB), fit the 256 MB budget and are read whole."""
     job = _built(tmp_path, "metric_records")
     log = job / "finelog.log"
     log.write_bytes(log.read_bytes()[:1_000_000].rsplit(b"\n", 1)[0] + b"\n")
-    tables = parse_log_file(log, "finelog.log", budget=MemoryBudget.for_logs(1_000_000, 64))
+    tables = parse_log_file(log, "finelog.log", budget=MemoryBudget.for_logs(1_000_000, 256))
     assert tables.metrics.height == 37 * tables.summary.lines
 
 
@@ -275,12 +275,13 @@ def test_budget_is_one_and_a_half_times_the_log_at_most_the_setting() -> None:
 
 
 def test_unusable_memory_setting_is_one_clear_line(monkeypatch: pytest.MonkeyPatch) -> None:
-    """RLHEALTH_PARSE_MEMORY_MB below 64 or not a number is refused with its name."""
-    monkeypatch.setenv("RLHEALTH_PARSE_MEMORY_MB", "12")
+    """RLHEALTH_PARSE_MEMORY_MB below 256 (255) or not a number is refused with its name; 256
+    is accepted."""
+    monkeypatch.setenv("RLHEALTH_PARSE_MEMORY_MB", "255")
     with pytest.raises(ValueError, match="parse_memory_mb"):
         setting_mb()
-    monkeypatch.setenv("RLHEALTH_PARSE_MEMORY_MB", "64")
-    assert setting_mb() == 64
+    monkeypatch.setenv("RLHEALTH_PARSE_MEMORY_MB", "256")
+    assert setting_mb() == 256
 
 
 def test_cli_refuses_an_unusable_memory_setting(tmp_path: Path) -> None:
@@ -319,10 +320,10 @@ def _peak_above_base(args: list[str | Path], tmp_path: Path, memory_mb: int) -> 
 
 
 @pytest.mark.parametrize(
-    ("name", "memory_mb"), [("long_line", 64), ("metric_records", 64), ("nul_2gb", 64)]
+    ("name", "memory_mb"), [("long_line", 256), ("metric_records", 256), ("nul_2gb", 256)]
 )
 def test_parse_memory_stays_within_the_setting(tmp_path: Path, name: str, memory_mb: int) -> None:
-    """`rl-health parse` of a long line (6 MB, read 4 MiB at a time), records past the budget
+    """`rl-health parse` of a 16 MB line (longer than a read), 40 MB of records past the budget
     and a 2 GB sparse file adds at most the setting to the process's memory."""
     job = _built(tmp_path, name, full=name == "nul_2gb")
     above = _peak_above_base(["parse", job, "--out", tmp_path / "o"], tmp_path, memory_mb)
@@ -332,10 +333,10 @@ def test_parse_memory_stays_within_the_setting(tmp_path: Path, name: str, memory
 def test_parse_past_the_budget_exits_2_with_one_line(tmp_path: Path) -> None:
     """`rl-health parse` of logs past the budget exits 2 with one line saying why."""
     job = _built(tmp_path, "metric_records")
-    done = _cli("parse", job, "--out", tmp_path / "o", memory_mb=64)
+    done = _cli("parse", job, "--out", tmp_path / "o", memory_mb=256)
     assert done.returncode == 2
     (line,) = done.stderr.strip().splitlines()
-    assert "could not be read within the parse memory budget of 64 MB" in line
+    assert "could not be read within the parse memory budget of 256 MB" in line
 
 
 # --- distinct keys ----------------------------------------------------------------------------

@@ -32,6 +32,7 @@ __all__ = ["COMPRESSED_MAGIC", "FileRows", "compression", "parse_file_rows", "pa
 _LOGURU_TS: Final = r"(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d(?:\.\d+)?) \|"
 PREFETCH: Final = 2
 _WORKERS: Final = 2
+_WORST_DENSITY: Final = 4.0
 # A log file that starts with one of these is compressed: it is not read (a few MB of gzip can
 # expand to more than any budget), the report says so.
 COMPRESSED_MAGIC: Final = {
@@ -84,13 +85,21 @@ class _Chunks:
         self.kept = kept
         self.carry: Scan | None = None
         self.committed: list[dict[str, pl.DataFrame]] = []
+        # the last scan's frames for each byte read (records: ~3; busy: ~0.2); until a scan is
+        # seen, the worst is assumed, so the first reads of a tight budget are not run at once
+        self.density = _WORST_DENSITY
 
     def add(self, piece: Scan) -> None:
+        self.density = piece.density
         chunk = self.carry.then(piece) if self.carry is not None else piece
         rows, self.carry = parse_chunk(chunk, self.state, self.source, final=False)
         self.committed.append(rows)
         self.kept.add(rows)
         self.budget.check(self.kept, self.source, self.state.line, self.state.offset)
+
+    def room(self, in_flight: int) -> bool:
+        """True when one more read may be scanned beside the `in_flight` ones."""
+        return self.budget.room(self.kept, in_flight + 1, self.density)
 
     def finish(self, piece: Scan) -> _Run:
         saved = self.state.copy()
@@ -100,18 +109,25 @@ class _Chunks:
 
 
 def _run(path: Path, state: ParserState, source: str, chunks: _Chunks, chunk_bytes: int) -> _Run:
+    """Scan reads ahead in the pool, as many as the budget has room for (at most PREFETCH + 1),
+    while the chunks are parsed in order; on `LogBudgetError` the reads not begun are dropped."""
     pending: deque[Future[Scan]] = deque()
     with path.open("rb") as handle, ThreadPoolExecutor(_WORKERS) as pool:
-        handle.seek(state.offset)
-        for read in iter_reads(handle, chunk_bytes, LINE_MAX_BYTES):
-            pending.append(pool.submit(scan, read))
-            if read.final:
-                break
-            if len(pending) > PREFETCH:
+        try:
+            handle.seek(state.offset)
+            for read in iter_reads(handle, chunk_bytes, LINE_MAX_BYTES):
+                while pending and (len(pending) > PREFETCH or not chunks.room(len(pending))):
+                    chunks.add(pending.popleft().result())
+                pending.append(pool.submit(scan, read))
+                if read.final:
+                    break
+            while len(pending) > 1:
                 chunks.add(pending.popleft().result())
-        while len(pending) > 1:
-            chunks.add(pending.popleft().result())
-        return chunks.finish(pending.popleft().result())
+            return chunks.finish(pending.popleft().result())
+        except BaseException:
+            for future in pending:
+                future.cancel()
+            raise
 
 
 def _tail_timestamp(path: Path, size: int) -> datetime | None:

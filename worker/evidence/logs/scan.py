@@ -40,6 +40,7 @@ class Scan:
     tail: bytes  # the bytes of the last `tail_lines` lines (a cut line as cut)
     tail_lines: int
     cuts: tuple[Cut, ...] = ()  # lines cut to LINE_MAX_BYTES, by idx
+    density: float = 0.0  # bytes of the frames above for each byte read (what a read costs)
 
     def then(self, other: Scan) -> Scan:
         """This scan followed by `other`."""
@@ -150,4 +151,9 @@ def scan(read: Read) -> Scan:
         tail=read.data[start : read.end],
         tail_lines=tail_lines,
         cuts=(*read.cuts, *cuts),
+        density=_density([ev, stats, mirrors, pairs], read.end),
     )
+
+
+def _density(frames: list[pl.DataFrame], size: int) -> float:
+    return sum(int(frame.estimated_size()) for frame in frames) / max(size, 1)
