@@ -166,13 +166,13 @@ class MemoryBudget:
         """True when `reads` reads may be scanned at once beside the rows `held`: a read costs
         about `_SCAN_READS` times its size, plus its scan's frames (`density`, bytes of frames
         for each byte read: ~0.2 for a busy log, ~3 for one of nothing but records) many times
-        over while they are made."""
+        over while they are made. An estimate, not the RSS: the allocator's pages a finished
+        read leaves behind are what the next one reuses (`check` reads the RSS)."""
         total = self.before.total + held.total
         metrics = self.before.metrics + held.metrics
-        now = max(rss_grown(self.base_rss) or 0, _FIXED + total)
         per_read = (_SCAN_READS + _DENSITY_COPIES * density) * self.chunk_bytes
         ahead = (_KEPT_COPIES - 1) * total + _METRIC_COPIES * metrics
-        return now + reads * per_read + ahead <= self.limit_bytes
+        return _FIXED + total + reads * per_read + ahead <= self.limit_bytes
 
     def keep(self, held: Held) -> None:
         """Count the rows `held` of a file read to the end."""
