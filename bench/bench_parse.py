@@ -15,6 +15,7 @@ and the ratio baseline / parser of the medians. Then an in-process re-parse afte
 generated log.
 
     python bench/bench_parse.py [--mb 200] [--runs 3] [--gb 1] [--logs generated continuous]
+                                [--rl-health OTHER_BUILD]
 """
 
 from __future__ import annotations
@@ -88,10 +89,10 @@ class Rounds:
     base_lib: list[float]
 
 
-def _round(path: Path, rounds: Rounds) -> None:
+def _round(path: Path, rounds: Rounds, rl_health: str) -> None:
     with tempfile.TemporaryDirectory() as out:
         rounds.base.append(child([sys.executable, BASELINE, str(path)]))
-        rounds.ours.append(child([RL_HEALTH, "parse", str(path), "--out", out]))
+        rounds.ours.append(child([rl_health, "parse", str(path.resolve()), "--out", out]))
     wall, found = _timed(lambda: baseline_tables(path))
     rounds.base_lib.append(wall)
     base_counts = counts(found)  # type: ignore[arg-type]
@@ -152,13 +153,16 @@ def main() -> None:
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--gb", type=float, default=0)
     parser.add_argument("--logs", nargs="*", default=list(GENERATORS), choices=list(GENERATORS))
+    parser.add_argument(
+        "--rl-health", default=RL_HEALTH, help="the command to time (another build)"
+    )
     args = parser.parse_args()
     paths = {name: log_path(name, args.mb) for name in args.logs}
     results = {name: Rounds([], [], [], []) for name in args.logs}
     load = os.getloadavg()
     for _ in range(args.runs):
         for name, path in paths.items():  # the logs alternate too
-            _round(path, results[name])
+            _round(path, results[name], args.rl_health)
     print(f"load average before: {load[0]:.1f} {load[1]:.1f} {load[2]:.1f}; cores {os.cpu_count()}")
     for name, path in paths.items():
         _report(name, path, results[name])
