@@ -393,3 +393,15 @@ def test_corpus_lists_every_input_of_the_issue() -> None:
     assert {"deep_manifest", "deep_trial", "gzip_finelog", "symlink_loop"} <= names
     assert "huge_int_trial" in names
     assert json.dumps([i.what for i in INPUTS])
+
+
+def test_module_command_past_the_budget_exits_2(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`python -m worker.evidence.logs` on logs past the budget returns 2 with the reason."""
+    from worker.evidence.logs.__main__ import main
+
+    job = _built(tmp_path, "metric_records")
+    monkeypatch.setenv("RLHEALTH_PARSE_MEMORY_MB", "256")
+    assert main([str(job), "--out", str(tmp_path / "o")]) == 2
+    assert "parse memory budget of 256 MB" in capsys.readouterr().err
