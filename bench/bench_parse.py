@@ -1,133 +1,182 @@
-"""Benchmark of the vectorised log parser against the per-line Python baseline.
+"""Parse benchmark: the vectorised parser against an honest per-line baseline, on two logs,
+side by side in one run.
 
-Measures, in one run:
-  (a) `parse_log_file` in process, `python -m worker.evidence.logs FILE --out DIR` as a subprocess
-      (import + parse + write), and `bench/baseline_parse.py`: seconds, MB/s, speed ratio; the row
-      counts of metrics/phases/engines/errors must match;
-  (b) peak RSS of a child process parsing a 1 GB log (`--gb 0` skips it);
-  (c) an in-process re-parse with a `LogCache` after the file grew by 1%, against the first parse.
+Logs (generated, seeded): `generated` (`gen_finelog.py`: restarts, tracebacks, pprint-ed dicts,
+truncated records) and `continuous` (`gen_continuous.py`: one attempt, a monotonic clock, half the
+bytes vLLM stat lines, one-line records only). The baseline is `baseline_honest.py` (one compiled
+pattern per record kind, a literal test to pick it; same row counts, asserted).
 
-    python bench/bench_parse.py [--mb 200] [--gb 1]
+For each log, `--runs` rounds, each running the baseline and the parser alternately:
+  - commands, as a user runs them, each a fresh process: `rl-health parse LOG --out DIR`
+    against `python bench/baseline_honest.py LOG` (wall, CPU, peak RSS);
+  - in process: `parse_log_file` against `baseline_tables` (wall);
+and the ratio baseline / parser of the medians. Then an in-process re-parse after 1% growth
+(`LogCache`) against the first parse, and (`--gb`) the peak RSS of `rl-health parse` on a big
+generated log.
+
+    python bench/bench_parse.py [--mb 200] [--runs 3] [--gb 1] [--logs generated continuous]
+                                [--rl-health OTHER_BUILD]
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import shutil
-import subprocess
+import statistics
 import sys
 import tempfile
 import time
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path[:0] = [str(ROOT), str(ROOT / "bench")]
+sys.path[:0] = [str(ROOT)]
 
-from baseline_parse import baseline_counts  # noqa: E402
-from gen_finelog import generate  # noqa: E402
-
+from bench.baseline_honest import baseline_tables, counts  # noqa: E402
+from bench.gen_continuous import generate_continuous  # noqa: E402
+from bench.gen_finelog import generate  # noqa: E402
+from bench.hostile import Ran, run_command  # noqa: E402
 from worker.evidence.logs import LogCache, parse_log_file  # noqa: E402
 from worker.evidence.model import LogTables  # noqa: E402
 
 DATA = ROOT / "bench" / "data"
-COUNTED = ("metrics", "phases", "engines", "errors")
-RSS_CHILD = """
-import resource, sys
-from pathlib import Path
-from worker.evidence.logs import parse_log_file
-tables = parse_log_file(Path(sys.argv[1]), "finelog.log")
-print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss)
-"""
+RL_HEALTH = str(Path(sys.executable).with_name("rl-health"))
+BASELINE = str(ROOT / "bench" / "baseline_honest.py")
+GENERATORS: dict[str, Callable[[Path, float], Path]] = {
+    "generated": generate,
+    "continuous": generate_continuous,
+}
+COUNTED = ("metrics", "phases", "engines", "progress")
 
 
-def _log(megabytes: float) -> Path:
-    path = DATA / f"finelog_{megabytes:g}mb.log"
+def log_path(name: str, megabytes: float) -> Path:
+    """The generated log `name` of about `megabytes` MB (made once, then reused)."""
+    stem = "finelog" if name == "generated" else name
+    path = DATA / f"{stem}_{megabytes:g}mb.log"
     if not path.exists():
-        generate(path, megabytes)
+        GENERATORS[name](path, megabytes)
     return path
+
+
+def child(argv: list[str]) -> Ran:
+    """Run `argv` (output discarded) under the measuring wrapper of `bench.hostile`."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("RLHEALTH_")}
+    ran = run_command(argv, env)
+    if ran.code != 0:
+        raise RuntimeError(f"{argv} exited {ran.code}: {ran.stderr[-500:]}")
+    return ran
 
 
 def _counts(tables: LogTables) -> dict[str, int]:
     return {name: getattr(tables, name).height for name in COUNTED}
 
 
-def _timed_library(path: Path) -> tuple[float, dict[str, int]]:
+def _timed(work: Callable[[], object]) -> tuple[float, object]:
     start = time.perf_counter()
-    tables = parse_log_file(path, "finelog.log")
-    return time.perf_counter() - start, _counts(tables)
+    found = work()
+    return time.perf_counter() - start, found
 
 
-def _timed_subprocess(path: Path) -> float:
+@dataclass
+class Rounds:
+    """The measures of one log over the rounds."""
+
+    ours: list[Ran]
+    base: list[Ran]
+    lib: list[float]
+    base_lib: list[float]
+
+
+def _round(path: Path, rounds: Rounds, rl_health: str) -> None:
     with tempfile.TemporaryDirectory() as out:
-        start = time.perf_counter()
-        command = [sys.executable, "-m", "worker.evidence.logs", str(path), "--out", out]
-        subprocess.run(command, cwd=ROOT, check=True, capture_output=True)
-        return time.perf_counter() - start
+        rounds.base.append(child([sys.executable, BASELINE, str(path)]))
+        rounds.ours.append(child([rl_health, "parse", str(path.resolve()), "--out", out]))
+    wall, found = _timed(lambda: baseline_tables(path))
+    rounds.base_lib.append(wall)
+    base_counts = counts(found)  # type: ignore[arg-type]
+    wall, tables = _timed(lambda: parse_log_file(path, "finelog.log"))
+    rounds.lib.append(wall)
+    ours = _counts(tables)  # type: ignore[arg-type]
+    assert ours == {k: base_counts[k] for k in COUNTED}, (ours, base_counts)
 
 
-def _timed_baseline(path: Path) -> tuple[float, dict[str, int]]:
-    start = time.perf_counter()
-    counts = baseline_counts(path)
-    return time.perf_counter() - start, counts
+def _median(values: list[float]) -> float:
+    return statistics.median(values)
 
 
-def _peak_rss_mb(path: Path) -> float:
-    done = subprocess.run(
-        [sys.executable, "-c", RSS_CHILD, str(path)],
-        cwd=ROOT,
-        check=True,
-        capture_output=True,
-        text=True,
+def _report(name: str, path: Path, r: Rounds) -> None:
+    size = path.stat().st_size / 1e6
+    ours_wall, base_wall = _median([c.wall for c in r.ours]), _median([c.wall for c in r.base])
+    per_round = [b.wall / o.wall for b, o in zip(r.base, r.ours, strict=True)]
+    lib_ratios = [b / o for b, o in zip(r.base_lib, r.lib, strict=True)]
+    print(f"\n{name}: {path.name} ({size:.0f} MB), {len(r.ours)} rounds (medians)")
+    print("| measure | parser | baseline | ratio baseline/parser |")
+    print("|---|---|---|---|")
+    print(
+        f"| command wall s | {ours_wall:.2f} | {base_wall:.2f} | {base_wall / ours_wall:.2f}x "
+        f"(rounds {min(per_round):.2f}-{max(per_round):.2f}) |"
     )
-    return int(done.stdout.split()[-1]) / 1024
+    ours_cpu, base_cpu = _median([c.cpu for c in r.ours]), _median([c.cpu for c in r.base])
+    print(f"| command CPU s | {ours_cpu:.2f} | {base_cpu:.2f} | {base_cpu / ours_cpu:.2f}x |")
+    ours_rss, base_rss = _median([c.rss_mb for c in r.ours]), _median([c.rss_mb for c in r.base])
+    print(
+        f"| command peak RSS MB | {ours_rss:.0f} ({ours_rss / size:.2f}x the log) | "
+        f"{base_rss:.0f} | |"
+    )
+    lib, base_lib = _median(r.lib), _median(r.base_lib)
+    print(
+        f"| in process wall s | {lib:.2f} ({size / lib:.0f} MB/s) | {base_lib:.2f} | "
+        f"{base_lib / lib:.2f}x (rounds {min(lib_ratios):.2f}-{max(lib_ratios):.2f}) |"
+    )
 
 
-def _regrowth(path: Path) -> tuple[float, float]:
+def regrowth(path: Path) -> tuple[float, float]:
+    """First parse and re-parse after 1% growth, in process with a `LogCache`."""
     with tempfile.TemporaryDirectory() as tmp:
         copy = Path(tmp) / "finelog.log"
         shutil.copyfile(path, copy)
         cache = LogCache()
-        start = time.perf_counter()
-        parse_log_file(copy, "finelog.log", cache=cache)
-        first = time.perf_counter() - start
+        first, _ = _timed(lambda: parse_log_file(copy, "finelog.log", cache=cache))
         growth = path.read_bytes()[: path.stat().st_size // 100]
         with copy.open("ab") as handle:
             handle.write(growth)
-        start = time.perf_counter()
-        parse_log_file(copy, "finelog.log", cache=cache)
-        return first, time.perf_counter() - start
-
-
-def _row(name: str, value: str, target: str) -> None:
-    print(f"| {name:<44} | {value:>14} | {target:>10} |")
+        again, _ = _timed(lambda: parse_log_file(copy, "finelog.log", cache=cache))
+        return first, again
 
 
 def main() -> None:
-    """Run the benchmark and print a table."""
-    parser = argparse.ArgumentParser()
+    """Run the benchmark and print its tables."""
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--mb", type=float, default=200)
-    parser.add_argument("--gb", type=float, default=1)
+    parser.add_argument("--runs", type=int, default=3)
+    parser.add_argument("--gb", type=float, default=0)
+    parser.add_argument("--logs", nargs="*", default=list(GENERATORS), choices=list(GENERATORS))
+    parser.add_argument(
+        "--rl-health", default=RL_HEALTH, help="the command to time (another build)"
+    )
     args = parser.parse_args()
-    path = _log(args.mb)
-    size_mb = path.stat().st_size / 1e6
-    lib_s, lib_counts = _timed_library(path)
-    sub_s = _timed_subprocess(path)
-    base_s, base_counts = _timed_baseline(path)
-    assert lib_counts == base_counts, (lib_counts, base_counts)
-    first, again = _regrowth(path)
-    print(f"log: {path} ({size_mb:.0f} MB); rows {lib_counts}")
-    _row("measure", "value", "target")
-    _row("library parse_log_file (s)", f"{lib_s:.2f}", "")
-    _row("library MB/s", f"{size_mb / lib_s:.0f}", ">= 250")
-    _row("subprocess python -m worker.evidence.logs (s)", f"{sub_s:.2f}", "")
-    _row("subprocess MB/s (import+parse+write)", f"{size_mb / sub_s:.0f}", "")
-    _row("baseline re/json/ast per line (s)", f"{base_s:.2f}", "")
-    _row("speed ratio baseline / library", f"{base_s / lib_s:.1f}x", ">= 4x")
-    _row("re-parse after 1% growth / first parse", f"{again / first:.1%}", "<= 10%")
+    paths = {name: log_path(name, args.mb) for name in args.logs}
+    results = {name: Rounds([], [], [], []) for name in args.logs}
+    load = os.getloadavg()
+    for _ in range(args.runs):
+        for name, path in paths.items():  # the logs alternate too
+            _round(path, results[name], args.rl_health)
+    print(f"load average before: {load[0]:.1f} {load[1]:.1f} {load[2]:.1f}; cores {os.cpu_count()}")
+    for name, path in paths.items():
+        _report(name, path, results[name])
+    for name, path in paths.items():
+        first, again = regrowth(path)
+        print(
+            f"\n{name}: re-parse after 1% growth {again:.2f} s = {again / first:.1%} of the first"
+        )
     if args.gb > 0:
-        big = _log(args.gb * 1000)
-        label = f"peak RSS parsing {big.stat().st_size / 1e9:.2f} GB (MB)"
-        _row(label, f"{_peak_rss_mb(big):.0f}", "<= 1500")
+        big = log_path("generated", args.gb * 1000)
+        with tempfile.TemporaryDirectory() as out:
+            peak = child([RL_HEALTH, "parse", str(big), "--out", out])
+        size = big.stat().st_size / 1e6
+        print(f"\nrl-health parse, {size:.0f} MB: peak RSS {peak.rss_mb:.0f} MB, {peak.wall:.2f} s")
 
 
 if __name__ == "__main__":

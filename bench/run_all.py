@@ -15,7 +15,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 BENCHMARKS = (
-    [sys.executable, "bench/bench_parse.py", "--mb", "200", "--gb", "1"],
+    [sys.executable, "bench/bench_parse.py", "--mb", "200", "--runs", "3", "--gb", "1"],
     [sys.executable, "bench/bench_diagnose.py", "--mb", "200", "--runs", "3"],
     [sys.executable, "-m", "bench.bench_pipeline"],
 )

@@ -96,6 +96,8 @@ class Settings(BaseSettings):
     worker_memory_mb: int = Field(8192, ge=0)  # a task's resident memory budget (0: none)
     capture_time_limit_s: float = Field(300, gt=1)  # hard; the soft limit is 80 % of it
     gate_time_limit_s: float = Field(90, gt=1)  # for gates, verdict and publish
+    # the most memory one parse of a job's logs may use (it also stays within 1.5x the logs)
+    parse_memory_mb: int = Field(2048, ge=256)
 
 
 def _read_campaign(path: Path) -> dict[str, Any]:

@@ -11,7 +11,7 @@ from pathlib import Path
 from shared.models import GateName, GateResult, Mode, Report, RestartsResult
 from shared.settings import Thresholds, load_thresholds
 from worker.evidence.bundle import bundle_discrepancies, read_bundle
-from worker.evidence.logs import parse_job_logs
+from worker.evidence.logs import LogCache, read_job_logs
 from worker.evidence.logs.job import Progress
 from worker.evidence.model import BundleInfo, Evidence, ProbeEvidence
 from worker.evidence.paths import BundleFiles
@@ -56,21 +56,24 @@ def collect_evidence(
     evidence_label: str | None = None,
     notes: Sequence[str] = (),
     progress: Progress | None = None,
+    log_cache: LogCache | None = None,
 ) -> Evidence:
     """Read everything the gates judge from a job directory (and a probe directory); `progress`
-    is told about each log file before it is read."""
+    is told about each log file before it is read; `log_cache` keeps parsed logs between runs."""
     moment = (now or datetime.now(UTC)).astimezone(UTC)
     limits = thresholds or load_thresholds()
     files = BundleFiles(job_dir)
     bundle = read_bundle(job_dir, moment, limits, files)
     reference = _reference_date(bundle, job_dir)
-    logs = parse_job_logs(job_dir, reference_date=reference, files=files, progress=progress)
+    logs, log_notes = read_job_logs(
+        job_dir, reference_date=reference, files=files, progress=progress, cache=log_cache
+    )
     trials = read_trials(job_dir, files=files)
     probes = read_probes(probes_dir) if probes_dir is not None else None
     declared = declare_mode(mode, bundle.entrypoint)
     missing = missing_trials(trials, agentic=declared.mode is Mode.AGENTIC)
     extra = [*(trials.unreadable if trials is not None else ()), *([missing] if missing else [])]
-    extra += notes
+    extra += [*log_notes, *notes]
     return Evidence(
         job_dir=evidence_label or str(job_dir),
         now=moment,

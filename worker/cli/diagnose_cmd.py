@@ -2,7 +2,8 @@
 
 With `--backend`, the cluster tools, the iris command, the refresh template and the connections are
 resolved from the operator's settings at start-up; a setting the allowlist refuses stops the
-command with exit 2 before anything runs (docs/security.md).
+command with exit 2 before anything runs (docs/security.md). `--cache DIR` keeps each log's parsed
+state in DIR, so a later diagnosis of a grown log reads only the appended bytes.
 """
 
 from __future__ import annotations
@@ -113,6 +114,12 @@ def _render(report: Report, evidence: Evidence, fmt: str) -> str:
     type=click.Path(path_type=Path, exists=True, dir_okay=False),
     help="A campaign file (JSON or TOML) overriding thresholds.",
 )
+@click.option(
+    "--cache",
+    "cache_dir",
+    type=click.Path(path_type=Path, file_okay=False),
+    help="Keep each log's parsed state here; a later run reads only the appended bytes.",
+)
 def diagnose_command(
     job_dir: Path,
     probes_dir: Path | None,
@@ -122,6 +129,7 @@ def diagnose_command(
     fmt: str,
     out: Path | None,
     campaign: Path | None,
+    cache_dir: Path | None,
 ) -> None:
     """Diagnose JOB_DIR (a watcher job directory) and print KILL, NO-KILL or ERROR with evidence.
 
@@ -131,6 +139,8 @@ def diagnose_command(
     """
     from worker.cli.terminal import log_progress, write_report
     from worker.diagnosis import collect_evidence, judge
+    from worker.evidence.logs import LogCache
+    from worker.evidence.logs.budget import setting_mb
 
     if not job_dir.is_dir():
         raise click.BadParameter(
@@ -138,9 +148,14 @@ def diagnose_command(
         )
     if probes_dir is not None and backend is not None:
         raise click.UsageError("give --probes or --backend, not both")
+    try:
+        setting_mb()
+    except ValueError as exc:
+        raise click.UsageError(clean(str(exc))) from exc
     thresholds = load_campaign_thresholds(campaign)
     if out is not None:
         writable_directory(out, "--out")
+    cache = LogCache(directory=cache_dir) if cache_dir is not None else None
     moment = now or datetime.now(UTC)
     collect = partial(
         collect_evidence,
@@ -149,6 +164,7 @@ def diagnose_command(
         mode=Mode(mode) if mode else None,
         thresholds=thresholds,
         evidence_label=str(job_dir),
+        log_cache=cache,
     )
     notes: tuple[str, ...] = ()
     if backend is not None:
@@ -159,6 +175,8 @@ def diagnose_command(
         probes_dir, notes = _live_probes(first, backend, out, settings, tools)
     with log_progress() as progress:
         evidence = collect(probes_dir=probes_dir, notes=notes, progress=progress)
+    for note in cache.notes if cache is not None else ():
+        click.echo(f"cache: {clean(note)}", err=True)
     report = judge(evidence)
     rendered = _render(report, evidence, fmt)
     if fmt == "text":

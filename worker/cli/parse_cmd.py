@@ -3,17 +3,25 @@
 Every line it prints that quotes the log (malformed examples, the head of a log without metrics)
 is redacted, escaped and cut to LINE_MAX_BYTES: a 300 MB line is never echoed. The tables it writes
 are redacted by `write_frame`.
+
+Logs that cannot be read within the parse memory budget (docs/reliability.md) stop the command
+with exit 2 and one line saying why; notes about how the logs were read (lines cut, a compressed
+file, a path refused) are printed before the summary. `--cache DIR` keeps the parsed state of
+each log file in DIR, so a later run reads only what was appended.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Final, Literal
+from typing import TYPE_CHECKING, Final, Literal, NoReturn
 
 import click
 
 from shared.redact import clean_cut
 from worker.evidence.model import LogTables, TrialTables
+
+if TYPE_CHECKING:
+    from worker.evidence.logs import LogCache
 
 __all__ = ["parse_command"]
 
@@ -25,14 +33,29 @@ def _shown(text: str) -> str:
     return clean_cut(text, LINE_MAX_BYTES)
 
 
-def _read_logs(path: Path) -> LogTables | None:
-    from worker.cli.terminal import log_progress
-    from worker.evidence.logs import parse_job_logs, parse_log_file
+def _fail(message: str) -> NoReturn:
+    """Stop with exit 2 and one line (unusable input or settings)."""
+    click.echo(f"rl-health parse: {_shown(message)}", err=True)
+    raise SystemExit(2)
 
-    with log_progress() as progress:  # a bar on stderr, only on a terminal
-        if path.is_dir():
-            return parse_job_logs(path, progress=progress)
-        return parse_log_file(path, source=path.name, progress=progress)
+
+def _read_logs(path: Path, cache: LogCache | None) -> tuple[LogTables | None, list[str]]:
+    """The tables and the notes to print (refused paths, lines cut, compressed files)."""
+    from worker.cli.terminal import log_progress
+    from worker.evidence.logs import LogBudgetError, parse_job_logs, parse_log_file
+    from worker.evidence.paths import BundleFiles
+
+    files = BundleFiles(path)
+    try:
+        with log_progress() as progress:  # a bar on stderr, only on a terminal
+            if path.is_dir():
+                tables = parse_job_logs(path, files=files, progress=progress, cache=cache)
+            else:
+                tables = parse_log_file(path, source=path.name, progress=progress, cache=cache)
+    except LogBudgetError as exc:
+        _fail(str(exc))
+    notes = [*files.refused, *(tables.summary.notes if tables is not None else ())]
+    return tables, notes
 
 
 def _read_trials(path: Path, trace_jobs_dir: Path | None) -> TrialTables | None:
@@ -114,8 +137,18 @@ def _no_metrics_message(path: Path, logs: LogTables | None) -> str:
     type=click.Path(path_type=Path, exists=True, file_okay=False),
     help="Harbor/terminal-bench trials, when not at JOB_DIR/trace_jobs.",
 )
+@click.option(
+    "--cache",
+    "cache_dir",
+    type=click.Path(path_type=Path, file_okay=False),
+    help="Keep each log's parsed state here; a later run reads only the appended bytes.",
+)
 def parse_command(
-    path: Path, out: Path, fmt: Literal["csv", "parquet"], trace_jobs_dir: Path | None
+    path: Path,
+    out: Path,
+    fmt: Literal["csv", "parquet"],
+    trace_jobs_dir: Path | None,
+    cache_dir: Path | None,
 ) -> None:
     """Extract metrics, phases, engines, trials and errors tables from PATH (a job directory or a
     single log file) into --out, and print a short summary.
@@ -124,13 +157,26 @@ def parse_command(
     the other tables are still written.
     """
     from worker.cli.options import writable_directory
-    from worker.evidence.logs import write_tables
+    from worker.evidence.logs import LogCache, write_tables
+    from worker.evidence.logs.budget import setting_mb
 
+    try:
+        setting_mb()
+    except ValueError as exc:
+        _fail(str(exc))
     writable_directory(out, "--out")
-    logs = _read_logs(path)
+    cache = LogCache(directory=cache_dir) if cache_dir is not None else None
+    logs, notes = _read_logs(path, cache)
+    for note in cache.notes if cache is not None else ():
+        click.echo(f"cache: {_shown(note)}", err=True)
     trials = _read_trials(path, trace_jobs_dir)
-    written = write_tables(logs, out, fmt) if logs is not None else []
-    written += _write_trials(trials, out, fmt)
+    try:
+        written = write_tables(logs, out, fmt) if logs is not None else []
+        written += _write_trials(trials, out, fmt)
+    except OSError as exc:
+        _fail(f"cannot write the tables to {out}: {exc.strerror or exc}")
+    for note in notes:
+        click.echo(f"note: {_shown(note)}")
     for line in _summary_lines(logs, trials):
         click.echo(line)
     click.echo("wrote: " + (", ".join(p.name for p in written) or "nothing"))

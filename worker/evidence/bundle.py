@@ -20,7 +20,7 @@ from typing import Any, Final
 from shared.settings import Thresholds
 from worker.evidence.model import ArtifactState, ArtifactStatus, BundleInfo, ClassFreshness
 from worker.evidence.paths import BundleFiles
-from worker.evidence.values import integer, text
+from worker.evidence.values import integer, read_json, text
 
 __all__ = [
     "ARTIFACT_CLASSES",
@@ -206,7 +206,7 @@ def _load_manifest(files: BundleFiles) -> tuple[dict[str, Any] | None, str | Non
     if not path.is_file():
         return None, f"{MANIFEST} is missing"
     try:
-        data = json.loads(path.read_text(encoding="utf-8", errors="replace"))
+        data = read_json(path)
     except (OSError, ValueError) as exc:
         return None, f"{MANIFEST} does not parse: {exc}"
     if not isinstance(data, dict):

@@ -40,6 +40,7 @@ from worker.evidence.model import (
     TrialTables,
 )
 from worker.evidence.probes import write_probes
+from worker.evidence.values import JSON_MAX_DEPTH, loads_json
 
 __all__ = ["FORMAT", "MARKER", "FrozenEvidenceError", "freeze", "thaw"]
 
@@ -170,9 +171,14 @@ def _thaw_trials(meta: dict[str, Any] | None, directory: Path) -> TrialTables | 
 
 def _read_document(directory: Path) -> dict[str, Any]:
     try:
-        document: dict[str, Any] = json.loads((directory / MARKER).read_text(encoding="utf-8"))
+        # the document nests the manifest and probe files a few levels down
+        document = loads_json((directory / MARKER).read_bytes(), 2 * JSON_MAX_DEPTH)
     except FileNotFoundError as exc:
         raise FrozenEvidenceError(f"{directory} holds no {MARKER}: not a frozen evidence") from exc
+    except ValueError as exc:  # bounded JSON: too deep, a huge integer, or no JSON at all
+        raise FrozenEvidenceError(f"{directory}/{MARKER} does not parse: {exc}") from exc
+    if not isinstance(document, dict):
+        raise FrozenEvidenceError(f"{directory}/{MARKER} is not a JSON object")
     if document.get("format") != FORMAT:
         raise FrozenEvidenceError(f"{directory}: frozen format {document.get('format')!r}")
     return document

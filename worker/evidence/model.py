@@ -6,6 +6,7 @@ types, so a gate can be tested with an `Evidence` made by hand.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from datetime import datetime
 from enum import StrEnum
@@ -142,6 +143,9 @@ class ParseSummary(_Frozen):
     head_lines: tuple[int, ...] = ()  # their 1-based line numbers, when the parser kept them
     head_source: str | None = None  # the file they come from (default: the first of `files`)
     clock: ClockSkew = ClockSkew()  # own line times against the Iris prefix times
+    cut_lines: int = 0  # lines longer than the parser's cap (LINE_MAX_BYTES), cut with a marker
+    cut_examples: tuple[str, ...] = ()  # "source:line: N bytes", the first few
+    notes: tuple[str, ...] = ()  # what the report must state about reading the logs
 
 
 @dataclass(frozen=True)
@@ -158,12 +162,26 @@ class LogTables:
     resumes: pl.DataFrame = field(default_factory=lambda: schema.empty(schema.RESUMES))
     summary: ParseSummary = field(default_factory=ParseSummary)
 
-    def metrics_wide(self) -> pl.DataFrame:
-        """`step` then one column per metric key, sorted by step."""
-        if self.metrics.is_empty():
-            return pl.DataFrame(schema={"step": pl.Int64()})
-        wide = self.metrics.pivot(on="key", index="step", values="value", aggregate_function="last")
-        return wide.sort("step")
+    def metrics_wide(self, keys: Iterable[str] | None = None) -> pl.DataFrame:
+        """`step` then one column per metric key, sorted by step: only the `keys` given (a gate
+        names the few it reads; a key with no rows has no column), else every key.
+
+        Each set of keys is pivoted once per `LogTables` (the gates ask again and again): a log
+        with hundreds of thousands of distinct keys costs a filter, not a pivot of every key.
+        """
+        wanted = None if keys is None else tuple(sorted(set(keys)))
+        pivots: dict[tuple[str, ...] | None, pl.DataFrame] = self.__dict__.setdefault("_wide", {})
+        if wanted not in pivots:
+            pivots[wanted] = _pivot(self.metrics, wanted)
+        return pivots[wanted]
+
+
+def _pivot(metrics: pl.DataFrame, keys: tuple[str, ...] | None) -> pl.DataFrame:
+    rows = metrics if keys is None else metrics.filter(pl.col("key").is_in(list(keys)))
+    if rows.is_empty():
+        return pl.DataFrame(schema={"step": pl.Int64()})
+    wide = rows.pivot(on="key", index="step", values="value", aggregate_function="last")
+    return wide.sort("step")
 
 
 # --- trials -------------------------------------------------------------------------------------

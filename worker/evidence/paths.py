@@ -7,6 +7,7 @@ them as discrepancies.
 
 from __future__ import annotations
 
+import errno
 import os
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -21,15 +22,25 @@ class PathEscapeError(ValueError):
 
 def resolve_inside(root: Path, relative: str | Path) -> Path:
     """`root / relative`, resolved, or `PathEscapeError` when the result is not under `root`."""
-    base = root.resolve()
     candidate = Path(relative)
-    joined = candidate if candidate.is_absolute() else base / candidate
-    resolved = joined.resolve()
+    try:
+        base = root.resolve()
+        joined = candidate if candidate.is_absolute() else base / candidate
+        resolved = joined.resolve()
+    except (RuntimeError, OSError) as exc:  # a symlink loop (RuntimeError before Python 3.13)
+        raise PathEscapeError(f"refused {str(relative)!r}: {_why(exc)}") from exc
     if resolved != base and base not in resolved.parents:
         raise PathEscapeError(
             f"refused {str(relative)!r}: it resolves to {resolved}, outside {base}"
         )
     return resolved
+
+
+def _why(exc: BaseException) -> str:
+    text = str(exc)
+    if "loop" in text.lower() or getattr(exc, "errno", None) == errno.ELOOP:
+        return "a symlink loop"
+    return f"it cannot be resolved ({type(exc).__name__})"
 
 
 @dataclass

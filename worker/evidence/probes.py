@@ -41,6 +41,7 @@ from worker.evidence.model import (
     StackDump,
 )
 from worker.evidence.paths import BundleFiles, resolve_inside
+from worker.evidence.values import loads_json, read_json, read_text
 
 __all__ = [
     "GPU_COLUMNS",
@@ -85,6 +86,8 @@ _STATE_PREFIXES: Final = ("job_state_", "task_state_", "attempt_state_")
 
 _T = TypeVar("_T")
 
+# A stack dump or GPU table is KBs; a bigger one is read up to this and marked as cut.
+PROBE_TEXT_MAX_BYTES: Final = 8 * 2**20
 PROBES_JSON: Final = "probes.json"
 CONTROLLER_JSON: Final = "controller.json"
 ATTEMPTS_JSON: Final = "attempts.json"
@@ -139,17 +142,34 @@ def controller_from_mapping(data: Mapping[str, Any]) -> ControllerView:
 
 
 def controller_from_iris_summary(json_text: str) -> ControllerView:
-    """The output of `iris job summary <id> --json` as a ControllerView."""
-    data = json.loads(json_text)
+    """The output of `iris job summary <id> --json` as a ControllerView (bounded JSON:
+    `ValueError` past a bound)."""
+    data = loads_json(json_text, int64=True)
     if not isinstance(data, Mapping):
         raise ProbeFileError(f"job summary is not a JSON object but {type(data).__name__}")
     return controller_from_mapping(data)
 
 
+# Milliseconds a datetime can hold (years 1970-9999); a value outside is no time at all.
+_MAX_MS: Final = 253_402_300_799_999
+_MS_FIELDS: Final = ("started_at_ms", "finished_at_ms")
+
+
+def _millis(value: object) -> object:
+    """A millisecond field as given, or None when it is a number no datetime can hold."""
+    number = value if isinstance(value, int | float) and not isinstance(value, bool) else None
+    if isinstance(value, str) and value.strip().lstrip("-").isdigit():
+        number = int(value.strip()) if len(value.strip()) < 20 else _MAX_MS + 1
+    if number is not None and not 0 <= number <= _MAX_MS:
+        return None
+    return value
+
+
 def _attempt(data: Mapping[str, Any]) -> AttemptRecord:
     blanks_as_none = {key: (None if value == "" else value) for key, value in data.items()}
+    times = {name: _millis(blanks_as_none[name]) for name in _MS_FIELDS if name in blanks_as_none}
     return AttemptRecord.model_validate(
-        {**blanks_as_none, "state": iris_state_name(blanks_as_none.get("state"))}
+        {**blanks_as_none, **times, "state": iris_state_name(blanks_as_none.get("state"))}
     )
 
 
@@ -213,10 +233,9 @@ def _load_json(files: BundleFiles, name: str) -> object | None:
     if path is None or not path.is_file():
         return None
     try:
-        data: object = json.loads(path.read_text(encoding="utf-8", errors="replace"))
+        return read_json(path, int64=True)
     except (OSError, ValueError) as exc:
         raise ProbeFileError(f"{name} does not parse: {exc}") from exc
-    return data
 
 
 def _commands(data: Mapping[str, Any]) -> tuple[ProbeCommand, ...]:
@@ -271,8 +290,14 @@ def _stack(
         n=int(match["n"]),
         source=f"{prefix}/{relative}" if prefix else relative,
         captured_at=started.get(relative) or mtime_utc(path),
-        text=path.read_text(encoding="utf-8", errors="replace"),
+        text=_probe_text(path),
     )
+
+
+def _probe_text(path: Path) -> str:
+    """A probe output, at most PROBE_TEXT_MAX_BYTES of it (marked when cut)."""
+    content, cut = read_text(path, PROBE_TEXT_MAX_BYTES)
+    return content + (f"\n[... cut at {PROBE_TEXT_MAX_BYTES:,} bytes]" if cut else "")
 
 
 def _stacks(
@@ -288,11 +313,15 @@ def _stacks(
     return tuple(sorted(stacks, key=lambda s: (s.target, s.pid, s.n)))
 
 
+def _gpu_table(path: Path) -> tuple[dict[str, float | None], ...]:
+    try:
+        return parse_gpu_csv(read_text(path, PROBE_TEXT_MAX_BYTES)[0])
+    except csv.Error as exc:
+        raise ProbeFileError(f"gpus/{path.name} does not parse: {exc}") from exc
+
+
 def _gpus(files: BundleFiles) -> dict[str, tuple[dict[str, float | None], ...]]:
-    return {
-        path.stem: parse_gpu_csv(path.read_text(encoding="utf-8", errors="replace"))
-        for path in files.walk("gpus", "*.csv")
-    }
+    return {path.stem: _gpu_table(path) for path in files.walk("gpus", "*.csv")}
 
 
 def _command_failure(files: BundleFiles, command: ProbeCommand) -> str | None:

@@ -10,7 +10,6 @@ so nothing outside the job directory (or the explicit trials directory) is opene
 
 from __future__ import annotations
 
-import json
 import os
 from collections.abc import Iterable, Mapping
 from pathlib import Path
@@ -22,7 +21,7 @@ from worker.evidence import schema
 from worker.evidence.bundle import parse_timestamp
 from worker.evidence.model import TrialTables
 from worker.evidence.paths import BundleFiles
-from worker.evidence.values import integer, number, text
+from worker.evidence.values import integer, number, read_json, read_text, text
 
 __all__ = [
     "DEFAULT_TRIALS_DIR",
@@ -38,6 +37,7 @@ TRIAL_FILES: Final = ("result.json", "results.json", "config.json")
 SIDE_FILES: Final = ("sync_selection.json", "skipped_objects.json")
 HARBOR_PHASES: Final = ("environment_setup", "agent_setup", "agent_execution", "verifier")
 TB_CLEAN_MODES: Final = frozenset({"unset", "none"})
+TRIAL_FILE_MAX_BYTES: Final = 16 * 2**20  # a trial's result or exception text (KBs in practice)
 
 Row = dict[str, Any]
 
@@ -171,7 +171,7 @@ def terminal_bench_row(data: Mapping[str, Any], trial_dir: str) -> Row:
 
 def _read_json(path: Path) -> object:
     try:
-        return json.loads(path.read_text(encoding="utf-8", errors="replace"))
+        return read_json(path, TRIAL_FILE_MAX_BYTES, int64=True)
     except (OSError, ValueError) as exc:
         raise UnreadableError(f"{type(exc).__name__}: {exc}") from exc
 
@@ -185,9 +185,19 @@ def _read_object(path: Path) -> Mapping[str, Any]:
 
 def _read_text(path: Path) -> str | None:
     try:
-        return path.read_text(encoding="utf-8", errors="replace")
+        # a traceback's last line names the exception: keep the end of a huge one
+        return _tail_text(path, TRIAL_FILE_MAX_BYTES)
     except OSError:
         return None
+
+
+def _tail_text(path: Path, max_bytes: int) -> str:
+    size = path.stat().st_size
+    if size <= max_bytes:
+        return read_text(path, max_bytes)[0]
+    with path.open("rb") as handle:
+        handle.seek(size - max_bytes)
+        return handle.read(max_bytes).decode("utf-8", errors="replace")
 
 
 def _trial_file(directory: Path, names: set[str]) -> Path:

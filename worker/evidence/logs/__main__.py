@@ -1,7 +1,8 @@
 """`python -m worker.evidence.logs PATH [--out DIR] [--format csv|parquet]`: parse and write tables.
 
 PATH is a job directory or a single log file. Prints a one-line summary; exits 1 when no metrics
-were found (the other tables are still written).
+were found (the other tables are still written), 2 when the logs cannot be read within the memory
+budget (one line saying why).
 """
 
 from __future__ import annotations
@@ -10,7 +11,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from worker.evidence.logs import parse_job_logs, parse_log_file, write_tables
+from worker.evidence.logs import LogBudgetError, parse_job_logs, parse_log_file, write_tables
 from worker.evidence.model import LogTables
 
 
@@ -27,7 +28,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, default=Path())
     parser.add_argument("--format", choices=["csv", "parquet"], default="csv")
     args = parser.parse_args(argv)
-    tables = _parse(args.path)
+    try:
+        tables = _parse(args.path)
+    except LogBudgetError as exc:
+        print(exc, file=sys.stderr)
+        return 2
     if tables is None:
         print(f"no log file under {args.path}", file=sys.stderr)
         return 1

@@ -19,6 +19,19 @@ _BATCH: Final = (
     r"Batch generation \w+: (\d+)/(\d+) successful, (\d+) failed instances?, (\d+) masked"
 )
 _CONSUMED: Final = ""
+_NO_BATCHES: Final = pl.DataFrame(
+    schema={
+        "step": pl.Int64,
+        "successful": pl.Int64,
+        "total": pl.Int64,
+        "failed": pl.Int64,
+        "masked": pl.Int64,
+        "exceptions": pl.String,
+        "line": pl.Int64,
+        "ts": pl.Datetime("us", "UTC"),
+        "attempt": pl.Int32,
+    }
+)
 
 
 def _joined(ev: pl.DataFrame, state: ParserState) -> pl.DataFrame:
@@ -47,6 +60,8 @@ def _carry(rows: pl.DataFrame, state: ParserState) -> None:
 
 def batch_rows(ev: pl.DataFrame, state: ParserState) -> pl.DataFrame:
     """BATCHES rows (without `source`); advances `state.breakdowns`."""
+    if ev.filter(pl.col("kind").is_in(["breakdown", "batch"])).is_empty():
+        return _NO_BATCHES  # most logs print none: skip the joins
     rows = _joined(ev, state)
     parsed = pl.col("msg").str.extract_groups(_BATCH).struct
     exceptions = pl.col("_prev").fill_null("{}").replace(_CONSUMED, "{}")

@@ -61,17 +61,29 @@ def _note_first_content(chunk: Scan, state: ParserState) -> None:
         state.first_content = state.line + chunk.first_content + 1
 
 
+def _note_cuts(chunk: Scan, cut: int, state: ParserState, source: str) -> None:
+    """Count the committed lines that were cut to LINE_MAX_BYTES; quote the first few."""
+    cuts = [c for c in chunk.cuts if c.idx < cut]
+    state.cut_lines += len(cuts)
+    room = max(MAX_EXAMPLES - len(state.cut_examples), 0)
+    state.cut_examples.extend(
+        f"{source}:{state.line + c.idx + 1}: {c.length:,} bytes" for c in cuts[:room]
+    )
+
+
 def _cut(ev: pl.DataFrame, blocks: pl.DataFrame, n_lines: int) -> int:
     starts = pl.concat([records.open_blocks(blocks, n_lines), errors.open_tracebacks(ev, n_lines)])
     return int(starts.min()) if len(starts) else n_lines  # type: ignore[arg-type]
 
 
-def _set_steps(ev: pl.DataFrame, mirrors: pl.DataFrame, blocks: pl.DataFrame) -> pl.DataFrame:
+def _set_steps(
+    ev: pl.DataFrame, mirrors: pl.DataFrame, blocks: pl.DataFrame, progress: pl.DataFrame
+) -> pl.DataFrame:
     train = mirrors.filter(pl.col("ok") & (pl.col("mkind") == "train"))
     parts = [
         train.select("idx", set_step="mstep"),
         blocks.filter(pl.col("gstep").is_not_null()).select("idx", set_step="gstep"),
-        timers.progress_steps(ev),
+        timers.progress_steps(progress),
         timers.resume_steps(ev),
     ]
     steps = pl.concat([p.cast({"idx": pl.UInt32, "set_step": pl.Int64}) for p in parts])
@@ -148,10 +160,11 @@ def parse_chunk(
     blocks = blocks.filter(pl.col("idx") < cut)
     stats = chunk.stats.filter(pl.col("idx") < cut)
     mirrors = chunk.mirrors.filter(pl.col("idx") < cut)
-    ev = _with_context(_set_steps(ev, mirrors, blocks), state)
+    progress = timers.progress_parsed(ev)
+    ev = _with_context(_set_steps(ev, mirrors, blocks, progress), state)
     mirrors = mirrors.join(ev.select("idx", "line", "ts", "attempt"), on="idx")
     blocks = _block_context(blocks, ev)
-    tables = _tables(ev, mirrors, chunk.pairs, blocks, state, source)
+    tables = _tables(ev, mirrors, chunk.pairs, blocks, progress, state, source)
     tables["engines"] = conform(
         engines.engine_rows(stats, ev, state, state.line, source), "engines", source
     )
@@ -160,6 +173,7 @@ def parse_chunk(
     context.advance_state(ev, state)
     context.note_timestamps(tables["engines"].get_column("timestamp"), state)
     carry = chunk.after(cut) if cut < n_lines else None
+    _note_cuts(chunk, cut, state, source)
     state.line += cut
     state.offset += chunk.offset_of(cut)
     return tables, carry
@@ -170,6 +184,7 @@ def _tables(
     mirrors: pl.DataFrame,
     pairs: pl.DataFrame,
     blocks: pl.DataFrame,
+    progress: pl.DataFrame,
     state: ParserState,
     source: str,
 ) -> dict[str, pl.DataFrame]:
@@ -177,7 +192,7 @@ def _tables(
     tables = {
         "metrics": metrics,
         "timers": conform(timers.timer_rows(ev), "timers", source),
-        "progress": conform(timers.progress_rows(ev), "progress", source),
+        "progress": conform(timers.progress_rows(progress, ev), "progress", source),
         "batches": conform(batches.batch_rows(ev, state), "batches", source),
         "errors": conform(errors.error_rows(ev), "errors", source),
         "resumes": conform(timers.resume_rows(ev), "resumes", source),

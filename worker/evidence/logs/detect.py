@@ -13,6 +13,7 @@ flagged by the catalogue's literals and the generic exception markers (`Error: `
 from __future__ import annotations
 
 import re
+from dataclasses import dataclass
 from typing import Final
 
 import polars as pl
@@ -163,50 +164,51 @@ def strip_sgr(expr: pl.Expr) -> pl.Expr:
     return expr.str.replace_all(SGR, "")
 
 
-def _later(frame: pl.DataFrame, literal: str) -> pl.Series:
-    return frame.filter(pl.col("raw").str.contains(literal, literal=True))["idx"]
+def _with(frame: pl.DataFrame, literal: str) -> pl.Series:
+    """`idx` of the rows of `frame` whose line holds `literal`."""
+    return frame.filter(pl.col("raw").str.contains(literal, literal=True)).get_column("idx")
 
 
-def _flagged(lines: pl.Series) -> pl.DataFrame:
-    """idx, raw and the flags engine (stat line), interest (other literal) and tb (traceback).
+@dataclass(frozen=True)
+class _Flags:
+    """Indices (sorted, UInt32) of a read's lines: vLLM stat lines, other lines holding a flag
+    literal, and the lines that open a traceback or Ray unhandled-error block."""
 
-    One regex (a literal prefilter, no captures) finds each line's first flag literal; a line
+    engine: pl.Series
+    interest: pl.Series
+    tb: pl.Series
+
+
+def _flags(lines: pl.Series) -> _Flags:
+    """One regex (a literal prefilter, no captures) finds each line's first flag literal; a line
     without one has no flag. The engine and traceback literals can also follow another literal
-    (in an Iris job name, say), so only the lines with a hit are searched for them again.
-    """
-    raw, first = pl.col("raw"), pl.col("_first")
-    frame = pl.DataFrame({"raw": lines}).with_row_index("idx")
-    frame = frame.with_columns(_first=raw.str.extract(_ANY_FLAG, 0))
-    hits = frame.filter(first.is_not_null())
-    others = hits.filter(first != ENGINE_LITERAL)
-    engine_later = _later(others, ENGINE_LITERAL)
-    tb_at = pl.concat(
-        [
-            _later(others, TRACEBACK),
-            _later(others, UNHANDLED),
-            _later(hits.filter(first == ENGINE_LITERAL), TRACEBACK),
-        ]
+    (in an Iris job name, say), so only the lines with a hit are searched for them again. Only
+    the one pass touches every line; the rest works on the few lines with a hit."""
+    first = lines.str.extract(_ANY_FLAG, 0)
+    hit = first.is_not_null()
+    hits = pl.DataFrame(
+        {"idx": hit.arg_true(), "raw": lines.filter(hit), "first": first.filter(hit)}
     )
-    idx = pl.col("idx")
-    engine = (first == ENGINE_LITERAL).fill_null(False) | idx.is_in(engine_later.implode())
-    return frame.select(
-        "idx",
-        "raw",
-        engine=engine,
-        interest=first.is_not_null() & ~engine,
-        tb=idx.is_in(tb_at.implode()),
+    is_engine = pl.col("first") == ENGINE_LITERAL
+    engine_first, others = hits.filter(is_engine), hits.filter(~is_engine)
+    engine_later = _with(others, ENGINE_LITERAL)
+    tb = pl.concat(
+        [_with(others, TRACEBACK), _with(others, UNHANDLED), _with(engine_first, TRACEBACK)]
     )
+    engine = pl.concat([engine_first.get_column("idx"), engine_later]).sort()
+    interest = others.filter(~pl.col("idx").is_in(engine_later.implode())).get_column("idx")
+    return _Flags(engine=engine, interest=interest, tb=tb.unique().sort())
 
 
-def _candidates() -> pl.Expr:
-    """Interesting lines, lines up to WINDOW_LINES after a traceback, and the first WINDOW_LINES.
-
-    The first lines may close a traceback of an earlier read; `in_windows` drops those that do not.
-    """
-    idx = pl.col("idx").cast(pl.Int64)
-    since = idx - pl.when(pl.col("tb")).then(idx).forward_fill()
-    window = (since <= WINDOW_LINES).fill_null(False)
-    return pl.col("interest") | window | (idx < WINDOW_LINES)
+def _picked(flags: _Flags, n_lines: int) -> pl.Series:
+    """Interesting lines, lines up to WINDOW_LINES after a traceback, and the first WINDOW_LINES
+    (which may close a traceback of an earlier read; `in_windows` drops those that do not)."""
+    starts = pl.concat([pl.Series([0], dtype=pl.UInt32), flags.tb])
+    ends = pl.concat(
+        [pl.Series([WINDOW_LINES], dtype=pl.UInt32), flags.tb + (WINDOW_LINES + 1)]
+    ).clip(upper_bound=n_lines)
+    windows = pl.int_ranges(starts, ends, dtype=pl.UInt32, eager=True).explode().drop_nulls()
+    return pl.concat([flags.interest, windows]).unique().sort()
 
 
 def in_windows(ev: pl.DataFrame) -> pl.DataFrame:
@@ -313,7 +315,7 @@ def _classify(frame: pl.LazyFrame) -> pl.LazyFrame:
     )
 
 
-def evidence_lines(lines: pl.Series) -> tuple[pl.LazyFrame, pl.LazyFrame]:
+def evidence_lines(lines: pl.Series) -> tuple[pl.LazyFrame, pl.DataFrame]:
     """Queries for the lines worth reading, prefixes stripped and classified, and the stat lines.
 
     The first has idx (0-based in `lines`), window_only (kept only as a possible traceback end),
@@ -322,7 +324,11 @@ def evidence_lines(lines: pl.Series) -> tuple[pl.LazyFrame, pl.LazyFrame]:
     or exception marker is in the message), actor. The second has `idx` and `raw`
     of the vLLM engine stat lines, which take a shorter path (they are most of a busy log).
     """
-    frame = _flagged(lines).lazy()
-    stats = frame.filter(pl.col("engine")).select("idx", "raw")
-    picked = frame.filter(_candidates()).select("idx", "raw", "tb", window_only=~pl.col("interest"))
-    return _classify(_strip_prefixes(picked)), stats
+    flags = _flags(lines)
+    idx = _picked(flags, len(lines))
+    picked = pl.DataFrame({"idx": idx, "raw": lines.gather(idx)}).with_columns(
+        tb=pl.col("idx").is_in(flags.tb.implode()),
+        window_only=~pl.col("idx").is_in(flags.interest.implode()),
+    )
+    stats = pl.DataFrame({"idx": flags.engine, "raw": lines.gather(flags.engine)})
+    return _classify(_strip_prefixes(picked.lazy())), stats

@@ -18,27 +18,100 @@ __all__ = ["engine_fields", "engine_rows"]
 
 _NUMBER: Final = r"\d+(?:\.\d+)?"
 _HALF_DAY: Final = 43_200
+_FIELDS: Final = ("prompt", "generation", "running", "waiting", "kv", "hit")
+_LITERAL: Final = "Avg prompt throughput"
+# The stat line of vLLM's logger since v0.6, from its literal on: the six numbers lie between
+# these fixed fragments (found by literal search, then sliced; no regex over the line).
+_FRAGMENTS: Final = (
+    "Avg prompt throughput: ",
+    " tokens/s, Avg generation throughput: ",
+    " tokens/s, Running: ",
+    " reqs, Waiting: ",
+    " reqs, GPU KV cache usage: ",
+    "%, Prefix cache hit rate: ",
+)
+_PLAIN: Final = r"^\d+(?:\.\d+)?(?: \d+(?:\.\d+)?){5}$"
+_CLOCK: Final = r"^\[\d\d:\d\d:\d\d"
 
 
-def engine_fields(stats: pl.LazyFrame) -> pl.LazyFrame:
-    """The fields of each stat line (`idx`, `raw`): numbers, index, pid, ip, vLLM and Iris time."""
-    parts = pl.col("raw").str.split_exact("Avg prompt throughput", 1).struct
-    frame = stats.select("idx", _head=parts.field("field_0"), _tail=parts.field("field_1"))
-    head, tail = pl.col("_head"), pl.col("_tail")
+def _canonical(frame: pl.DataFrame) -> pl.DataFrame:
+    """`frame` with the six numbers of its canonical stat tails as text (null where a fragment
+    is missing) and `_ok`, true when all six are plain numbers where vLLM prints them."""
+    tail = pl.col("_tail")
+    ends = [f"_e{i}" for i in range(1, len(_FRAGMENTS))]
+    frame = frame.with_columns(
+        *(tail.str.find(fragment, literal=True).alias(name)
+          for name, fragment in zip(ends, _FRAGMENTS[1:], strict=True)),
+        _len=tail.str.len_bytes(),
+    )  # fmt: skip
+    starts = [pl.lit(len(_FRAGMENTS[0]))] + [
+        pl.col(name) + len(fragment) for name, fragment in zip(ends, _FRAGMENTS[1:], strict=True)
+    ]
+    stops = [*(pl.col(name) for name in ends), pl.col("_len") - 1]
+    frame = frame.with_columns(
+        tail.str.slice(a, b - a).alias(name)
+        for name, a, b in zip(_FIELDS, starts, stops, strict=True)
+    )
+    # one short pattern over the six tokens together: each a plain number, as vLLM prints it
+    plain = pl.concat_str(*(pl.col(name) for name in _FIELDS), separator=" ").str.contains(_PLAIN)
+    ok = tail.str.starts_with(_FRAGMENTS[0]) & tail.str.ends_with("%") & plain.fill_null(False)
+    return frame.with_columns(_ok=ok).drop(*ends, "_len")
+
+
+def _numbers(frame: pl.DataFrame) -> pl.DataFrame:
+    """The six numbers of `frame`'s `_tail`: canonical tails sliced, the others (older vLLM
+    with `Swapped:`, anything unusual) read by one pattern and their order."""
+    canonical = _canonical(frame)
+    if canonical.get_column("_ok").all():  # the usual case: no filter, no sort
+        return canonical.select(
+            pl.exclude("_ok", "_tail", *_FIELDS), *(pl.col(n).cast(pl.Float64) for n in _FIELDS)
+        )
+    good = canonical.filter(pl.col("_ok")).with_columns(
+        pl.col(name).cast(pl.Float64) for name in _FIELDS
+    )
+    other = canonical.filter(~pl.col("_ok"))
+    found = other.with_columns(_n=pl.col("_tail").str.extract_all(_NUMBER))
+    shift = pl.col("_tail").str.contains("Swapped:", literal=True).cast(pl.Int64)
+
+    def num(i: int | pl.Expr) -> pl.Expr:
+        return pl.col("_n").list.get(i, null_on_oob=True).cast(pl.Float64, strict=False)
+
+    positions: tuple[int | pl.Expr, ...] = (0, 1, 2, shift + 3, shift + 4, shift + 5)
+    other = found.with_columns(
+        num(at).alias(name) for name, at in zip(_FIELDS, positions, strict=True)
+    )
+    both = pl.concat([good, other.drop("_n")]).sort("idx")
+    return both.drop("_ok", "_tail")
+
+
+def engine_fields(stats: pl.DataFrame) -> pl.DataFrame:
+    """The fields of each stat line (`idx`, `raw`): its six numbers, engine index, pid, ip,
+    vLLM time and Iris time of day."""
+    raw = pl.col("raw")
+    frame = stats.with_columns(_at=raw.str.find(_LITERAL, literal=True)).select(
+        "idx", _head=raw.str.head(pl.col("_at")), _tail=raw.str.slice(pl.col("_at"))
+    )
+    head = pl.col("_head")
     # Whole matches (no capture groups, the regex engine's fast path), then fixed slices of them.
     owner = head.str.extract(r"pid=\d+(?:, ip=[^\s()]+)?", 0).str.split_exact(", ip=", 1).struct
     vllm = head.str.extract(r"(?:INFO|WARNING|DEBUG|ERROR) \d\d-\d\d \d\d:\d\d:\d\d", 0)
-    clock = pl.when(head.str.starts_with("[")).then(head.str.slice(1, 8))
-    return frame.select(
+    clock = pl.when(head.str.contains(_CLOCK))
+
+    def part(start: int, most: int) -> pl.Expr:
+        value = head.str.slice(start, 2).cast(pl.Int64, strict=False)
+        return pl.when(value < most).then(value)
+
+    tod = clock.then(part(1, 24) * 3600 + part(4, 60) * 60 + part(7, 60))
+    fields = frame.select(
         "idx",
-        _n=tail.str.extract_all(_NUMBER),
-        _shift=tail.str.contains("Swapped:", literal=True).cast(pl.Int64),
+        "_tail",
         index=head.str.extract(r"Engine \d+: $", 0).str.slice(7).str.head(-2).fill_null("0"),
         pid=owner.field("field_0").str.slice(4),
         ip=owner.field("field_1"),
         vts=vllm.str.slice(-14),
-        tod=clock.str.to_time("%H:%M:%S", strict=False).cast(pl.Int64) // 1_000_000_000,
+        tod=tod,
     )
+    return _numbers(fields)
 
 
 def _context(frame: pl.DataFrame, ev: pl.DataFrame, state: ParserState) -> pl.DataFrame:
@@ -77,18 +150,15 @@ def engine_rows(
         .otherwise(pl.concat_str(pl.col("pid"), pl.lit("@"), pl.col("ip")))
     )
 
-    def num(i: int | pl.Expr) -> pl.Expr:
-        return pl.col("_n").list.get(i, null_on_oob=True).cast(pl.Float64, strict=False)
-
     return rows.select(
         timestamp="ts",
         engine=pl.concat_str(owner, pl.lit("/"), pl.col("index")),
-        running=num(2).cast(pl.Int64),
-        waiting=num(pl.col("_shift") + 3).cast(pl.Int64),
-        kv_cache_pct=num(pl.col("_shift") + 4),
-        generation_tokens_per_s=num(1),
-        prompt_tokens_per_s=num(0),
-        prefix_cache_hit_pct=num(pl.col("_shift") + 5),
+        running=pl.col("running").cast(pl.Int64, strict=False),
+        waiting=pl.col("waiting").cast(pl.Int64, strict=False),
+        kv_cache_pct="kv",
+        generation_tokens_per_s="generation",
+        prompt_tokens_per_s="prompt",
+        prefix_cache_hit_pct="hit",
         line=pl.col("idx").cast(pl.Int64) + line_base + 1,
         attempt="attempt",
     ).filter(pl.col("running").is_not_null() & pl.col("waiting").is_not_null())

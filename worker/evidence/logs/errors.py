@@ -91,6 +91,13 @@ def with_traceback_ends(ev: pl.DataFrame) -> pl.DataFrame:
     """Add to the block starts of `ev` (sorted by idx) `tb_end`/`tb_end_idx` (the final line,
     past a Ray wrapper), `tb_wrap_idx` (the wrapper passed) and `tb_open` (a wrapper whose
     wrapped exception is not in `ev`, or not within WINDOW_LINES)."""
+    if not ev.select(_opens().any()).item():  # most chunks open no block: nothing to join
+        return ev.with_columns(
+            tb_end_idx=pl.lit(None, dtype=pl.UInt32),
+            tb_wrap_idx=pl.lit(None, dtype=pl.UInt32),
+            tb_open=pl.lit(False),
+            tb_end=pl.lit(None, dtype=pl.String),
+        )
     idx = pl.col("idx")
     after = pl.when(_end_candidate()).then(idx).backward_fill().shift(-1).over("actor")
     frame = ev.with_columns(_after=after, _opens=_opens())

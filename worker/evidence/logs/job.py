@@ -15,13 +15,14 @@ from typing import Any, Final
 
 import polars as pl
 
+from worker.evidence.logs.budget import LogBudgetError, MemoryBudget
 from worker.evidence.logs.incremental import LogCache
 from worker.evidence.logs.reader import FileRows, parse_file_rows
 from worker.evidence.logs.stitch import build_tables
 from worker.evidence.model import ClockSkew, LogTables, ParseSummary
 from worker.evidence.paths import BundleFiles
 
-__all__ = ["Progress", "parse_job_logs"]
+__all__ = ["Progress", "parse_job_logs", "read_job_logs"]
 
 Progress = Callable[[str, int, int], None]
 """Told `(source, bytes read before it, bytes in all)` before each log file is read (the command
@@ -77,6 +78,9 @@ def _merge_summaries(parts: list[FileRows]) -> ParseSummary:
         first_timestamp=min(firsts, default=None),
         last_timestamp=_latest(lasts),
         clock=_merge_clocks([s.clock for s in summaries]),
+        cut_lines=sum(s.cut_lines for s in summaries),
+        cut_examples=tuple(e for s in summaries for e in s.cut_examples)[:_MAX_EXAMPLES],
+        notes=tuple(n for s in summaries for n in s.notes),
         **_head(summaries),
     )
 
@@ -114,14 +118,17 @@ def _parse_all(
     paths: list[Path],
     reference_date: date | None,
     cache: LogCache | None,
+    budget: MemoryBudget,
     announce: Callable[[Path], None] = lambda _path: None,
 ) -> list[FileRows]:
     found = []
     for path in paths:
         announce(path)
-        found.append(
-            parse_file_rows(path, files.relative(path), reference_date=reference_date, cache=cache)
+        source = files.relative(path)
+        rows = parse_file_rows(
+            path, source, reference_date=reference_date, cache=cache, budget=budget
         )
+        found.append(rows)
     return found
 
 
@@ -148,8 +155,13 @@ def parse_job_logs(
     files: BundleFiles | None = None,
     cache: LogCache | None = None,
     progress: Progress | None = None,
+    memory_mb: int | None = None,
 ) -> LogTables | None:
-    """The tables of a job directory's logs, or None when it holds no log file at all."""
+    """The tables of a job directory's logs, or None when it holds no log file at all.
+
+    The logs are read together within one memory budget (1.5x their bytes, at most `memory_mb`,
+    default RLHEALTH_PARSE_MEMORY_MB); `LogBudgetError` when they cannot be.
+    """
     files = files or BundleFiles(job_dir)
     finelog = files.open_path(FINELOG)
     main = [finelog] if finelog is not None and finelog.is_file() else []
@@ -157,13 +169,44 @@ def parse_job_logs(
     rays = _ray_worker_logs(files)
     if not (main or pods or rays):
         return None
-    tick = _announcer(files, [*main, *pods, *rays], progress) if progress else lambda _path: None
-    primary = _parse_all(files, main, reference_date, cache, tick)
-    secondary = _parse_all(files, pods, reference_date, cache, tick)
-    extras = _parse_all(files, rays, reference_date, cache, tick)
+    every = [*main, *pods, *rays]
+    tick = _announcer(files, every, progress) if progress else lambda _path: None
+    budget = MemoryBudget.for_logs(sum(path.stat().st_size for path in every), memory_mb)
+    primary = _parse_all(files, main, reference_date, cache, budget, tick)
+    secondary = _parse_all(files, pods, reference_date, cache, budget, tick)
+    extras = _parse_all(files, rays, reference_date, cache, budget, tick)
     if not (primary and _usable(primary[0])):
         primary, secondary = primary + secondary, []
     rows = _union(primary) if primary else {}
     for extra in secondary + extras:
         rows = _fill(rows, extra)
     return build_tables(rows, _merge_summaries(primary + secondary + extras))
+
+
+def read_job_logs(
+    job_dir: Path,
+    *,
+    reference_date: date | None = None,
+    files: BundleFiles | None = None,
+    cache: LogCache | None = None,
+    progress: Progress | None = None,
+    memory_mb: int | None = None,
+) -> tuple[LogTables | None, tuple[str, ...]]:
+    """`parse_job_logs` for a diagnosis: the tables and what the report must state about them.
+
+    Logs that cannot be read within the memory budget give no tables (the gates are blind, so the
+    verdict is ERROR) and the reason; otherwise the notes are the summary's (cut lines,
+    compressed files).
+    """
+    try:
+        logs = parse_job_logs(
+            job_dir,
+            reference_date=reference_date,
+            files=files,
+            cache=cache,
+            progress=progress,
+            memory_mb=memory_mb,
+        )
+    except LogBudgetError as exc:
+        return None, (str(exc),)
+    return logs, (logs.summary.notes if logs is not None else ())

@@ -18,19 +18,32 @@ from typing import Final
 import polars as pl
 
 from worker.evidence.logs import detect, errors
+from worker.evidence.logs.budget import Held, MemoryBudget
 from worker.evidence.logs.chunk import TABLES, parse_chunk
-from worker.evidence.logs.incremental import HEAD_BYTES, CacheEntry, LogCache, cache_key, head_hash
-from worker.evidence.logs.lines import CHUNK_BYTES, iter_reads, read_tail, split_lines
+from worker.evidence.logs.incremental import CacheEntry, LogCache, cache_key, entry_for
+from worker.evidence.logs.lines import LINE_MAX_BYTES, iter_reads, read_tail, split_lines
 from worker.evidence.logs.scan import Scan, scan
 from worker.evidence.logs.state import ParserState
 from worker.evidence.logs.stitch import Stitched, build_tables, restitch, stitch
 from worker.evidence.model import ClockSkew, LogTables, ParseSummary
 
-__all__ = ["FileRows", "parse_file_rows", "parse_log_file"]
+__all__ = ["COMPRESSED_MAGIC", "FileRows", "compression", "parse_file_rows", "parse_log_file"]
 
 _LOGURU_TS: Final = r"(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d(?:\.\d+)?) \|"
 PREFETCH: Final = 2
 _WORKERS: Final = 2
+_WORST_DENSITY: Final = 4.0
+# A log file that starts with one of these is compressed: it is not read (a few MB of gzip can
+# expand to more than any budget), the report says so.
+COMPRESSED_MAGIC: Final = {
+    b"\x1f\x8b": "gzip",
+    b"\x28\xb5\x2f\xfd": "zstd",
+    b"BZh": "bzip2",
+    b"\xfd7zXZ\x00": "xz",
+    b"\x04\x22\x4d\x18": "lz4",
+    b"PK\x03\x04": "zip",
+    b"7z\xbc\xaf\x27\x1c": "7z",
+}
 
 
 @dataclass(frozen=True)
@@ -59,18 +72,34 @@ class _Run:
 
 
 class _Chunks:
-    """Scans parsed in order; the lines after each cut are carried into the next chunk."""
+    """Scans parsed in order; the lines after each cut are carried into the next chunk.
 
-    def __init__(self, state: ParserState, source: str) -> None:
+    After each chunk the rows kept (with `kept`, those of a cache entry) are checked against the
+    budget: a parse that could not finish within it stops with `LogBudgetError`.
+    """
+
+    def __init__(self, state: ParserState, source: str, budget: MemoryBudget, kept: Held) -> None:
         self.state = state
         self.source = source
+        self.budget = budget
+        self.kept = kept
         self.carry: Scan | None = None
         self.committed: list[dict[str, pl.DataFrame]] = []
+        # the last scan's frames for each byte read (records: ~3; busy: ~0.2); until a scan is
+        # seen, the worst is assumed, so the first reads of a tight budget are not run at once
+        self.density = _WORST_DENSITY
 
     def add(self, piece: Scan) -> None:
+        self.density = piece.density
         chunk = self.carry.then(piece) if self.carry is not None else piece
         rows, self.carry = parse_chunk(chunk, self.state, self.source, final=False)
         self.committed.append(rows)
+        self.kept.add(rows)
+        self.budget.check(self.kept, self.source, self.state.line, self.state.offset)
+
+    def room(self, in_flight: int) -> bool:
+        """True when one more read may be scanned beside the `in_flight` ones."""
+        return self.budget.room(self.kept, in_flight + 1, self.density)
 
     def finish(self, piece: Scan) -> _Run:
         saved = self.state.copy()
@@ -79,20 +108,26 @@ class _Chunks:
         return _Run(self.committed, saved, tail, self.state, saved.offset + chunk.size)
 
 
-def _run(path: Path, state: ParserState, source: str, chunk_bytes: int) -> _Run:
-    chunks = _Chunks(state, source)
+def _run(path: Path, state: ParserState, source: str, chunks: _Chunks, chunk_bytes: int) -> _Run:
+    """Scan reads ahead in the pool, as many as the budget has room for (at most PREFETCH + 1),
+    while the chunks are parsed in order; on `LogBudgetError` the reads not begun are dropped."""
     pending: deque[Future[Scan]] = deque()
     with path.open("rb") as handle, ThreadPoolExecutor(_WORKERS) as pool:
-        handle.seek(state.offset)
-        for read in iter_reads(handle, chunk_bytes):
-            pending.append(pool.submit(scan, read))
-            if read.final:
-                break
-            if len(pending) > PREFETCH:
+        try:
+            handle.seek(state.offset)
+            for read in iter_reads(handle, chunk_bytes, LINE_MAX_BYTES):
+                while pending and (len(pending) > PREFETCH or not chunks.room(len(pending))):
+                    chunks.add(pending.popleft().result())
+                pending.append(pool.submit(scan, read))
+                if read.final:
+                    break
+            while len(pending) > 1:
                 chunks.add(pending.popleft().result())
-        while len(pending) > 1:
-            chunks.add(pending.popleft().result())
-        return chunks.finish(pending.popleft().result())
+            return chunks.finish(pending.popleft().result())
+        except BaseException:
+            for future in pending:
+                future.cancel()
+            raise
 
 
 def _tail_timestamp(path: Path, size: int) -> datetime | None:
@@ -104,6 +139,17 @@ def _tail_timestamp(path: Path, size: int) -> datetime | None:
         .max()
     ).item()
     return stamps if isinstance(stamps, datetime) else None
+
+
+def _notes(state: ParserState, source: str) -> tuple[str, ...]:
+    """What the report must say about how this file was read."""
+    if not state.cut_lines:
+        return ()
+    plural = "s" if state.cut_lines > 1 else ""
+    return (
+        f"{source}: {state.cut_lines:,} line{plural} longer than {LINE_MAX_BYTES:,} bytes cut "
+        f"(kept with a marker): {'; '.join(state.cut_examples)}",
+    )
 
 
 def _summary(
@@ -133,7 +179,21 @@ def _summary(
             first_line=state.skew_first_line,
             source=source,
         ),
+        cut_lines=state.cut_lines,
+        cut_examples=tuple(state.cut_examples),
+        notes=_notes(state, source),
     )
+
+
+def compression(path: Path) -> str | None:
+    """The compression format `path` starts with (`gzip`, `zstd`, ...), or None."""
+    with path.open("rb") as handle:
+        head = handle.read(8)
+    return next((name for magic, name in COMPRESSED_MAGIC.items() if head.startswith(magic)), None)
+
+
+def _unread(source: str, size: int, note: str) -> FileRows:
+    return FileRows({}, ParseSummary(files=(source,), bytes=size, notes=(note,)))
 
 
 def _stitch_committed(
@@ -144,46 +204,75 @@ def _stitch_committed(
     return restitch(hit.stitched, committed, run.committed)
 
 
-def _read_file(
+@dataclass(frozen=True)
+class _Options:
+    reference_date: date | None
+    cache: LogCache | None
+    budget: MemoryBudget
+    chunk_bytes: int
+    stitched: bool  # keep the stitched tables of the committed rows in the cache entry
+
+
+def _store(
+    cache: LogCache,
+    key: str,
     path: Path,
-    source: str,
-    reference_date: date | None,
-    cache: LogCache | None,
-    chunk_bytes: int,
-    *,
-    stitched: bool,
-) -> tuple[FileRows, Stitched | None]:
-    """The raw rows of one file and, with a cache and `stitched`, their stitched tables.
+    run: _Run,
+    rows: dict[str, pl.DataFrame],
+    known: Stitched | None,
+) -> None:
+    cache.store(key, entry_for(path, run.bytes_read, run.committed_state, rows, known))
+
+
+def _read_file(path: Path, source: str, opts: _Options) -> tuple[FileRows, Stitched | None]:
+    """The raw rows of one file and, with a cache and `opts.stitched`, their stitched tables.
 
     The stitched tables of the committed rows are cached with them, so the next parse re-stitches
-    only the steps its new rows touch.
+    only the steps its new rows touch. A compressed file is not read (a note says so).
     """
-    key = cache_key(path, source, reference_date)
+    size = path.stat().st_size
+    packed = compression(path)
+    if packed is not None:
+        note = f"{source} is {packed}-compressed: not read (the logs must be synced as text)"
+        return _unread(source, size, note), None
+    cache = opts.cache
+    key = cache_key(path, source, opts.reference_date)
     hit = cache.lookup(key, path) if cache is not None else None
-    state = hit.state.copy() if hit else ParserState.initial(reference_date)
-    run = _run(path, state, source, chunk_bytes)
+    state = hit.state.copy() if hit else ParserState.initial(opts.reference_date)
+    kept = Held()
+    if hit is not None:
+        kept.add(hit.rows)
+    chunks = _Chunks(state, source, opts.budget, kept)
+    run = _run(path, state, source, chunks, opts.chunk_bytes)
     committed = _concat(([hit.rows] if hit else []) + run.committed)
     rows = _concat([committed, run.tail])
-    known = _stitch_committed(hit, committed, run) if cache is not None and stitched else None
+    known = _stitch_committed(hit, committed, run) if cache is not None and opts.stitched else None
     if cache is not None:
-        head_len = min(HEAD_BYTES, run.bytes_read)
-        entry = CacheEntry(
-            inode=path.stat().st_ino,
-            size=run.bytes_read,
-            head_len=head_len,
-            head_hash=head_hash(path, head_len),
-            state=run.committed_state,
-            rows=committed,
-            stitched=known,
-        )
-        cache.store(key, entry)
+        _store(cache, key, path, run, committed, known)
     final = restitch(known, rows, [run.tail]) if known is not None else None
     tail_ts = _tail_timestamp(path, run.bytes_read)
     if "errors" in rows:
         rows["errors"] = errors.annotate(rows["errors"])
     n_errors = rows["errors"].height if "errors" in rows else 0
     summary = _summary(run.state, source, run.bytes_read, tail_ts, n_errors)
+    held = Held()
+    held.add(rows)
+    opts.budget.keep(held)
     return FileRows(rows, summary), final
+
+
+def _options(
+    path: Path,
+    reference_date: date | None,
+    cache: LogCache | None,
+    chunk_bytes: int | None,
+    budget: MemoryBudget | None,
+    *,
+    stitched: bool,
+) -> _Options:
+    budget = budget or MemoryBudget.for_logs(path.stat().st_size)
+    chunk = chunk_bytes if chunk_bytes is not None else budget.chunk_bytes
+    return _Options(reference_date, cache, budget, chunk, stitched)
 
 
 def parse_file_rows(
@@ -192,10 +281,16 @@ def parse_file_rows(
     *,
     reference_date: date | None = None,
     cache: LogCache | None = None,
-    chunk_bytes: int = CHUNK_BYTES,
+    chunk_bytes: int | None = None,
+    budget: MemoryBudget | None = None,
 ) -> FileRows:
-    """The raw rows of one file, reusing and refreshing `cache` when given."""
-    return _read_file(path, source, reference_date, cache, chunk_bytes, stitched=False)[0]
+    """The raw rows of one file, reusing and refreshing `cache` when given.
+
+    `budget` (default: for this file's size) bounds the memory; `LogBudgetError` when the file
+    cannot be read within it. `chunk_bytes` overrides the budget's read size (tests).
+    """
+    opts = _options(path, reference_date, cache, chunk_bytes, budget, stitched=False)
+    return _read_file(path, source, opts)[0]
 
 
 def parse_log_file(
@@ -204,14 +299,15 @@ def parse_log_file(
     *,
     reference_date: date | None = None,
     cache: LogCache | None = None,
-    chunk_bytes: int = CHUNK_BYTES,
+    chunk_bytes: int | None = None,
     progress: Callable[[str, int, int], None] | None = None,
+    budget: MemoryBudget | None = None,
 ) -> LogTables:
     """The tables of one log file; `source` is the name written in provenance columns.
-    `progress` is told `(source, 0, size)` before the read."""
+    `progress` is told `(source, 0, size)` before the read. `LogBudgetError` when the file
+    cannot be read within `budget` (default: 1.5x its size, at most RLHEALTH_PARSE_MEMORY_MB)."""
     if progress is not None:
         progress(source, 0, path.stat().st_size)
-    found, stitched = _read_file(
-        path, source, reference_date, cache, chunk_bytes, stitched=cache is not None
-    )
+    opts = _options(path, reference_date, cache, chunk_bytes, budget, stitched=cache is not None)
+    found, stitched = _read_file(path, source, opts)
     return build_tables(found.rows, found.summary, stitched)

@@ -15,6 +15,7 @@ import polars as pl
 from worker.evidence.logs.lines import WINDOW_LINES
 
 __all__ = [
+    "PAIR_BATCH_BYTES",
     "block_steps",
     "dict_blocks",
     "dict_metrics",
@@ -38,6 +39,19 @@ _REWARD_PAIR: Final = r"(?:reward/[^\s:,]+|avg_final_rewards|avg_response_length
 _GLOBAL_STEP: Final = r"'trainer/global_step':\s*'?(-?\d+)"
 _METRIC_HINT: Final = ("'trainer/", "'reward/", "'policy", "'timing/", "'final_loss'")
 _KEEP: Final = ("step", "key", "value", "line", "ts", "attempt")
+PAIR_BATCH_BYTES: Final = 4 * 2**20
+_NO_ROWS: Final = pl.DataFrame(
+    schema={
+        "step": pl.Int64,
+        "key": pl.String,
+        "value": pl.Float64,
+        "line": pl.Int64,
+        "ts": pl.Datetime("us", "UTC"),
+        "attempt": pl.Int32,
+    }
+)
+# What a bare JSON value (a number, NaN, Infinity, true, null) never holds.
+_NOT_BARE: Final = (" ", "\t", ",", "{", "}", "[", "]", "(", ")", '"', "'")
 
 
 def _values(token: pl.Expr) -> pl.Expr:
@@ -48,8 +62,10 @@ def _values(token: pl.Expr) -> pl.Expr:
 
 
 def _explode_pairs(frame: pl.DataFrame, text: str, pair: str, key: str) -> pl.DataFrame:
-    """One row per `key: value` pair of column `text` with a numeric value."""
-    pairs = frame.with_columns(_pair=pl.col(text).str.extract_all(pair)).explode("_pair")
+    """One row per `key: value` pair of column `text` with a numeric value (without `text`:
+    exploding it too would repeat a whole record's text on each of its pairs)."""
+    found = frame.with_columns(_pair=pl.col(text).str.extract_all(pair)).drop(text)
+    pairs = found.explode("_pair")
     pairs = pairs.filter(pl.col("_pair").is_not_null())
     token = pl.col("_pair").str.replace(r"^" + key.removeprefix("^") + r"\s*:\s*", "")
     pairs = pairs.with_columns(key=pl.col("_pair").str.extract(key, 1), value=_values(token))
@@ -71,13 +87,67 @@ def mirror_records(ev: pl.DataFrame) -> pl.DataFrame:
     return rows.with_columns(ok=pl.col("json").is_not_null() & pl.col("mstep").is_not_null())
 
 
+def _batches(frame: pl.DataFrame, column: str, max_bytes: int) -> list[pl.DataFrame]:
+    """`frame` in consecutive slices whose `column` holds at most about `max_bytes` (a row
+    longer than that is a slice by itself)."""
+    ends = frame.get_column(column).str.len_bytes().cast(pl.Int64).cum_sum()
+    if frame.is_empty() or int(ends[-1]) <= max_bytes:
+        return [frame]
+    parts, start = [], 0
+    while start < frame.height:
+        before = int(ends[start - 1]) if start else 0
+        stop = max(start + 1, int(ends.search_sorted(before + max_bytes, side="right")))
+        parts.append(frame.slice(start, stop - start))
+        start = stop
+    return parts
+
+
+def _plain_pairs(part: pl.DataFrame) -> tuple[pl.DataFrame, pl.DataFrame]:
+    """The pairs of the records of `part` (`idx`, `json`) written as `json.dumps` writes them
+    (`"key": value, ...`, values bare), split at `, ` and `: `; and the other records.
+
+    A record is plain when every piece is one quoted key without an escaped quote, `: `, and a
+    value without a quote, space, comma, bracket, brace or parenthesis: then the split gives
+    exactly the pairs `_JSON_PAIR` finds, at a third of its cost. Any other record is left to
+    the pattern (`_explode_pairs`), whole."""
+    body = pl.col("json").str.strip_prefix("{").str.strip_suffix("}")
+    pieces = part.select("idx", _p=body.str.split(", ")).explode("_p")
+    kv = pl.col("_p").str.split_exact(": ", 1).struct
+    pieces = pieces.with_columns(_k=kv.field("field_0"), _v=kv.field("field_1"))
+    plain = (
+        (pl.col("_p").str.count_matches('"', literal=True) == 2)
+        & pl.col("_k").str.starts_with('"')
+        & pl.col("_k").str.ends_with('"')
+        & (pl.col("_k").str.len_bytes() >= 2)
+        & ~pl.col("_v").str.contains_any(list(_NOT_BARE))
+    ).fill_null(False)
+    odd = pieces.filter(~plain).get_column("idx").unique().implode()
+    found = pieces.filter(~pl.col("idx").is_in(odd)).select(
+        "idx",
+        key=pl.col("_k").str.strip_prefix('"').str.strip_suffix('"'),
+        value=pl.col("_v").cast(pl.Float64, strict=False),
+    )
+    return found.filter(pl.col("value").is_not_null()), part.filter(pl.col("idx").is_in(odd))
+
+
+def _record_pairs(part: pl.DataFrame) -> pl.DataFrame:
+    plain, other = _plain_pairs(part)
+    if other.is_empty():
+        return plain
+    rest = _explode_pairs(other, "json", _JSON_PAIR, _JSON_KEY).select("idx", "key", "value")
+    return pl.concat([plain, rest]).sort("idx", maintain_order=True)
+
+
 def mirror_pairs(records: pl.DataFrame) -> pl.DataFrame:
     """`idx`, `key` and `value` of each numeric pair of the well-formed train records.
 
     They need no parser state, so the scan threads read them; `mirror_metrics` adds the context.
+    The pairs are exploded PAIR_BATCH_BYTES of JSON at a time: a read of nothing but records
+    would otherwise hold every pair's text at once (several times the read).
     """
     train = records.filter(pl.col("ok") & (pl.col("mkind") == "train")).select("idx", "json")
-    return _explode_pairs(train, "json", _JSON_PAIR, _JSON_KEY).select("idx", "key", "value")
+    parts = [_record_pairs(part) for part in _batches(train, "json", PAIR_BATCH_BYTES)]
+    return parts[0] if len(parts) == 1 else pl.concat(parts)
 
 
 def mirror_metrics(records: pl.DataFrame, pairs: pl.DataFrame) -> pl.DataFrame:
@@ -135,6 +205,10 @@ def dict_metrics(blocks: pl.DataFrame) -> tuple[pl.DataFrame, pl.DataFrame]:
 
     `blocks` must carry `step` (console) and the provenance of its first line.
     """
+    if blocks.is_empty():
+        return _NO_ROWS.with_columns(origin=pl.lit("console")), _NO_ROWS.with_columns(
+            origin=pl.lit("policy_dict")
+        )
     closed = blocks.filter(pl.col("closed"))
     console = closed.filter(pl.col("gstep").is_not_null())
     console_pairs = _explode_pairs(console, "text", _PY_PAIR, _PY_KEY)

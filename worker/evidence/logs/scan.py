@@ -14,7 +14,7 @@ from typing import Final
 import polars as pl
 
 from worker.evidence.logs import detect, engines, records
-from worker.evidence.logs.lines import WINDOW_LINES, Read, line_start, split_read
+from worker.evidence.logs.lines import WINDOW_LINES, Cut, Read, bound_lines, line_start, split_read
 
 __all__ = ["HEAD_LINES", "HEAD_SCAN_LINES", "Scan", "scan"]
 
@@ -37,8 +37,10 @@ class Scan:
     pairs: pl.DataFrame  # records.mirror_pairs columns
     head: pl.DataFrame  # idx, text: first non-empty lines among the first HEAD_SCAN_LINES
     first_content: int | None  # idx of the first non-blank line
-    tail: bytes  # the bytes of the last `tail_lines` lines
+    tail: bytes  # the bytes of the last `tail_lines` lines (a cut line as cut)
     tail_lines: int
+    cuts: tuple[Cut, ...] = ()  # lines cut to LINE_MAX_BYTES, by idx
+    density: float = 0.0  # bytes of the frames above for each byte read (what a read costs)
 
     def then(self, other: Scan) -> Scan:
         """This scan followed by `other`."""
@@ -60,22 +62,30 @@ class Scan:
             else (None if first is None else first + self.lines),
             tail=tail,
             tail_lines=tail_lines,
+            cuts=self.cuts
+            + tuple(Cut(c.idx + self.lines, c.length, c.dropped) for c in other.cuts),
         )
+
+    def _within_tail(self, index: int) -> int:
+        """Position in `tail` of line `index`, which must lie within the tail."""
+        first = self.lines - self.tail_lines
+        if index < first:
+            raise ValueError(f"line {index} is before the scanned tail (line {first})")
+        return line_start(self.tail, len(self.tail), self.tail_lines, index - first)
 
     def offset_of(self, index: int) -> int:
         """Byte offset of line `index`, which must lie within the tail (or be the end)."""
         if index >= self.lines:
             return self.size
-        first = self.lines - self.tail_lines
-        if index < first:
-            raise ValueError(f"line {index} is before the scanned tail (line {first})")
-        within = line_start(self.tail, len(self.tail), self.tail_lines, index - first)
-        return self.size - len(self.tail) + within
+        within = self._within_tail(index)
+        # file bytes from line `index` on: the tail's from there, and what cuts dropped of them
+        dropped = sum(c.dropped for c in self.cuts if c.idx >= index)
+        return self.size - (len(self.tail) - within) - dropped
 
     def after(self, index: int) -> Scan:
         """The lines from `index` on (within the tail), already scanned."""
         start = self.offset_of(index)
-        cut = start - (self.size - len(self.tail))
+        cut = self._within_tail(index) if index < self.lines else len(self.tail)
         return Scan(
             lines=self.lines - index,
             size=self.size - start,
@@ -87,7 +97,14 @@ class Scan:
             first_content=None,
             tail=self.tail[cut:],
             tail_lines=self.lines - index,
+            cuts=tuple(
+                Cut(c.idx - index, c.length, c.dropped) for c in self.cuts if c.idx >= index
+            ),
         )
+
+
+def _moved(cuts: tuple[Cut, ...], by: int) -> tuple[Cut, ...]:
+    return tuple(Cut(c.idx + by, c.length, c.dropped) for c in cuts)
 
 
 def _shifted(frame: pl.DataFrame, by: int) -> pl.DataFrame:
@@ -113,10 +130,10 @@ def _head(lines: pl.Series) -> tuple[pl.DataFrame, int | None]:
 
 def scan(read: Read) -> Scan:
     """The scan of the complete lines of `read` (of all of it when final)."""
-    lines = split_read(read.data, read.end)
+    lines, cuts = bound_lines(split_read(read.data, read.end))
     n_lines = len(lines)
-    ev_query, stats_query = detect.evidence_lines(lines)
-    ev, stats = pl.collect_all([ev_query, engines.engine_fields(stats_query)])
+    ev_query, stat_lines = detect.evidence_lines(lines)
+    ev, stats = ev_query.collect(), engines.engine_fields(stat_lines)
     mirrors = records.mirror_records(ev)
     pairs = records.mirror_pairs(mirrors)
     head, first_content = _head(lines)
@@ -124,7 +141,7 @@ def scan(read: Read) -> Scan:
     start = line_start(read.data, read.end, n_lines, n_lines - tail_lines)
     return Scan(
         lines=n_lines,
-        size=read.end,
+        size=read.size,
         ev=ev,
         stats=stats,
         mirrors=mirrors.drop("json"),
@@ -133,4 +150,10 @@ def scan(read: Read) -> Scan:
         first_content=first_content,
         tail=read.data[start : read.end],
         tail_lines=tail_lines,
+        cuts=(*read.cuts, *cuts),
+        density=_density([ev, stats, mirrors, pairs], read.end),
     )
+
+
+def _density(frames: list[pl.DataFrame], size: int) -> float:
+    return sum(int(frame.estimated_size()) for frame in frames) / max(size, 1)

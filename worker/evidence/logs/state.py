@@ -47,6 +47,8 @@ class ParserState:
     skew_max_s: float | None = None
     skew_off_lines: int = 0  # lines whose two times differ beyond PREFIX_SKEW_TOLERANCE_S
     skew_first_line: int | None = None  # the first such line
+    cut_lines: int = 0  # lines longer than LINE_MAX_BYTES, cut
+    cut_examples: list[str] = field(default_factory=list)  # "source:line: N bytes", the first few
 
     @classmethod
     def initial(cls, reference_date: date | None) -> ParserState:
@@ -62,6 +64,7 @@ class ParserState:
             head_lines=list(self.head_lines),
             records=dict(self.records),
             malformed_examples=list(self.malformed_examples),
+            cut_examples=list(self.cut_examples),
         )
 
     def count(self, name: str, n: int) -> None:

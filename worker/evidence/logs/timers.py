@@ -11,7 +11,14 @@ from typing import Final
 
 import polars as pl
 
-__all__ = ["progress_rows", "progress_steps", "resume_rows", "resume_steps", "timer_rows"]
+__all__ = [
+    "progress_parsed",
+    "progress_rows",
+    "progress_steps",
+    "resume_rows",
+    "resume_steps",
+    "timer_rows",
+]
 
 _TIMER: Final = r"^(Started|Finished): '([^']+)'(?:, time cost: ([-+\d.eE]+)s)?"
 _PROGRESS: Final = r"Progress:\s*(?:\d+%\|[^|]*\|\s*)?(\d+)\s*/\s*(\d+)(?:\s*\[([\d:]+)<)?"
@@ -47,6 +54,11 @@ def _elapsed(text: pl.Expr) -> pl.Expr:
     return hours * 3600 + minutes * 60 + seconds
 
 
+def progress_parsed(ev: pl.DataFrame) -> pl.DataFrame:
+    """The progress lines of `ev` read once: `idx`, `pkind`, `done`, `total`, `elapsed_s`."""
+    return _progress_parsed(ev).select("idx", "pkind", "done", "total", "elapsed_s")
+
+
 def _progress_parsed(ev: pl.DataFrame) -> pl.DataFrame:
     rows = ev.filter(pl.col("kind").is_in(list(_PROGRESS_KIND)))
     # tqdm rewrites the bar with carriage returns: the last update on the line counts.
@@ -60,15 +72,16 @@ def _progress_parsed(ev: pl.DataFrame) -> pl.DataFrame:
     ).filter(pl.col("done").is_not_null())
 
 
-def progress_steps(ev: pl.DataFrame) -> pl.DataFrame:
-    """`idx` and `set_step` of the training step counters (N / M sets N completed steps)."""
-    rows = _progress_parsed(ev).filter(pl.col("pkind") == "training_step")
+def progress_steps(parsed: pl.DataFrame) -> pl.DataFrame:
+    """`idx` and `set_step` of the training step counters (N / M sets N completed steps), from
+    `progress_parsed`."""
+    rows = parsed.filter(pl.col("pkind") == "training_step")
     return rows.select("idx", set_step="done")
 
 
-def progress_rows(ev: pl.DataFrame) -> pl.DataFrame:
-    """PROGRESS rows (without `source`)."""
-    rows = _progress_parsed(ev)
+def progress_rows(parsed: pl.DataFrame, ev: pl.DataFrame) -> pl.DataFrame:
+    """PROGRESS rows (without `source`) of `progress_parsed`, with the provenance in `ev`."""
+    rows = parsed.join(ev.select("idx", *_PROV), on="idx", how="left", maintain_order="left")
     return rows.select(*_PROV, kind="pkind", done="done", total="total", elapsed_s="elapsed_s")
 
 

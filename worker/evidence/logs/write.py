@@ -1,5 +1,6 @@
 """Writing the tables as `<table>.csv` or `<table>.parquet`, each only when it has rows, every
-string column redacted (`shared.redact.redact_frame`)."""
+string column redacted (`shared.redact.redact_frame`). METRICS is written wide (`metrics`: `step`
+and a column per key) unless that would be too wide (`wide_fits`): then long (`metrics_long`)."""
 
 from __future__ import annotations
 
@@ -11,7 +12,14 @@ import polars as pl
 from shared.redact import redact_frame
 from worker.evidence.model import LogTables
 
-__all__ = ["TABLE_NAMES", "write_frame", "write_tables"]
+__all__ = [
+    "TABLE_NAMES",
+    "WIDE_MAX_CELLS",
+    "WIDE_MAX_KEYS",
+    "wide_fits",
+    "write_frame",
+    "write_tables",
+]
 
 TABLE_NAMES: Final = (
     "metrics",
@@ -24,11 +32,27 @@ TABLE_NAMES: Final = (
     "resumes",
 )
 ISO_UTC: Final = "%Y-%m-%dT%H:%M:%S%.6fZ"
+# Past these the wide metrics table (a column per key, a row per step) is not built: the long
+# table is written as `metrics_long` instead (hundreds of thousands of keys would make a table of
+# billions of cells).
+WIDE_MAX_KEYS: Final = 10_000
+WIDE_MAX_CELLS: Final = 20_000_000
+
+
+def wide_fits(metrics: pl.DataFrame) -> bool:
+    """True when the metrics can be written wide (`metrics`), false: long (`metrics_long`)."""
+    if metrics.is_empty():
+        return True
+    keys, steps = metrics.select(pl.col("key").n_unique(), pl.col("step").n_unique()).row(0)
+    return bool(keys <= WIDE_MAX_KEYS and keys * steps <= WIDE_MAX_CELLS)
 
 
 def _frames(tables: LogTables) -> dict[str, pl.DataFrame]:
     frames = {name: getattr(tables, name) for name in TABLE_NAMES}
-    frames["metrics"] = tables.metrics_wide()
+    if wide_fits(tables.metrics):
+        frames["metrics"] = tables.metrics_wide()
+    else:
+        frames["metrics_long"] = frames.pop("metrics")
     return frames
 
 

@@ -145,7 +145,7 @@ def _signal_column(wide: pl.DataFrame, key: str | None) -> pl.Expr:
 
 
 def _series(logs: LogTables, keys: ResolvedKeys, phases: pl.DataFrame) -> pl.DataFrame:
-    wide = logs.metrics_wide()
+    wide = logs.metrics_wide(k for name in SIGNALS if (k := keys.get(name)) is not None)
     columns = [
         _signal_column(wide, keys.get(name)).cast(pl.Float64).alias(name) for name in SIGNALS
     ]

@@ -70,8 +70,8 @@ def check(evidence: Evidence) -> GateResult:
 
 def _tokens(logs: LogTables) -> pl.DataFrame:
     """`step, avg, max` generation lengths per step (rows with both present)."""
-    wide = logs.metrics_wide()
     avg, top = mk.GENERATION_AVG_TOKENS[0], mk.GENERATION_MAX_TOKENS[0]
+    wide = logs.metrics_wide([avg, top])
     if avg not in wide.columns:
         return pl.DataFrame(schema={"step": pl.Int64(), "avg": pl.Float64(), "max": pl.Float64()})
     top_col = pl.col(top) if top in wide.columns else pl.lit(None, dtype=pl.Float64())
