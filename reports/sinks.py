@@ -14,7 +14,6 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Final
 
 from reports.json_report import render_json
-from reports.local import write_local
 from reports.text import render_text
 from shared.models import Report, VerdictEntry, iso_utc
 from shared.redact import clean, cut_bytes
@@ -23,7 +22,7 @@ if TYPE_CHECKING:
     from worker.pipeline.coalesce import Coalescer
     from worker.pipeline.store import ObjectStore
 
-__all__ = ["LocalFolderSink", "S3ReportSink", "StoredReport", "VerdictStreamSink", "report_key"]
+__all__ = ["S3ReportSink", "StoredReport", "VerdictStreamSink", "report_key"]
 
 _UNSAFE_KEY: Final = re.compile(r"[^A-Za-z0-9._-]+")
 
@@ -49,16 +48,6 @@ class StoredReport:
     text_key: str
     json_key: str
     uri: str  # s3:// URI of the JSON report
-
-
-class LocalFolderSink:
-    """Writes `report.txt` and `report.json` into one folder."""
-
-    def __init__(self, directory: Path) -> None:
-        self.directory = directory
-
-    def __call__(self, report: Report) -> tuple[Path, Path]:
-        return write_local(report, self.directory)
 
 
 class S3ReportSink:

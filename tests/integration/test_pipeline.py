@@ -226,3 +226,31 @@ def test_pipeline_verdicts_agree_with_diagnose(pipeline_services: Services) -> N
             ), event_id
             statuses = {name: gate["status"] for name, gate in got["gates"].items()}
             assert statuses == {name: g["status"] for name, g in want["gates"].items()}
+
+
+def test_verdicts_follow_channel_prints_live_entries(pipeline_services: Services) -> None:
+    """`rl-health verdicts --follow --channel --json` prints a verdict published while it listens,
+    the same entry the stream holds; `--channel` without `--follow` is a usage error (exit 2)."""
+    import subprocess
+
+    from tests.integration.services import RL_HEALTH
+
+    services = pipeline_services
+    channel = services.names.verdict_channel
+    listener = subprocess.Popen(
+        [RL_HEALTH, "verdicts", "--follow", "--channel", "--json", "--count", "1",
+         "--timeout", "120"],
+        env=services.env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        wait_for(lambda: services.redis.pubsub_numsub(channel)[0][1] >= 1, 60, "a subscriber")
+        event_id = publish_alert(services.redis, _job(services, "channel"), now=NOW)
+        out, err = listener.communicate(timeout=120)
+    finally:
+        listener.kill()
+    assert listener.returncode == 0, err
+    (line,) = out.splitlines()
+    (entry,) = _verdicts_for(services, {event_id})
+    assert VerdictEntry.model_validate_json(line) == entry
+    usage = services.run("verdicts", "--channel")
+    assert usage.returncode == 2 and "--channel needs --follow" in usage.stderr

@@ -149,3 +149,21 @@ def test_log_messages_are_redacted(log_redaction: None, caplog: pytest.LogCaptur
         )
     (record,) = caplog.records
     assert leaks(record.getMessage()) == [] and "\n" not in record.getMessage()
+
+
+def test_celery_app_import_redacts_log_records() -> None:
+    """`celery -A worker.pipeline.app worker` (no rl-health CLI) logs credentials redacted."""
+    import subprocess
+    import sys
+
+    token = "hf_" + "QwErTyUiOpAsDfGhJkLzXcVbNm4321"
+    script = (
+        "import logging, sys, worker.pipeline.app\n"
+        "logging.basicConfig(stream=sys.stderr)\n"
+        f"logging.getLogger('celery.app.trace').error('task failed: %s', {token!r})\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=120, check=False
+    )
+    assert done.returncode == 0, done.stderr
+    assert "task failed: <redacted:hf-token>" in done.stderr and token[3:] not in done.stderr

@@ -343,3 +343,34 @@ def test_the_loop_ticks_the_watchdog(
     watchdog._next = 0.0
     consumer.run(until_idle=True)
     assert sent == [(event_id, JOB, event_id)]
+
+
+def test_dead_letter_keeps_the_payload_but_not_its_credentials(
+    ingest: Ingest, client: Any, recorder: Recorder
+) -> None:
+    """A refused alert quoting a bearer token and an HF token is dead-lettered whole, minus them."""
+    jwt = "eyJhbGciOiJIUzI1NiJ9.eyJzdWIiOiIxIn0.c2lnbmF0dXJlLXNlY3JldA"
+    hf = "hf_" + "AbCdEfGhIjKlMnOpQrStUvWxYz0123"
+    payload = _event(job_dir="jobs/cw/ops/gone", reason=f"Authorization: Bearer {jwt} {hf}")
+    _raw(client, ingest.names, payload)
+    ingest.run(until_idle=True)
+    ((_id, fields),) = client.xrange(ingest.names.dead_letter)
+    raw = json.loads(fields[b"raw"])[ALERT_FIELD]  # still JSON, with the credentials gone
+    assert jwt[:12] not in raw and hf[3:] not in raw and "eyJ" not in fields[b"raw"].decode()
+    assert json.loads(raw)["job_dir"] == "jobs/cw/ops/gone"
+    assert "<redacted:" in json.loads(raw)["reason"]
+
+
+def test_failed_diagnosis_dead_letter_is_redacted(pipeline: Pipeline, client: Any) -> None:
+    """A diagnosis failure whose reason quotes a credential dead-letters it redacted."""
+    from shared.models import Event
+
+    secret = "hf_" + "ZyXwVuTsRqPoNmLkJiHgFeDcBa9876"
+    event = Event(
+        event_id="e1", job_dir=JOB, reason=f"token {secret}", published_at=datetime.now(UTC)
+    )
+    pipeline.dead_letter(event, f"probe printed {secret}")
+    ((_id, fields),) = client.xrange(pipeline.names.dead_letter)
+    text = b" ".join(fields.values()).decode()
+    assert secret[3:] not in text and "<redacted:hf-token>" in text
+    assert json.loads(fields[b"raw"])["event_id"] == "e1"

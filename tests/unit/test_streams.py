@@ -98,3 +98,38 @@ def test_reader_group_delivers_each_verdict_once() -> None:
     assert [e.event_id for e in reader.follow(timeout_s=0.2)] == ["e1"]
     assert list(reader.follow(timeout_s=0.2)) == []
     assert [e.event_id for e in VerdictReader(client, settings).recent(5)] == ["e1"]
+
+
+def test_follow_channel_yields_published_entries_until_count() -> None:
+    """`follow_channel` yields the entries published on the channel after it subscribed."""
+    import threading
+    from itertools import islice
+
+    from shared.supervisor import follow_channel
+
+    client = fakeredis.FakeRedis()
+    settings = Settings(stream_prefix="t")
+    entry = VerdictEntry(
+        event_id="e1",
+        event_ids=("e1",),
+        job_id="/u/j",
+        verdict=Verdict.NO_KILL,
+        confidence=Confidence.HIGH,
+        report_uri="s3://b/r.json",
+        captured_at=datetime(2026, 7, 30, 21, 15, tzinfo=UTC),
+    )
+    stop = threading.Event()
+
+    def publish() -> None:  # until the listener has subscribed and read one
+        while not stop.wait(0.05):
+            client.publish("t:verdicts", entry.model_dump_json())
+
+    thread = threading.Thread(target=publish, daemon=True)
+    thread.start()
+    try:
+        got = list(islice(follow_channel(client, settings, timeout_s=10), 2))
+    finally:
+        stop.set()
+        thread.join()
+    assert got == [entry, entry]
+    assert list(follow_channel(fakeredis.FakeRedis(), settings, timeout_s=0.3)) == []

@@ -12,8 +12,9 @@ import shutil
 import signal
 import sys
 import tempfile
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from datetime import UTC, datetime
+from itertools import islice
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -225,29 +226,56 @@ def worker_command(
 @click.option("--timeout", type=click.FloatRange(min=0), help="Stop following after SECONDS.")
 @click.option("--json", "as_json", is_flag=True, help="One verdict entry per line, as JSON.")
 @click.option("--group", help="Read as this consumer group: each verdict once per group, acked.")
+@click.option(
+    "--channel",
+    is_flag=True,
+    help="With --follow: listen on the pub/sub channel instead of the stream (live only: "
+    "verdicts published while nobody listened are not shown; the stream keeps them).",
+)
 def verdicts_command(
-    follow: bool, count: int | None, timeout: float | None, as_json: bool, group: str | None
+    follow: bool,
+    count: int | None,
+    timeout: float | None,
+    as_json: bool,
+    group: str | None,
+    channel: bool,
 ) -> None:
     """Read verdicts (the supervisor side): the latest ones, or new ones with --follow.
 
     On a terminal, --follow without --json shows a live table; piped, one line per verdict.
     """
-    from shared.supervisor import VerdictReader
     from worker.cli.terminal import is_terminal, live_verdicts
 
+    if channel and (group or not follow):
+        raise click.UsageError("--channel needs --follow and cannot be read as a --group")
     settings = load_settings()
-    reader = VerdictReader(_redis(settings), settings, group=group)
-    if follow or group:
-        if group and not follow and timeout is None:
-            timeout = 1.0  # a group read without --follow takes what is waiting
-        entries = reader.follow(count=count, timeout_s=timeout)
-    else:
-        entries = iter(reader.recent(count or 10))
+    entries = _verdict_entries(settings, follow, count, timeout, group, channel)
     if follow and not as_json and is_terminal(sys.stdout):
         live_verdicts(entries)
         return
     for entry in entries:
         click.echo(_entry_line(entry, as_json))
+
+
+def _verdict_entries(
+    settings: Settings,
+    follow: bool,
+    count: int | None,
+    timeout: float | None,
+    group: str | None,
+    channel: bool,
+) -> Iterator[VerdictEntry]:
+    """The entries `verdicts` prints: from the channel, the stream (alone or as a group)."""
+    from shared.supervisor import VerdictReader, follow_channel
+
+    if channel:
+        return islice(follow_channel(_redis(settings), settings, timeout_s=timeout), count)
+    reader = VerdictReader(_redis(settings), settings, group=group)
+    if follow or group:
+        if group and not follow and timeout is None:
+            timeout = 1.0  # a group read without --follow takes what is waiting
+        return reader.follow(count=count, timeout_s=timeout)
+    return iter(reader.recent(count or 10))
 
 
 # --- replay ---------------------------------------------------------------------------------------

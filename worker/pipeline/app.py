@@ -25,6 +25,7 @@ from typing import Any, Final
 
 from celery import Celery
 
+from shared.redact import install_log_redaction
 from shared.settings import Settings
 from shared.streams import StreamNames
 
@@ -129,4 +130,7 @@ def make_app(settings: Settings | None = None) -> Celery:
     return celery
 
 
+# `celery -A worker.pipeline.app worker` starts without the rl-health CLI: its log records (task
+# failures quote exception text, which may quote a bundle) are redacted here as well.
+install_log_redaction()
 app = make_app()

@@ -29,6 +29,7 @@ from pydantic import ValidationError
 
 from shared.alerts import OutsideBundleRootError, confine
 from shared.models import Event
+from shared.redact import redact_data, redact_text
 from shared.settings import Settings
 from shared.streams import ALERT_FIELD, INGEST_GROUP, StreamNames
 from worker.pipeline.coalesce import Admission, Coalescer
@@ -154,12 +155,14 @@ class Ingest:
         return outcome
 
     def refuse(self, entry: Entry, reason: str) -> str:
-        """Put the entry on the dead-letter stream with the reason and the raw payload."""
+        """Put the entry on the dead-letter stream with the reason and the raw payload, both
+        redacted: a credential pasted into an alert is lost, nothing else is."""
+        reason = redact_text(reason)
         self.redis.xadd(
             self.names.dead_letter,
             {
                 "reason": reason,
-                "raw": json.dumps(entry.fields, ensure_ascii=False),
+                "raw": json.dumps(redact_data(entry.fields), ensure_ascii=False),
                 "alert_id": entry.id,
                 "refused_at": datetime.now(UTC).isoformat(),
             },

@@ -39,6 +39,7 @@ from shared.models import (
     RestartsResult,
     VerdictEntry,
 )
+from shared.redact import redact_data, redact_text
 from shared.settings import Settings
 from shared.streams import StreamNames
 from worker.diagnosis import GATE_NAMES, collect_evidence, run_gate
@@ -370,12 +371,14 @@ class Pipeline:
             return None
 
     def dead_letter(self, event: Event, reason: str) -> None:
-        """Put a diagnosis that failed on the dead-letter stream, with its lead's event."""
+        """Put a diagnosis that failed on the dead-letter stream, with its lead's event (both
+        redacted, as every output is)."""
+        raw = redact_data(event.model_dump(mode="json", exclude_none=True))
         self.redis.xadd(
             self.names.dead_letter,
             {
-                "reason": f"diagnosis failed: {reason}",
-                "raw": event.model_dump_json(exclude_none=True),
+                "reason": redact_text(f"diagnosis failed: {reason}"),
+                "raw": json.dumps(raw, ensure_ascii=False),
                 "alert_id": "",
                 "event_id": event.event_id,
                 "refused_at": datetime.now(UTC).isoformat(),
