@@ -9,7 +9,7 @@ from __future__ import annotations
 import math
 from datetime import UTC, datetime
 from enum import StrEnum
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 from pydantic import (
     AfterValidator,
@@ -319,6 +319,8 @@ class Event(Frozen):
     probes: str | None = None
     now: UtcDatetime | None = None
     replay_of: str | None = None
+    # one of the live backends the operator enabled (RLHEALTH_BACKENDS); checked by the worker
+    backend: Literal["iris", "kubernetes", "slurm", "local"] | None = None
 
     @field_validator("event_id", "replay_of")
     @classmethod

@@ -11,9 +11,9 @@ from __future__ import annotations
 import json
 import tomllib
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
-from pydantic import Field
+from pydantic import Field, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 __all__ = ["CampaignError", "Settings", "Thresholds", "load_thresholds"]
@@ -98,6 +98,32 @@ class Settings(BaseSettings):
     gate_time_limit_s: float = Field(90, gt=1)  # for gates, verdict and publish
     # the most memory one parse of a job's logs may use (it also stays within 1.5x the logs)
     parse_memory_mb: int = Field(2048, ge=256)
+    # Live capture in the pipeline (docs/pipeline.md): the backend the capture task probes through
+    # when the capture policy calls for it ("none": never probe), the backends an event's
+    # "backend" may choose (comma-separated; default: only RLHEALTH_BACKEND), and the total time
+    # one capture may spend probing (a Celery soft time limit stands behind it).
+    backend: Literal["iris", "kubernetes", "slurm", "local", "none"] = "none"
+    backends: str | None = None
+    capture_budget_s: float = Field(120, gt=0)
+    # The second look before a KILL that rests on stacks: wait this long, then look again (0: off).
+    reobserve_s: float = Field(60, ge=0)
+
+    @field_validator("backends")
+    @classmethod
+    def _known_backends(cls, value: str | None) -> str | None:
+        if value is None:
+            return value
+        known = {"iris", "kubernetes", "slurm", "local", "none"}
+        unknown = sorted({n.strip() for n in value.split(",")} - known - {""})
+        if unknown:
+            choices = ", ".join(sorted(known))
+            raise ValueError(f"unknown backends {', '.join(unknown)}; use {choices}")
+        return value
+
+    def enabled_backends(self) -> tuple[str, ...]:
+        """The live backends an event may choose, in the operator's order."""
+        names = [self.backend] if self.backends is None else self.backends.split(",")
+        return tuple(dict.fromkeys(n.strip() for n in names if n.strip() not in ("", "none")))
 
 
 def _read_campaign(path: Path) -> dict[str, Any]:
