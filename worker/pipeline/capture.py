@@ -37,7 +37,35 @@ from worker.evidence.model import Evidence
 from worker.evidence.probes import write_probes
 from worker.pipeline.metrics import probes_ran
 
-__all__ = ["capture_live", "needs_live_probes", "quiet_reason", "stale_reason"]
+__all__ = [
+    "BackendChoiceError",
+    "capture_live",
+    "choose_backend",
+    "needs_live_probes",
+    "quiet_reason",
+    "stale_reason",
+]
+
+
+class BackendChoiceError(ValueError):
+    """An event asked for a backend the operator did not enable."""
+
+
+def choose_backend(requested: str | None, settings: Settings) -> str | None:
+    """The live backend one capture probes through: the event's choice when the operator enabled
+    it (RLHEALTH_BACKENDS, default RLHEALTH_BACKEND), else RLHEALTH_BACKEND; None: no live probe.
+    Raises `BackendChoiceError` for a backend the operator did not enable (data never selects a
+    tool on its own)."""
+    enabled = settings.enabled_backends()
+    if requested is None:
+        return None if settings.backend == "none" else settings.backend
+    if requested not in enabled:
+        allowed = ", ".join(enabled) or "none (RLHEALTH_BACKEND=none)"
+        raise BackendChoiceError(
+            f"the event asks for backend {requested!r}, which the operator did not enable "
+            f"(enabled: {allowed})"
+        )
+    return requested
 
 
 def _terminal(state: str | None) -> bool:
