@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import NamedTuple
@@ -217,9 +217,10 @@ class CaptureBudget:
                 self.not_run += 1
                 return _not_run(argv, clock(), f"{self.name} was spent")
             result = inner(argv, min(timeout_s, left))
-            if result.exit_code is None and left < timeout_s:
-                self.cut_short += 1
-            return result
+            if result.exit_code is not None or left >= timeout_s:
+                return result
+            self.cut_short += 1
+            return replace(result, stderr=f"{result.stderr}\ncut short: {self.name} was spent")
 
         return run
 
@@ -321,6 +322,7 @@ class LiveCapture:
 
     settings: Settings
     tools: Toolbox
+    runner: Runner | None = None  # None: `spawn.run_probe` behind the tools' allowlist
     monotonic: Callable[[], float] = time.monotonic
     sleep: Callable[[float], None] = time.sleep
     clock: Callable[[], datetime] = _now
@@ -347,6 +349,7 @@ class LiveCapture:
             out_dir,
             self.settings,
             clock=self.clock,
+            runner=self.runner,
             sleep=self.sleep,
             tools=self.tools,
             budget=budget,
