@@ -10,6 +10,7 @@ a stall KILL is off here (RLHEALTH_REOBSERVE_S=0): another part of the pipeline 
 from __future__ import annotations
 
 import json
+import re
 import shlex
 import sys
 import time
@@ -179,6 +180,16 @@ def _wait_for_log(cluster: IrisTestCluster, job_id: str, text: str, timeout_s: f
         time.sleep(1)
 
 
+def _pairs(quotes: list[dict[str, Any]]) -> dict[str, list[int]]:
+    """The dumps quoted for each process: `stacks/<task>-pid<pid>-<n>.txt` -> {pid: [n, ...]}."""
+    found: dict[str, list[int]] = {}
+    for quote in quotes:
+        matched = re.search(r"-pid(\d+)-(\d+)\.txt$", quote["source"])
+        assert matched, quote
+        found.setdefault(matched[1], []).append(int(matched[2]))
+    return found
+
+
 def _assert_replayed_offline(live: Live, event_id: str, original: VerdictEntry) -> None:
     """`rl-health replay` judges the frozen evidence: same verdict, no probe, no new freeze."""
     before = live.probes_run()
@@ -192,10 +203,11 @@ def _assert_replayed_offline(live: Live, event_id: str, original: VerdictEntry) 
 
 
 def test_hung_trainer_is_killed_on_live_stacks_and_replays_offline(live: Live) -> None:
-    """An alert for a trainer parked in all_reduce: the capture task dumps its stacks twice
-    through `iris task exec ... py-spy dump`, freezes them under probes/stacks/, and the verdict
-    is KILL quoting both dumps; the offline replay agrees without probing."""
-    job_id = live.cluster.submit("pipeline-hung", toy_argv("hung_trainer"))
+    """An alert for a trainer whose two ranks are parked in all_reduce: the capture task dumps
+    each rank's stack twice through `iris task exec ... py-spy dump`, freezes them under
+    probes/stacks/, and the verdict is KILL quoting the two pairs of dumps; the offline replay
+    agrees without probing."""
+    job_id = live.cluster.submit("pipeline-hung", toy_argv("hung_trainer", "2"))
     live.cluster.wait_for(job_id, ["running"])
     # the LocalCluster may hold the toy's last lines back: a finished step is enough
     _wait_for_log(live.cluster, job_id, "Finished: 'step'", 120)
@@ -208,8 +220,10 @@ def test_hung_trainer_is_killed_on_live_stacks_and_replays_offline(live: Live) -
     assert liveness["status"] == "FAIL"
     stacks = [q for q in liveness["evidence"] if q["source"].startswith("probes/stacks/")]
     parked = [q for q in stacks if "all_reduce" in q["text"]]
-    assert len({q["source"] for q in parked}) >= 2, liveness  # dump 1 and dump 2
-    assert len({q["timestamp"] for q in parked}) >= 2, liveness  # taken apart in time
+    pairs = _pairs(parked)
+    assert len(pairs) == 2 and all(sorted(p) == [1, 2] for p in pairs.values()), liveness
+    assert len({q["timestamp"] for q in parked}) == 4, liveness  # four dumps, apart in time
+    assert report["kill_proof"]["rule"] == "stall_stacks"
     frozen = set(live.services.store.keys(f"evidence/{event_id}/probes/"))
     for quote in parked:  # each quoted dump is frozen where the report says
         assert f"evidence/{event_id}/{quote['source']}" in frozen, sorted(frozen)
