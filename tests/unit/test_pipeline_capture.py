@@ -204,6 +204,17 @@ def test_a_backend_the_operator_did_not_enable_is_an_error(
     assert iris.calls == []
 
 
+def test_recorded_probes_do_not_excuse_a_refused_backend(tmp_path: Path) -> None:
+    """An event naming recorded probes and a backend the operator did not enable is refused all
+    the same: the choice is checked before anything else."""
+    pipeline = _pipeline(tmp_path, ScriptedIris())
+    (tmp_path / "bundles" / "recorded").mkdir(parents=True)
+    _admit(pipeline, probes="recorded", backend="slurm")
+    entry, report = _diagnose(pipeline)
+    assert entry.verdict is Verdict.ERROR
+    assert any("live capture refused" in d and "slurm" in d for d in report.discrepancies)
+
+
 def test_recorded_probes_named_by_the_event_win(tmp_path: Path) -> None:
     """An event naming a recorded probe folder is judged on it: no live probe."""
     iris = ScriptedIris()

@@ -232,13 +232,13 @@ class Pipeline:
         """The evidence with live probes when the backend choice and the capture policy call for
         them (read again with the probe directory, as `diagnose --backend` does). A backend the
         event may not choose, or probing that breaks, answers ERROR through the gates."""
-        if event.probes or _unread(first):  # recorded probes, or a bundle that could not be read
+        if _unread(first):  # a bundle that could not be read is ERROR already
             return first
         try:
             backend = choose_backend(event.backend, self.settings)
         except BackendChoiceError as exc:
             return failure_evidence(event, label, f"live capture refused: {exc}")
-        if backend is None:
+        if backend is None or event.probes:  # no live backend, or recorded probes named
             return first
         try:
             live = self.live.probe(first, backend, out)
