@@ -339,6 +339,12 @@ def test_budget_against_the_capture_time_limits() -> None:
         LiveCapture.start(Settings(backend="iris", capture_budget_s=241))
 
 
+def test_tools_that_do_not_resolve_are_refused_at_start() -> None:
+    """An iris command the allowlist refuses stops the live capture before any task."""
+    with pytest.raises(CaptureSettingsError, match="RLHEALTH_IRIS_COMMAND"):
+        LiveCapture.start(Settings(backend="iris", iris_command="bash -c id"))
+
+
 def test_a_budget_past_the_time_limit_answers_error_in_the_pipeline(tmp_path: Path) -> None:
     """A worker started without `rl-health worker` (so unchecked) answers ERROR quoting why."""
     iris = ScriptedIris()
