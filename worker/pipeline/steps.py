@@ -4,6 +4,8 @@ capture  event → evidence frozen under S3 `evidence/<event_id>/` (a replay reu
 gate     frozen evidence → one gate's result (broken evidence is an ERROR result; lost evidence
          raises `EvidenceLostError`, so the diagnosis is sent again and captures afresh)
 verdict  gate results → the report, written once to S3 `reports/...` → the verdict entry
+look     a KILL that rests on stacks → RLHEALTH_REOBSERVE_S later, the job seen again (frozen
+         under `evidence/<id>/second_look/`) → the settled report and its entry
 publish  verdict entry → the verdict stream and channel, with every event id it answers
 fail     a diagnosis that cannot finish → an ERROR report and verdict naming the stage and the
          cause, through the same publish, and a dead-letter entry with the lead's event
@@ -57,7 +59,9 @@ from worker.pipeline.failures import (
 )
 from worker.pipeline.lease import Leases
 from worker.pipeline.metrics import dead_lettered
+from worker.pipeline.second_look import LOOK_DIR, freeze_look, look_prefix, observe_again, thaw_look
 from worker.pipeline.store import ObjectMissingError, ObjectStore, download_prefix, key_segment
+from worker.second_look import compare, observe, rests_on_stacks, settle
 from worker.verdict import decide
 
 __all__ = [
@@ -313,6 +317,79 @@ class Pipeline:
         """Announce the verdict (once); returns the entry with every event id it answers."""
         published = VerdictStreamSink(self.coalescer)(VerdictEntry.model_validate(entry), job=job)
         return published.model_dump(mode="json")
+
+    # --- the second look before a stall KILL (worker.second_look) ----------------------------
+
+    def plan_verdict(
+        self, results: list[dict[str, Any]], event_id: str, evidence_id: str
+    ) -> dict[str, Any]:
+        """The verdict step, second look included: `{"entry": ...}` when the verdict is decided
+        now, `{"look_in_s": s}` when a KILL that rests on stacks waits for its second look."""
+        known = self.coalescer.published(event_id) or self.decided(event_id)
+        if known is not None:
+            return {"entry": known.model_dump(mode="json")}
+        report = self.report(results, event_id, evidence_id)
+        wait = self.look_wait(report, event_id, evidence_id)
+        if wait is None:
+            return {"entry": self._settled(report, evidence_id)}
+        if wait == 0:  # frozen already (a replay, a diagnosis sent again): judged at once
+            return {"entry": self.second_look(results, event_id, evidence_id)}
+        return {"look_in_s": wait}
+
+    def look_wait(self, report: Report, event_id: str, evidence_id: str) -> float | None:
+        """Seconds until the second look of `report` (0: one is frozen already, judge it now);
+        None when none is due: no KILL on stacks, RLHEALTH_REOBSERVE_S=0, or a replay of a
+        diagnosis that took none (a replay never waits or probes)."""
+        if not rests_on_stacks(report):
+            return None
+        if self.store.exists(look_prefix(evidence_prefix(evidence_id)) + MARKER):
+            return 0.0
+        if evidence_id != event_id or self.settings.reobserve_s == 0:
+            return None
+        return self.settings.reobserve_s
+
+    def second_look(
+        self,
+        results: list[dict[str, Any]],
+        event_id: str,
+        evidence_id: str,
+        scheduled_at: float | None = None,
+    ) -> dict[str, Any]:
+        """Look at the job again (or read the frozen second look), settle the first report with
+        what it saw, and write the final report once; returns the verdict entry."""
+        known = self.coalescer.published(event_id) or self.decided(event_id)
+        if known is not None:
+            return known.model_dump(mode="json")
+        report = self.report(results, event_id, evidence_id)
+        first = self.evidence(evidence_id)
+        second, waited_s = self._second_observation(event_id, evidence_id, first, scheduled_at)
+        look = compare(observe(first), observe(second, prefix=LOOK_DIR), waited_s)
+        return self._settled(settle(report, look), evidence_id)
+
+    def _second_observation(
+        self, event_id: str, evidence_id: str, first: Evidence, scheduled_at: float | None
+    ) -> tuple[Evidence, float]:
+        """The frozen second look, else one taken now and frozen (and judged as frozen)."""
+        prefix = look_prefix(evidence_prefix(evidence_id))
+        frozen = thaw_look(self.store, prefix)
+        if frozen is not None:
+            return frozen
+        event = self.load_event(event_id)
+        try:
+            second = observe_again(event, first, self.settings)
+        except Exception as exc:
+            if _must_propagate(exc):
+                raise
+            second = failure_evidence(event, self.store.uri(prefix), describe(exc))
+        waited_s = max(0.0, time.time() - scheduled_at) if scheduled_at is not None else 0.0
+        self._clear(prefix)
+        freeze_look(self.store, prefix, second, waited_s)
+        return thaw_look(self.store, prefix) or (second, waited_s)
+
+    def _settled(self, report: Report, evidence_id: str) -> dict[str, Any]:
+        """Write the final report once and keep its entry as the lead's decision."""
+        stored = self._store_report(report, self.evidence(evidence_id))
+        return self._decide(VerdictStreamSink.entry(report, stored)).model_dump(mode="json")
 
     # --- a diagnosis that cannot finish -----------------------------------------------------
 
