@@ -32,7 +32,7 @@ import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from functools import cache, partial
-from typing import Any, Final, TypeVar
+from typing import Any, Final, TypeVar, cast
 
 import redis
 from celery import Task, chain, chord, group
@@ -195,8 +195,11 @@ def verdict(
     wait = plan.get("look_in_s")
     if wait is None:
         return dict(plan["entry"])
-    _look_later(self, results, event_id, evidence_id, float(wait), lead, deadline)
-    raise Ignore()  # not reached: `replace` raises it (the second look now answers)
+    # `replace` raises Ignore: the second look answers in this task's place (eager: its result)
+    return cast(
+        "dict[str, Any]",
+        _look_later(self, results, event_id, evidence_id, float(wait), lead, deadline),
+    )
 
 
 def _look_later(
@@ -207,7 +210,7 @@ def _look_later(
     wait_s: float,
     lead: str,
     deadline: float,
-) -> None:
+) -> Any:
     """Replace the verdict task by the second look, `wait_s` from now: a countdown, so no pool
     slot waits (the worker's main process holds the message, its heartbeat renews the lease),
     and the lease is extended past the wait first, so the watchdog does not send it again. The
@@ -218,7 +221,7 @@ def _look_later(
         results, event_id, evidence_id,
         scheduled_at=time.time(), lead=lead, deadline=deadline + wait_s,
     )  # fmt: skip
-    task.replace(look.set(countdown=wait_s))
+    return task.replace(look.set(countdown=wait_s))
 
 
 @_task("rlhealth.second_look")
