@@ -261,3 +261,27 @@ def test_the_json_and_html_reports_carry_the_second_look() -> None:
     page = render_html(report)
     assert 'id="second-look"' in page and "second_look/probes/stacks/" in page
     assert 'id="second-look"' not in render_html(judge(_first()))
+
+
+def test_one_delivery_at_a_time_takes_the_look_the_other_reads_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """While one task holds the second look's claim another waits (CaptureBusyError, retried);
+    once the look is frozen, any delivery judges the frozen one without probing again."""
+    from worker.pipeline.claim import CaptureClaim
+    from worker.pipeline.steps import CaptureBusyError
+
+    p = _pipeline(tmp_path, reobserve_s=60)
+    results = _frozen(p, _first())
+    looks = Looks(_second())
+    monkeypatch.setattr(steps_module, "observe_again", looks)
+    other = CaptureClaim(p.redis, p.names.capture_claim(f"{LEAD}:second-look"), "task-a", 60)
+    assert other.acquire()
+    with pytest.raises(CaptureBusyError, match="another second look"):
+        p.second_look(results, LEAD, LEAD, scheduled_at=time.time(), claim="task-b")
+    assert looks.calls == 0
+    other.release()
+    first = p.second_look(results, LEAD, LEAD, scheduled_at=time.time(), claim="task-a")
+    p.redis.delete(p.names.entry(LEAD))  # as if task-a died before its entry was kept
+    again = p.second_look(results, LEAD, LEAD, scheduled_at=time.time(), claim="task-b")
+    assert looks.calls == 1 and again["verdict"] == first["verdict"] == "KILL"

@@ -23,7 +23,9 @@ import logging
 import shutil
 import tempfile
 import time
+import uuid
 from collections import OrderedDict
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from functools import cached_property
 from pathlib import Path
@@ -354,37 +356,54 @@ class Pipeline:
         event_id: str,
         evidence_id: str,
         scheduled_at: float | None = None,
+        claim: str | None = None,
     ) -> dict[str, Any]:
         """Look at the job again (or read the frozen second look), settle the first report with
-        what it saw, and write the final report once; returns the verdict entry."""
+        what it saw, and write the final report once; returns the verdict entry. `claim` (the
+        task id) lets one task at a time take the look, as the capture does."""
         known = self.coalescer.published(event_id) or self.decided(event_id)
         if known is not None:
             return known.model_dump(mode="json")
         report = self.report(results, event_id, evidence_id)
         first = self.evidence(evidence_id)
-        second, waited_s = self._second_observation(event_id, evidence_id, first, scheduled_at)
+        look_at = _LookAt(event_id, evidence_id, scheduled_at, claim or uuid.uuid4().hex)
+        second, waited_s = self._second_observation(look_at, first)
         look = compare(observe(first), observe(second, prefix=LOOK_DIR), waited_s)
         return self._settled(settle(report, look), evidence_id)
 
-    def _second_observation(
-        self, event_id: str, evidence_id: str, first: Evidence, scheduled_at: float | None
-    ) -> tuple[Evidence, float]:
-        """The frozen second look, else one taken now and frozen (and judged as frozen)."""
-        prefix = look_prefix(evidence_prefix(evidence_id))
+    def _second_observation(self, at: _LookAt, first: Evidence) -> tuple[Evidence, float]:
+        """The frozen second look, else one taken now under a claim, frozen, and judged as
+        frozen (what a replay will read)."""
+        prefix = look_prefix(evidence_prefix(at.evidence_id))
         frozen = thaw_look(self.store, prefix)
         if frozen is not None:
             return frozen
-        event = self.load_event(event_id)
+        key = self.names.capture_claim(f"{at.evidence_id}:second-look")
+        holder = CaptureClaim(self.redis, key, at.claim, _CLAIM_TTL_S)
+        if not holder.acquire():
+            raise CaptureBusyError(f"another second look of {at.evidence_id} is under way")
+        with holder.kept():
+            if not self.store.exists(prefix + MARKER):  # finished while we waited for the claim
+                self._clear(prefix)
+                self._take_look(at, first, prefix, holder)
+        holder.release()
+        frozen = thaw_look(self.store, prefix)
+        if frozen is None:
+            raise EvidenceLostError(f"the second look of {at.evidence_id} is gone from S3")
+        return frozen
+
+    def _take_look(self, at: _LookAt, first: Evidence, prefix: str, holder: CaptureClaim) -> None:
+        event = self.load_event(at.event_id)
         try:
             second = observe_again(event, first, self.settings)
         except Exception as exc:
             if _must_propagate(exc):
                 raise
             second = failure_evidence(event, self.store.uri(prefix), describe(exc))
-        waited_s = max(0.0, time.time() - scheduled_at) if scheduled_at is not None else 0.0
-        self._clear(prefix)
+        if not holder.held():
+            raise CaptureBusyError(f"lost the claim on {prefix} (too slow)")
+        waited_s = max(0.0, time.time() - at.scheduled_at) if at.scheduled_at else 0.0
         freeze_look(self.store, prefix, second, waited_s)
-        return thaw_look(self.store, prefix) or (second, waited_s)
 
     def _settled(self, report: Report, evidence_id: str) -> dict[str, Any]:
         """Write the final report once and keep its entry as the lead's decision."""
@@ -462,6 +481,16 @@ class Pipeline:
             },
         )
         dead_lettered(f"diagnosis failed: {reason}")
+
+
+@dataclass(frozen=True)
+class _LookAt:
+    """Which second look a step takes: the lead, its evidence, when it was scheduled, the claim."""
+
+    event_id: str
+    evidence_id: str
+    scheduled_at: float | None
+    claim: str
 
 
 class CaptureBusyError(RuntimeError):

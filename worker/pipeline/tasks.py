@@ -236,8 +236,14 @@ def second_look(
     deadline: float,
 ) -> dict[str, Any]:
     """Look at the job again, settle the verdict with what moved, store it once; the entry."""
-    step = partial(pipeline().second_look, results, event_id, evidence_id, scheduled_at)
-    return _run(self, lead, deadline, "second look", step)
+    claim = str(self.request.id)
+    step = partial(pipeline().second_look, results, event_id, evidence_id, scheduled_at, claim)
+    try:
+        return _run(self, lead, deadline, "second look", step)
+    except CaptureBusyError as exc:  # another delivery is taking it: wait for its freeze
+        if time.time() >= deadline:
+            raise
+        raise self.retry(exc=exc, countdown=_BUSY_RETRY_S, max_retries=None) from exc
 
 
 @_task("rlhealth.publish")
