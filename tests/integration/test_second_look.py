@@ -43,7 +43,8 @@ from worker.pipeline.store import S3Store, store_from_settings
 pytestmark = pytest.mark.integration
 
 PREFIX = "rlhlook"
-REOBSERVE_S = 4
+REOBSERVE_S = 8
+LEASE_S = 5  # shorter than the countdown: the lease must outlive the wait
 TOYS = Path(__file__).parent / "toys"
 VENV_BIN = str(Path(sys.executable).parent)
 
@@ -71,6 +72,7 @@ def _env(redis_url: str, s3_endpoint: str, base: Path) -> dict[str, str]:
         RLHEALTH_S3_PREFIX="look",
         RLHEALTH_BACKEND="local",
         RLHEALTH_REOBSERVE_S=str(REOBSERVE_S),
+        RLHEALTH_LEASE_S=str(LEASE_S),
         RLHEALTH_STALL_FLOOR_S="2",
         RLHEALTH_PROBE_INTERVAL_S="1",
         RLHEALTH_PROBE_TIMEOUT_S="20",
@@ -83,14 +85,15 @@ def _env(redis_url: str, s3_endpoint: str, base: Path) -> dict[str, str]:
 def looking(
     redis_url: str, s3_endpoint: str, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[Looking]:
-    """A worker and an ingest that probe through the local backend, REOBSERVE_S=4."""
+    """A worker and an ingest (its watchdog) that probe through the local backend; the second
+    look waits 8 s, longer than the 5 s lease."""
     base = tmp_path_factory.mktemp("second-look")
     (base / "bundles").mkdir()
     env = _env(redis_url, s3_endpoint, base)
     settings = Settings(
         redis_url=redis_url, s3_endpoint_url=s3_endpoint, s3_bucket=env["RLHEALTH_S3_BUCKET"],
         s3_prefix="look", bundle_root=base / "bundles", stream_prefix=PREFIX, coalesce_s=0,
-        cache_dir=base / "cache", backend="local", reobserve_s=REOBSERVE_S,
+        cache_dir=base / "cache", backend="local", reobserve_s=REOBSERVE_S, lease_s=LEASE_S,
     )  # fmt: skip
     with pytest.MonkeyPatch.context() as patch:
         for name in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_DEFAULT_REGION"):
@@ -239,6 +242,8 @@ def test_still_hung_is_kill_quoting_both_looks_and_replay_agrees(
     seconds = [s for s in sources if s.startswith("second_look/probes/stacks/")]
     assert len(firsts) == 2 and len(seconds) == 2, sources
     assert looking.store.exists(f"evidence/{event_id}/second_look/evidence.json")
+    record = looking.redis.hgetall(f"{PREFIX}:lead:{event_id}")
+    assert record and b"redispatches" not in record, record  # the watchdog never sent it again
     text_key = entry.report_uri.removeprefix(f"s3://{looking.settings.s3_bucket}/look/")
     text = looking.store.get(text_key[: -len("json")] + "txt").decode()
     assert "  second look — confirmed after" in text

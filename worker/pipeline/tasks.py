@@ -212,8 +212,9 @@ def _look_later(
     deadline: float,
 ) -> Any:
     """Replace the verdict task by the second look, `wait_s` from now: a countdown, so no pool
-    slot waits (the worker's main process holds the message, its heartbeat renews the lease),
-    and the lease is extended past the wait first, so the watchdog does not send it again. The
+    slot waits (the worker's main process holds the message until it is due), and the lease is
+    extended past the wait first, so the watchdog does not send it again (the heartbeat alone
+    does not keep it: tests/integration/test_second_look.py fails without the extension). The
     rest of the chain (publish) and its error callback follow the replacement."""
     with classified():
         pipeline().leases.extend(lead, wait_s)
