@@ -141,25 +141,31 @@ def _attempt(evidence: Evidence) -> str | None:
     return ", ".join(parts) if evidence.logs is not None else None
 
 
-def _frames(dump: StackDump) -> tuple[str, ...] | None:
+def _frames(dump: StackDump) -> tuple[tuple[str, ...], int | None] | None:
+    """The primary thread's frames (innermost first) and the dump line of the top one."""
     thread = primary_thread(parse_dump(dump.text))
-    return None if thread is None else tuple(frame.text for frame in thread.frames)
+    if thread is None:
+        return None
+    top = thread.frames[0].dump_line if thread.frames else thread.header_line
+    return tuple(frame.text for frame in thread.frames), top
 
 
-def _dump_quote(dump: StackDump, frames: tuple[str, ...], prefix: str) -> Quote:
+def _dump_quote(dump: StackDump, frames: tuple[str, ...], line: int | None, prefix: str) -> Quote:
     top = frames[0] if frames else "no frames"
-    return quote(f"{prefix}{dump.source}", f"pid {dump.pid}: {top}", timestamp=dump.captured_at)
+    text = f"pid {dump.pid}: {top}"
+    return quote(f"{prefix}{dump.source}", text, line=line, timestamp=dump.captured_at)
 
 
 def _process(dumps: Sequence[StackDump], prefix: str) -> ProcessStack | str:
     """The process's stacks, or why they cannot be read."""
     ordered = sorted(dumps, key=lambda d: (d.captured_at is None, d.captured_at, d.n))
     read = [(_frames(d), d) for d in ordered]
-    unreadable = next((d for frames, d in read if frames is None), None)
+    unreadable = next((d for found, d in read if found is None), None)
     if unreadable is not None:
         return f"{unreadable.source}: no thread could be read"
-    frames = tuple(f for f, _ in read if f is not None)
-    quotes = tuple(_dump_quote(d, f, prefix) for f, d in read if f is not None)
+    parsed = [(found, d) for found, d in read if found is not None]
+    frames = tuple(found[0] for found, _ in parsed)
+    quotes = tuple(_dump_quote(d, found[0], found[1], prefix) for found, d in parsed)
     first = ordered[0]
     return ProcessStack(target=first.target, pid=first.pid, frames=frames, quotes=quotes)
 
@@ -338,7 +344,10 @@ def _confirmed(report: Report, look: SecondLook) -> Report:
     assert proof is not None
     quotes = tuple(q for q in look.evidence if q not in proof.evidence)
     both = proof.model_copy(update={"evidence": proof.evidence + quotes})
-    reasoning = f"{report.reasoning} Confirmed by {_after(look)}: {look.summary}."
+    reasoning = (
+        f"{report.reasoning} Confirmed by {_after(look)}: {look.summary}; the proof quotes both "
+        f"observations ({len(both.evidence)} quotes)."
+    )
     return report.model_copy(update={"kill_proof": both, "reasoning": reasoning})
 
 
