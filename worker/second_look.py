@@ -88,7 +88,8 @@ class Observation(_Frozen):
     step: int | None = None
     state: str | None = None
     state_source: str = "none"
-    attempt: str | None = None
+    attempt: str | None = None  # the controller's newest attempt, when its history was probed
+    log_attempt: int | None = None  # the newest attempt marked in the log
     stacks: tuple[ProcessStack, ...] = ()
     blind: tuple[str, ...] = ()
 
@@ -132,13 +133,12 @@ def _newest_step(evidence: Evidence) -> int | None:
 
 
 def _attempt(evidence: Evidence) -> str | None:
-    """The newest attempt: the controller's attempt history when probed, with the log's marker."""
+    """The controller's newest attempt (`task:attempt`), when the attempt history was probed."""
     probes = evidence.probes
-    parts = [f"log attempt {evidence.facts.newest_attempt}"]
-    if probes is not None and probes.attempts:
-        newest = max(probes.attempts, key=lambda a: (a.attempt_id, a.task_id))
-        parts.insert(0, f"attempt {newest.task_id}:{newest.attempt_id}")
-    return ", ".join(parts) if evidence.logs is not None else None
+    if probes is None or not probes.attempts:
+        return None
+    newest = max(probes.attempts, key=lambda a: (a.attempt_id, a.task_id))
+    return f"{newest.task_id}:{newest.attempt_id}"
 
 
 def _frames(dump: StackDump) -> tuple[tuple[str, ...], int | None] | None:
@@ -217,6 +217,7 @@ def observe(evidence: Evidence, *, prefix: str = "") -> Observation:
         state=state,
         state_source=facts.state_source,
         attempt=_attempt(evidence),
+        log_attempt=facts.newest_attempt if evidence.logs is not None else None,
         stacks=stacks,
         blind=tuple(dict.fromkeys(blind)),
     )
@@ -245,7 +246,9 @@ def _controller_moved(first: Observation, second: Observation) -> list[str]:
     if first.state != second.state:
         moved.append(f"the controller state changed from {first.state} to {second.state}")
     if first.attempt is not None and second.attempt is not None and first.attempt != second.attempt:
-        moved.append(f"a new attempt: {first.attempt} then {second.attempt}")
+        moved.append(f"a new attempt: attempt {first.attempt} then {second.attempt}")
+    if first.log_attempt != second.log_attempt:
+        moved.append(f"a new attempt in the log: {first.log_attempt} then {second.log_attempt}")
     return moved
 
 
@@ -265,8 +268,10 @@ def _stacks_moved(first: Observation, second: Observation) -> list[str]:
     return moved
 
 
-def _blind(second: Observation) -> list[str]:
+def _blind(first: Observation, second: Observation) -> list[str]:
     found = list(second.blind)
+    if first.attempt is not None and second.attempt is None:
+        found.append("the controller's attempt history could not be read")
     if not second.stacks and not found:
         found.append("no stacks were taken")
     if second.state is None:
@@ -317,7 +322,7 @@ def compare(first: Observation, second: Observation, waited_s: float) -> SecondL
         summary = f"the job went {second.state} meanwhile ({second.state_source}): nothing to kill"
         moved = [f"the controller state changed from {first.state} to {second.state}"]
         return _look(SecondLookOutcome.TERMINAL, first, second, waited_s, summary, moved)
-    blind = _blind(second)
+    blind = _blind(first, second)
     if blind:
         summary = "it could not see: " + "; ".join(blind)
         return _look(SecondLookOutcome.BLIND, first, second, waited_s, summary)

@@ -177,8 +177,11 @@ def test_new_attempt_is_moved() -> None:
     second = _second(probes=_probe(LATER, stacks=_dumps(LATER), attempts=attempts(1)))
     look = _judge(first, second)
     assert look.outcome is SecondLookOutcome.MOVED
-    assert look.moved == ("a new attempt: attempt /ops/rl-job/0:0, log attempt 0 then attempt "
-                          "/ops/rl-job/0:1, log attempt 0",)  # fmt: skip
+    assert look.moved == ("a new attempt: attempt /ops/rl-job/0:0 then /ops/rl-job/0:1",)
+    lost = _second(probes=_probe(LATER, stacks=_dumps(LATER), attempts=None))
+    blind = _judge(first, lost)
+    assert blind.outcome is SecondLookOutcome.BLIND
+    assert "the controller's attempt history could not be read" in blind.summary
 
 
 def test_a_stack_that_differs_is_moved(killed: Report) -> None:
