@@ -242,6 +242,10 @@ def test_still_hung_is_kill_quoting_both_looks_and_replay_agrees(
     seconds = [s for s in sources if s.startswith("second_look/probes/stacks/")]
     assert len(firsts) == 2 and len(seconds) == 2, sources
     assert looking.store.exists(f"evidence/{event_id}/second_look/evidence.json")
+    probed = json.loads(looking.store.get(f"evidence/{event_id}/second_look/probes/probes.json"))
+    tools = {Path(c["argv"][0]).name for c in probed["commands"]}
+    assert tools <= {"cat", "py-spy", "nvidia-smi"}, tools  # read-only probes only
+    assert sum(Path(c["argv"][0]).name == "py-spy" for c in probed["commands"]) == 2
     record = looking.redis.hgetall(f"{PREFIX}:lead:{event_id}")
     assert record and b"redispatches" not in record, record  # the watchdog never sent it again
     text_key = entry.report_uri.removeprefix(f"s3://{looking.settings.s3_bucket}/look/")

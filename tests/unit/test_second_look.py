@@ -44,7 +44,9 @@ LATER = NOW + timedelta(seconds=60)
 SUMMARY = ParseSummary(files=("finelog.log",), lines=1000)
 
 
-def _dumps(at: datetime, pid: int = 4242, texts: tuple[str, str] = (WEDGED, WEDGED)) -> tuple:
+def _dumps(
+    at: datetime, pid: int = 4242, texts: tuple[str, str] = (WEDGED, WEDGED)
+) -> tuple[StackDump, ...]:
     return tuple(
         StackDump(
             target="rl-job-0",
@@ -67,7 +69,7 @@ def _probe(
     at: datetime,
     *,
     state: str = "running",
-    stacks: tuple = (),
+    stacks: tuple[StackDump, ...] = (),
     attempts: tuple[AttemptRecord, ...] | None = None,
     commands: tuple[ProbeCommand, ...] = (),
     controller: bool = True,

@@ -18,10 +18,10 @@ from reports.json_report import render_json
 from reports.text import render_text
 from shared.models import Event, Report, SecondLookOutcome, Verdict
 from shared.settings import Settings
+from tests.factories import NOW
 from tests.unit.test_second_look import (
     LATER,
     MOVING,
-    NOW,
     _dumps,
     _first,
     _look,
