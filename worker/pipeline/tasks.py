@@ -2,9 +2,10 @@
 
     capture ─┬─ gate restarts ──┐
              ├─ gate liveness ──┤
-             ├─ ...             ├─ verdict ── publish
-             └─ gate duty_cycle ┘     └─(a KILL on stacks)─ second look, REOBSERVE_S later ─┘
-    (any of them failing) ──────────────────────────────▶ fail
+             ├─ ...             ├─ verdict ────────────────────────────── publish
+             └─ gate duty_cycle ┘     └─ (a KILL on stacks) second look ──┘
+                                         REOBSERVE_S later, a countdown
+    (any of them failing) ──────────────────────────────────────────────────▶ fail
 
 Each task takes references (event id, evidence id, job key) and the diagnosis's `lead` and retry
 `deadline` as keywords, and calls one pipeline step through `_run`, which
