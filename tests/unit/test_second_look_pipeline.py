@@ -41,6 +41,7 @@ LEAD = "evt-stall"
 
 
 def _pipeline(tmp_path: Path, **settings: Any) -> Pipeline:
+    settings.setdefault("backend", "local")
     base = Settings(
         bundle_root=tmp_path / "bundles", stream_prefix="t", lease_s=5,
         cache_dir=tmp_path / "cache", **settings,
@@ -97,6 +98,25 @@ def test_a_stall_kill_waits_reobserve_s_and_zero_turns_it_off(
     else:
         assert plan == {"look_in_s": due}
         assert p.decided(LEAD) is None  # nothing stored or decided before the second look
+
+
+@pytest.mark.parametrize("backends", [{"backend": "none"}, {"backend": "iris"}])
+def test_without_a_backend_to_look_through_it_is_error_at_once(
+    tmp_path: Path, backends: dict[str, str]
+) -> None:
+    """No live backend (or none the event may use): nothing to wait for; the blind look is ERROR
+    at once, never the first look's KILL."""
+    p = _pipeline(tmp_path, reobserve_s=60, **backends)
+    results = _frozen(p, _first())
+    if backends["backend"] == "iris":  # the event asks for one the operator did not enable
+        p.store.delete(f"events/{LEAD}.json")
+        job = "jobs/cw/ops/rl-job"
+        p.archive(Event(event_id=LEAD, job_dir=job, published_at=NOW, backend="slurm"))
+    plan = p.plan_verdict(results, LEAD, LEAD)
+    assert "look_in_s" not in plan
+    assert plan["entry"]["verdict"] == "ERROR"
+    look = _report(p, plan["entry"])["second_look"]
+    assert look is not None and look["outcome"] == "blind"
 
 
 def test_a_verdict_that_is_not_a_kill_on_stacks_takes_no_second_look(tmp_path: Path) -> None:

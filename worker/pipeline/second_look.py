@@ -61,6 +61,14 @@ class Live:
     sleep: Callable[[float], None] = time.sleep
 
 
+def can_probe(event: Event, settings: Settings) -> bool:
+    """Whether a second look could take stacks at all (a backend the event may use)."""
+    try:
+        return choose_backend(event.backend, settings) is not None
+    except BackendChoiceError:
+        return False
+
+
 def _probe(
     bundle: Evidence, event: Event, settings: Settings, out_dir: Path, live: Live
 ) -> tuple[Path | None, tuple[str, ...]]:

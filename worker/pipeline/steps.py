@@ -61,7 +61,14 @@ from worker.pipeline.failures import (
 )
 from worker.pipeline.lease import Leases
 from worker.pipeline.metrics import dead_lettered
-from worker.pipeline.second_look import LOOK_DIR, freeze_look, look_prefix, observe_again, thaw_look
+from worker.pipeline.second_look import (
+    LOOK_DIR,
+    can_probe,
+    freeze_look,
+    look_prefix,
+    observe_again,
+    thaw_look,
+)
 from worker.pipeline.store import ObjectMissingError, ObjectStore, download_prefix, key_segment
 from worker.second_look import compare, observe, rests_on_stacks, settle
 from worker.verdict import decide
@@ -339,7 +346,8 @@ class Pipeline:
         return {"look_in_s": wait}
 
     def look_wait(self, report: Report, event_id: str, evidence_id: str) -> float | None:
-        """Seconds until the second look of `report` (0: one is frozen already, judge it now);
+        """Seconds until the second look of `report` (0: one is frozen already, or no backend
+        could take one, judge it now);
         None when none is due: no KILL on stacks, RLHEALTH_REOBSERVE_S=0, or a replay of a
         diagnosis that took none (a replay never waits or probes)."""
         if not rests_on_stacks(report):
@@ -348,6 +356,8 @@ class Pipeline:
             return 0.0
         if evidence_id != event_id or self.settings.reobserve_s == 0:
             return None
+        if not can_probe(self.load_event(event_id), self.settings):
+            return 0.0  # no backend to look through: waiting would not help, judge it (blind) now
         return self.settings.reobserve_s
 
     def second_look(
