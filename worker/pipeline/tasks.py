@@ -41,7 +41,10 @@ from celery.canvas import Signature
 from celery.exceptions import Ignore, Reject, SoftTimeLimitExceeded
 
 from shared.settings import Settings
-from worker.pipeline import metrics  # noqa: F401 - connects the Celery signals it counts
+from worker.pipeline import (
+    metrics,  # noqa: F401 - connects the Celery signals it counts
+    softlimit,  # noqa: F401 - soft time limits raise only in a task
+)
 from worker.pipeline.app import app, limits
 from worker.pipeline.failures import (
     EvidenceLostError,
