@@ -31,6 +31,7 @@ import os
 import shutil
 import tempfile
 from collections import OrderedDict
+from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import date
 from pathlib import Path
@@ -190,6 +191,21 @@ class LogCache:
             return []
         found = (p for p in self.directory.glob("*/*") if p.is_file() and p.parent.name[0] != ".")
         return sorted(p.relative_to(self.directory) for p in found)
+
+    def retain(self, keys: Iterable[str]) -> list[Path]:
+        """Remove from the directory every entry whose key is not in `keys` (the files a job no
+        longer has); returns the folders removed."""
+        if self.directory is None or not self.directory.is_dir():
+            return []
+        kept = {self._folder(key).name for key in keys}
+        gone = [
+            folder
+            for folder in self.directory.iterdir()
+            if folder.is_dir() and folder.name[0] != "." and folder.name not in kept
+        ]
+        for folder in gone:
+            shutil.rmtree(folder, ignore_errors=True)
+        return gone
 
     def __len__(self) -> int:
         return len(self._entries)
