@@ -24,7 +24,9 @@ the logs are read, the cache's own checks (its version, the log's key, every fil
 tables' columns) and the log's identity (inode, size, head hash, the bytes before the resume
 point). Anything that fails is ignored with a note (a warning in the worker's log and the
 `rlhealth_log_cache_shared{outcome="ignored"}` metric) and the log is read whole: a bad entry
-costs time, never the evidence. (The hashes prove integrity, not authorship: a party that can
+costs time, never the evidence. An archive that was refused, held a damaged entry or was of no
+use (every entry of another version of its log) is deleted, so the next one written is the
+newest. (The hashes prove integrity, not authorship: a party that can
 write the bucket can also write frozen evidence; the bucket is inside the trust boundary.)
 
 Redaction: the entries hold the parsed rows and the parser state as read, unredacted (they must
@@ -113,6 +115,7 @@ class FileRead:
     source: str
     size: int
     reused: int
+    stale: bool = False  # an entry was there but is of another version of the file
 
     @property
     def parsed(self) -> int:
@@ -128,6 +131,7 @@ class CacheRun:
     reads: list[FileRead] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
     shared: list[str] = field(default_factory=list)  # outcomes for the S3 copy
+    pulled: str | None = None  # the archive downloaded
     uploaded: str | None = None  # the archive written
 
     @property
@@ -143,6 +147,8 @@ class CacheRun:
         resumed = [r for r in self.reads if r.reused]
         files = ", ".join(f"{r.source} from byte {r.reused:,} of {r.size:,}" for r in resumed)
         told = f"; resumed {files}" if files else ""
+        stale = ", ".join(r.source for r in self.reads if r.stale)
+        told += f"; read whole, their entry was of another version: {stale}" if stale else ""
         return (
             f"log cache ({self.origin}) for {self.job}: parsed {self.parsed_bytes:,} bytes, "
             f"reused {self.reused_bytes:,}{told}"
@@ -161,10 +167,12 @@ class _WatchedCache(LogCache):
         self.reads: dict[str, FileRead] = {}
 
     def lookup(self, key: str, path: Path) -> CacheEntry | None:
+        had, notes = self.stored(key), len(self.notes)
         entry = super().lookup(key, path)
         source = key.split("|")[1] if key.count("|") >= 2 else path.name
         reused = entry.state.offset if entry is not None else 0
-        self.reads[key] = FileRead(source, path.stat().st_size, reused)
+        stale = had and entry is None and len(self.notes) == notes  # not damaged: outdated
+        self.reads[key] = FileRead(source, path.stat().st_size, reused, stale)
         return entry
 
 
@@ -202,6 +210,10 @@ class JobLogCache:
         run.notes.extend(cache.notes)
         if cache.notes:
             run.shared.append("ignored")
+        if run.pulled is not None and (cache.notes or not run.reused_bytes):
+            # an archive with a damaged entry, or of no use (all of another version): it goes,
+            # so the one written after this capture is the newest
+            self._guarded(run, "delete a useless archive", lambda: self._drop(run.pulled))
         self._guarded(run, "tidy the log cache", lambda: self._tidy(cache, folder))
         self._guarded(run, "share the log cache", lambda: self._push(job, folder, run))
         self._report(run)
@@ -227,12 +239,16 @@ class JobLogCache:
             shutil.rmtree(staging, ignore_errors=True)
             run.notes.append(f"ignored the shared log cache {key}: {exc}; the logs are read whole")
             run.shared.append("ignored")
-            _write_synced(_made(folder), key, _digest(folder))  # not fetched again
+            self.store.delete(key)  # no other worker fetches it again
             return
         _write_synced(staging, key, _digest(staging))
         _swap(staging, folder)
-        run.origin = "s3"
+        run.origin, run.pulled = "s3", key
         run.shared.append("downloaded")
+
+    def _drop(self, key: str | None) -> None:
+        if key is not None:
+            self.store.delete(key)
 
     def _archives(self, job: str) -> list[str]:
         prefix = self._prefix(job)
@@ -272,8 +288,9 @@ class JobLogCache:
         _write_synced(folder, key, digest)
         run.uploaded = key
         run.shared.append("uploaded")
-        for old in [k for k in self._archives(job) if k != key][: -self.limits.kept_archives]:
-            self.store.delete(old)
+        for old in self._archives(job)[: -self.limits.kept_archives]:
+            if old != key:
+                self.store.delete(old)
 
     # --- disk -----------------------------------------------------------------------------------
 
@@ -465,7 +482,24 @@ def _clean_entry(entry: Path) -> bool:
 
 def _clean_json(path: Path) -> bool:
     data = json.loads(path.read_text(encoding="utf-8"))
+    if path.name == "meta.json":
+        # the cache's own fields: the log's path under "key" (which `redact_data` would take for
+        # a credential by its name), sizes and hashes; each string must pass the redactor
+        return all(redact_text(text) == text for text in _strings(data))
     return bool(redact_data(data) == data)
+
+
+def _strings(data: Any) -> Iterator[str]:
+    """Every string in JSON-like data, keys included."""
+    if isinstance(data, str):
+        yield data
+    elif isinstance(data, dict):
+        for key, value in data.items():
+            yield str(key)
+            yield from _strings(value)
+    elif isinstance(data, list):
+        for value in data:
+            yield from _strings(value)
 
 
 def _clean_frame(frame: pl.DataFrame) -> bool:

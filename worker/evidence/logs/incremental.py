@@ -192,6 +192,10 @@ class LogCache:
         found = (p for p in self.directory.glob("*/*") if p.is_file() and p.parent.name[0] != ".")
         return sorted(p.relative_to(self.directory) for p in found)
 
+    def stored(self, key: str) -> bool:
+        """Whether the directory holds an entry for `key` (valid or not)."""
+        return self.directory is not None and (self._folder(key) / _META).is_file()
+
     def retain(self, keys: Iterable[str]) -> list[Path]:
         """Remove from the directory every entry whose key is not in `keys` (the files a job no
         longer has); returns the folders removed."""
