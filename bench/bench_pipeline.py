@@ -55,12 +55,16 @@ class Stack:
 
 
 @contextmanager
-def services(base: Path, coalesce_s: float) -> Iterator[Stack]:
-    """redis-server, moto, `rl-health worker` (2 prefork) and `rl-health ingest`."""
+def services(
+    base: Path, coalesce_s: float, extra_env: dict[str, str] | None = None
+) -> Iterator[Stack]:
+    """redis-server, moto, `rl-health worker` (2 prefork) and `rl-health ingest`; `extra_env`
+    adds or overrides settings."""
     (base / "bundles").mkdir(parents=True, exist_ok=True)
     redis_process, redis_url = start_redis(base)
     moto_process, endpoint = start_moto(base / "moto.log")
     env = service_env(redis_url, endpoint, base / "bundles", base / "cache", coalesce_s)
+    env.update(extra_env or {})
     settings = settings_from(env)
     import os
 
