@@ -17,13 +17,14 @@ from datetime import UTC, datetime
 from io import BufferedReader
 from pathlib import Path
 
+import polars as pl
 import pytest
 from polars.testing import assert_frame_equal
 
 from shared.settings import Settings
 from tests.integration.bundles import write_job_bundle
 from worker.diagnosis import collect_evidence
-from worker.evidence.logs import LogCache, reader
+from worker.evidence.logs import LogCache, incremental, reader
 from worker.evidence.logs.lines import Read
 from worker.evidence.model import Evidence, LogTables
 from worker.pipeline.logcache import PREFIX, CacheRun, JobLogCache, Limits, job_id
@@ -404,3 +405,47 @@ def test_entries_of_files_the_job_no_longer_has_are_dropped(world: World) -> Non
     world.capture()
     assert len({p.name for p in folder.iterdir() if p.is_dir()}) == len(with_pod) - 1
     assert len(first.reads) == 2
+
+
+# --- a grown log's entry is written in parts ------------------------------------------------------
+
+
+def _metrics_parts(world: World) -> list[Path]:
+    folder = world.worker().root / job_id(JOB)
+    return sorted(folder.glob("*/metrics*.parquet"))
+
+
+def test_a_grown_log_writes_only_its_new_rows(world: World) -> None:
+    """The entry of a grown log keeps its earlier table file (the same inode: a hard link, not
+    a copy) and adds one part with the new rows only; a third capture reads the parts back and
+    its evidence equals a full read."""
+    data = _log_bytes()
+    world.capture()
+    (base,) = _metrics_parts(world)
+    inode, rows = base.stat().st_ino, pl.read_parquet(base).height
+    world.grow(data[world.half : world.half + 200_000])
+    world.capture()
+    first, second = sorted(_metrics_parts(world), key=lambda p: p.name != "metrics.parquet")
+    assert first.name == "metrics.parquet" and first.stat().st_ino == inode
+    assert second.name.startswith("metrics-") and 0 < pl.read_parquet(second).height < rows
+    world.grow(data[world.half + 200_000 :])
+    evidence, third = world.capture()
+    assert third.notes == [] and len(_metrics_parts(world)) == 3
+    _same_logs(evidence.logs, world.read(None).logs)
+
+
+@pytest.mark.parametrize(("limit", "parts"), [(3, 3), (2, 1)])
+def test_a_table_past_the_part_limit_is_written_whole(
+    world: World, monkeypatch: pytest.MonkeyPatch, limit: int, parts: int
+) -> None:
+    """Three captures of a growing log make three parts; with a limit of two the third write
+    starts again from one file."""
+    monkeypatch.setattr(incremental, "MAX_PARTS", limit)
+    data = _log_bytes()
+    world.capture()
+    world.grow(data[world.half : world.half + 200_000])
+    world.capture()
+    world.grow(data[world.half + 200_000 :])
+    evidence, _ = world.capture()
+    assert len(_metrics_parts(world)) == parts
+    _same_logs(evidence.logs, world.read(None).logs)

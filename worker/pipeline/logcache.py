@@ -86,7 +86,8 @@ _MANIFEST: Final = "manifest.json"
 _FORMAT: Final = 1
 _ARCHIVE_NAME: Final = re.compile(r"^\d{8}T\d{12}Z-[0-9a-f]{16}\.zip$")
 _MEMBER: Final = re.compile(
-    r"^[0-9a-f]{32}/(?:meta\.json|state\.json|(?:stitched_)?[a-z_]{1,40}\.parquet)$"
+    r"^[0-9a-f]{32}/(?:meta\.json|state\.json|"
+    r"(?:stitched_)?[a-z_]{1,40}(?:-[0-9a-f]{16})?\.parquet)$"
 )
 _MAX_MEMBERS: Final = 4096
 _MAX_JSON_BYTES: Final = 16 * 2**20
