@@ -449,3 +449,15 @@ def test_a_table_past_the_part_limit_is_written_whole(
     evidence, _ = world.capture()
     assert len(_metrics_parts(world)) == parts
     _same_logs(evidence.logs, world.read(None).logs)
+
+
+def test_a_secret_in_the_new_rows_of_a_grown_log_is_not_shared(world: World) -> None:
+    """The earlier parts were found clean (and are not read again); a secret in the rows the log
+    gained keeps the whole entry on the worker."""
+    _, first = world.capture()
+    assert first.uploaded is not None
+    line = f"2026-03-27 00:00:00.000 | ERROR    | x:y:1 - RuntimeError: login failed {SECRET}\n"
+    world.grow(line.encode() + _log_bytes()[world.half : world.half + 100_000])
+    _, second = world.capture()
+    assert "withheld" in second.shared and second.uploaded is None
+    assert all(SECRET.encode() not in body for body in world.store.objects.values())

@@ -8,6 +8,8 @@ disk, and a copy of it in S3, so the worker that takes the job's next alert find
     <cache_dir>/logs/<job id>/<entry>/...          the LogCache directory of the job
     <cache_dir>/logs/<job id>/.shared              which S3 archive the directory was last synced
                                                    with, and a digest of its entries then
+    <cache_dir>/logs/<job id>/.clean               SHA-256 of the table files that passed the
+                                                   redactor (a grown log's new part alone is read)
     S3 logcache/<job id>/<stamp>-<digest>.zip      the job's shareable entries, one object,
                                                    written once; the newest stamp wins
 
@@ -82,6 +84,7 @@ Read = Callable[[LogCache | None], Evidence]
 
 PREFIX: Final = "logcache/"
 _SYNCED: Final = ".shared"
+_CLEAN: Final = ".clean"
 _MANIFEST: Final = "manifest.json"
 _FORMAT: Final = 1
 _ARCHIVE_NAME: Final = re.compile(r"^\d{8}T\d{12}Z-[0-9a-f]{16}\.zip$")
@@ -464,20 +467,45 @@ def _unpack(body: bytes, target: Path, job: str, bound: int) -> None:
 
 
 def _shareable(folder: Path) -> tuple[list[Path], list[Path]]:
-    """The entries of `folder` that pass the redactor unchanged, and those that do not."""
+    """The entries of `folder` that pass the redactor unchanged, and those that do not.
+
+    The Parquet files found clean are remembered by their SHA-256 (`.clean`): a grown log's
+    earlier parts are not looked at again, only its new rows."""
+    known = _read_clean(folder)
     good: list[Path] = []
     held: list[Path] = []
+    seen: set[str] = set()
     for entry in _entries(folder):
-        (good if _clean_entry(entry) else held).append(entry)
+        (good if _clean_entry(entry, known, seen) else held).append(entry)
+    (folder / _CLEAN).write_text(json.dumps(sorted(known & seen)))
     return good, held
 
 
-def _clean_entry(entry: Path) -> bool:
+def _read_clean(folder: Path) -> set[str]:
+    try:
+        data = json.loads((folder / _CLEAN).read_text())
+    except (OSError, ValueError):
+        return set()
+    return {str(item) for item in data} if isinstance(data, list) else set()
+
+
+def _clean_entry(entry: Path, known: set[str], seen: set[str]) -> bool:
+    """Whether every file of `entry` passes the redactor unchanged; `known` holds the hashes of
+    Parquet files found clean before (and gains those found now), `seen` every hash looked up."""
+    hashes = json.loads((entry / "meta.json").read_text(encoding="utf-8")).get("files", {})
     for path in entry.iterdir():
         if path.suffix == ".json" and not _clean_json(path):
             return False
-        if path.suffix == ".parquet" and not _clean_frame(pl.read_parquet(path)):
+        if path.suffix != ".parquet":
+            continue
+        digest = str(hashes.get(path.name, ""))
+        seen.add(digest)
+        if digest in known:
+            continue
+        if not _clean_frame(pl.read_parquet(path)):
             return False
+        if digest:
+            known.add(digest)
     return True
 
 
