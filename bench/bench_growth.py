@@ -15,7 +15,9 @@ cold     after it grew by as much again, with the worker's disk cache removed: t
 
 `second_ratio` is second / first (issue 12's target: at most 0.15); `cold_ratio` likewise. Every
 alert is diagnosed (RLHEALTH_COALESCE_S=0); the capture time limit is raised so a slow machine
-does not cut the first capture.
+does not cut the first capture. `stages_s` splits each diagnosis into its task times from the
+worker's log (capture, the slowest gate and all gates, verdict), `cache` quotes the worker's log
+cache line of each capture (bytes parsed and reused).
 """
 
 from __future__ import annotations
@@ -40,6 +42,7 @@ __all__ = ["growth"]
 
 _LOGURU: re.Pattern[bytes] = re.compile(rb"(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d)\.\d{3} \|")
 _TIMEOUT_S = 1800.0
+_SUCCEEDED: re.Pattern[str] = re.compile(r"Task rlhealth\.(\w+)\[[^\]]*\] succeeded in ([\d.]+)s")
 
 
 def _split(path: Path, grow_pct: float) -> list[bytes]:
@@ -72,6 +75,28 @@ def _timed(stack: Stack, watcher: Watcher, job: str, now: datetime | None) -> fl
     return watcher.answered[event_id] - started
 
 
+def _stages(log: str) -> list[dict[str, float]]:
+    """Each diagnosis's task times from the worker's log (alerts run one at a time): capture,
+    the slowest gate and all gates, verdict; a diagnosis ends with its publish."""
+    found: list[dict[str, float]] = []
+    current: dict[str, float] = {"capture": 0.0, "gate_max": 0.0, "gates": 0.0, "verdict": 0.0}
+    for task, seconds in _SUCCEEDED.findall(log):
+        took = float(seconds)
+        if task == "gate":
+            current["gate_max"] = max(current["gate_max"], took)
+            current["gates"] += took
+        elif task in ("capture", "verdict"):
+            current[task] += took
+        elif task == "publish":
+            found.append({name: round(value, 2) for name, value in current.items()})
+            current = dict.fromkeys(current, 0.0)
+    return found
+
+
+def _cache_lines(log: str) -> list[str]:
+    return [line.split("] ", 1)[-1] for line in log.splitlines() if "log cache (" in line][1:]
+
+
 def _verdicts(watcher: Watcher) -> list[str]:
     return [entry.verdict.value for entry in watcher.entries]
 
@@ -79,7 +104,10 @@ def _verdicts(watcher: Watcher) -> list[str]:
 def growth(base: Path, megabytes: float, grow_pct: float) -> dict[str, Any]:
     """The three timings and their ratios."""
     extra = {"RLHEALTH_CAPTURE_TIME_LIMIT_S": "3600", "RLHEALTH_GATE_TIME_LIMIT_S": "900"}
-    with services(base, coalesce_s=0, extra_env=extra) as stack, watching(stack) as watcher:
+    with (
+        services(base, coalesce_s=0, extra_env=extra, loglevel="INFO") as stack,
+        watching(stack) as watcher,
+    ):
         small = write_job_bundle(stack.bundle_root, "warm-up").relative_to(stack.bundle_root)
         _timed(stack, watcher, small.as_posix(), None)
         job_dir = write_job_bundle(stack.bundle_root, "grown")
@@ -96,6 +124,7 @@ def growth(base: Path, megabytes: float, grow_pct: float) -> dict[str, Any]:
                 shutil.rmtree(base / "cache" / "logs", ignore_errors=True)
             times[label] = _timed(stack, watcher, job, _last_time(log))
         verdicts = _verdicts(watcher)
+    stages = _stages((base / "worker.log").read_text(errors="replace"))[1:]  # not the warm-up
     return {
         "finelog_bytes": sizes,
         "first_s": round(times["first"], 2),
@@ -104,6 +133,8 @@ def growth(base: Path, megabytes: float, grow_pct: float) -> dict[str, Any]:
         "second_ratio": round(times["second"] / times["first"], 3),
         "cold_ratio": round(times["cold"] / times["first"], 3),
         "verdicts": verdicts,
+        "stages_s": dict(zip(("first", "second", "cold"), stages, strict=False)),
+        "cache": _cache_lines((base / "worker.log").read_text(errors="replace")),
     }
 
 

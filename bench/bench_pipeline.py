@@ -56,10 +56,13 @@ class Stack:
 
 @contextmanager
 def services(
-    base: Path, coalesce_s: float, extra_env: dict[str, str] | None = None
+    base: Path,
+    coalesce_s: float,
+    extra_env: dict[str, str] | None = None,
+    loglevel: str = "WARNING",
 ) -> Iterator[Stack]:
     """redis-server, moto, `rl-health worker` (2 prefork) and `rl-health ingest`; `extra_env`
-    adds or overrides settings."""
+    adds or overrides settings; the worker logs to `base/worker.log` at `loglevel`."""
     (base / "bundles").mkdir(parents=True, exist_ok=True)
     redis_process, redis_url = start_redis(base)
     moto_process, endpoint = start_moto(base / "moto.log")
@@ -71,7 +74,7 @@ def services(
     os.environ.update({k: v for k, v in env.items() if k.startswith(("RLHEALTH_", "AWS_"))})
     store_from_settings(settings).ensure_bucket()
     worker_argv = [RL_HEALTH, "worker", "--concurrency", "2", "--pool", "prefork"]
-    worker = spawn([*worker_argv, "--loglevel", "WARNING"], env, base / "worker.log")
+    worker = spawn([*worker_argv, "--loglevel", loglevel], env, base / "worker.log")
     ingest = spawn([RL_HEALTH, "ingest"], env, base / "ingest.log")
     try:
         wait_for(lambda: bool(make_app(settings).control.ping(timeout=0.5)), 60, "celery worker")
