@@ -382,6 +382,14 @@ def test_folders_past_the_age_are_removed_and_those_just_short_kept(world: World
     assert young.is_dir() and not old.exists()
 
 
+def test_staging_left_by_a_dead_process_goes_after_an_hour(world: World) -> None:
+    cache = world.worker(limits=Limits(archive_bytes=2**20))
+    dead = _job_folder(cache, ".pull-dead", 10, 3600 + 60)
+    busy = _job_folder(cache, ".pull-busy", 10, 3600 - 60)
+    assert cache.prune() == [dead]
+    assert busy.is_dir()
+
+
 @pytest.mark.parametrize(("room", "kept"), [(3000, 3), (2999, 2)])
 def test_the_least_recently_used_folders_go_beyond_the_disk_bound(
     world: World, room: int, kept: int

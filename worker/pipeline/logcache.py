@@ -94,6 +94,7 @@ _MEMBER: Final = re.compile(
 )
 _MAX_MEMBERS: Final = 4096
 _MAX_JSON_BYTES: Final = 16 * 2**20
+_LEFTOVER_S: Final = 3600  # a staging folder this old belongs to a process that died
 
 
 @dataclass(frozen=True)
@@ -173,7 +174,7 @@ class _WatchedCache(LogCache):
     def lookup(self, key: str, path: Path) -> CacheEntry | None:
         had, notes = self.stored(key), len(self.notes)
         entry = super().lookup(key, path)
-        source = key.split("|")[1] if key.count("|") >= 2 else path.name
+        source = key.rsplit("|", 2)[1] if key.count("|") >= 2 else path.name
         reused = entry.state.offset if entry is not None else 0
         stale = had and entry is None and len(self.notes) == notes  # not damaged: outdated
         self.reads[key] = FileRead(source, path.stat().st_size, reused, stale)
@@ -308,15 +309,20 @@ class JobLogCache:
 
     def prune(self) -> list[Path]:
         """Remove job folders older than `max_age_s`, then the least recently used beyond
-        `disk_bytes`; returns what was removed."""
+        `disk_bytes`, and what a process that died left (staging folders older than an hour);
+        returns what was removed."""
         if not self.root.is_dir():
             return []
+        every = [p for p in self.root.iterdir() if p.is_dir()]
+        removed = [p for p in every if p.name.startswith(".") and _older(p, _LEFTOVER_S)]
+        for path in removed:
+            shutil.rmtree(path, ignore_errors=True)
         folders = sorted(
-            (p for p in self.root.iterdir() if p.is_dir() and not p.name.startswith(".")),
+            (p for p in every if not p.name.startswith(".")),
             key=lambda p: p.stat().st_mtime,
             reverse=True,
         )
-        cutoff, used, removed = time.time() - self.limits.max_age_s, 0, []
+        cutoff, used = time.time() - self.limits.max_age_s, 0
         for path in folders:
             used += _bytes(path)
             if path.stat().st_mtime < cutoff or used > self.limits.disk_bytes:
@@ -354,6 +360,13 @@ def collect_cached(settings: Settings, store: ObjectStore, job_dir: str, read: R
 # --- the archive ----------------------------------------------------------------------------------
 
 _WITHHELD: Final = "it holds text the redactor hides, so it is not shared through S3"
+
+
+def _older(path: Path, seconds: float) -> bool:
+    try:
+        return path.stat().st_mtime < time.time() - seconds
+    except OSError:
+        return False
 
 
 def _made(path: Path) -> Path:
