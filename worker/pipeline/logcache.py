@@ -425,7 +425,9 @@ def _pack(job: str, entries: list[Path]) -> bytes:
         archive.writestr(_MANIFEST, json.dumps({"format": _FORMAT, "job": job}))
         for entry in entries:
             for path in sorted(p for p in entry.iterdir() if p.is_file()):
-                archive.write(path, f"{entry.name}/{path.name}")
+                name = f"{entry.name}/{path.name}"
+                if _MEMBER.match(name):  # what a reader accepts, nothing else
+                    archive.write(path, name)
     return buffer.getvalue()
 
 
