@@ -469,3 +469,35 @@ def test_a_secret_in_the_new_rows_of_a_grown_log_is_not_shared(world: World) -> 
     _, second = world.capture()
     assert "withheld" in second.shared and second.uploaded is None
     assert all(SECRET.encode() not in body for body in world.store.objects.values())
+
+
+# --- through the pipeline's capture step ----------------------------------------------------------
+
+
+def test_the_capture_step_reads_through_the_jobs_cache(world: World, starts: list[int]) -> None:
+    """`Pipeline.capture` of two events for the job, the log grown in between: the second
+    capture resumes the finelog (its cache folder and S3 archive exist) and its frozen evidence,
+    thawed, holds the tables of a full read."""
+    import fakeredis
+
+    from shared.models import Event
+    from worker.pipeline.steps import Pipeline
+
+    settings = Settings(bundle_root=world.root, cache_dir=world.tmp / "w1", stream_prefix="t")
+    pipeline = Pipeline(settings, world.store, fakeredis.FakeRedis())
+    for event_id in ("e1", "e2"):
+        event = Event(event_id=event_id, job_dir=JOB, published_at=NOW, now=NOW)
+        pipeline.archive(event)
+        pipeline.capture(event_id, event_id, claim="t1")
+        if event_id == "e1":
+            assert len(world.archives()) == 1
+            world.grow()
+    assert starts[0] == 0 and world.half - 64 * 1024 < starts[-1] <= world.half
+    entry = next((world.tmp / "w1" / "logs" / job_id(JOB)).glob("*/meta.json"))
+    assert json.loads(entry.read_text())["size"] == world.log.stat().st_size
+    frozen = pipeline.evidence("e2")
+    fresh = world.read(None)
+    assert frozen.logs is not None and fresh.logs is not None
+    for name in TABLES:
+        assert getattr(frozen.logs, name).height == getattr(fresh.logs, name).height, name
+    assert frozen.logs.summary.bytes == world.log.stat().st_size
