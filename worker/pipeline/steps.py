@@ -60,6 +60,7 @@ from worker.pipeline.failures import (
     is_time_limit,
 )
 from worker.pipeline.lease import Leases
+from worker.pipeline.logcache import collect_cached
 from worker.pipeline.metrics import dead_lettered
 from worker.pipeline.second_look import (
     LOOK_DIR,
@@ -197,12 +198,18 @@ class Pipeline:
         root = self.settings.bundle_root
         probes = root / event.probes if event.probes else None
         try:
-            return collect_evidence(
-                root / event.job_dir,
-                now=event.now,
-                mode=event.mode,
-                probes_dir=probes,
-                evidence_label=label,
+            return collect_cached(
+                self.settings,
+                self.store,
+                event.job_dir,
+                lambda cache: collect_evidence(
+                    root / event.job_dir,
+                    now=event.now,
+                    mode=event.mode,
+                    probes_dir=probes,
+                    evidence_label=label,
+                    log_cache=cache,
+                ),
             )
         except Exception as exc:
             if _must_propagate(exc):
