@@ -232,3 +232,7 @@ def test_only_failures_a_new_workflow_can_get_past_are_sent_again() -> None:
     assert not _recoverable("capture", TimeLimitExceeded(300), first=False)
     assert not _recoverable("verdict", ValueError("bug"))
     assert not _recoverable("publish", None)
+    from worker.pipeline.steps import CaptureBusyError
+
+    assert _recoverable("capture", CaptureBusyError("under way"), first=True)
+    assert not _recoverable("capture", CaptureBusyError("under way"), first=False)

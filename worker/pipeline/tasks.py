@@ -315,14 +315,18 @@ def _recoverable(stage: str, exc: BaseException | None, *, first: bool = True) -
     a service fault that escaped the retries (Redis away while a result was stored or a message
     sent, a retry the broker could not take), or — on the diagnosis's first run only — a time
     limit (a stage slowed by a loaded machine, or timed from before an outage that kept the
-    worker from collecting its result). Faults still there at the deadline are final; a stage
-    past its time limit a second time is answered ERROR."""
+    worker from collecting its result) or a capture that could not wait for another one's
+    claim (its retry lost in an outage: seen in the Redis restart drill), on the first run only.
+    Faults still there at the deadline are final; a stage past its time limit a second time is
+    answered ERROR."""
     if exc is not None and is_time_limit(exc):
         return first
     if isinstance(exc, EvidenceLostError):
         return stage != "capture"  # a capture that lost its event cannot capture again
     if isinstance(exc, Reject):  # its retry could not be sent: the broker was away
         return True
+    if isinstance(exc, CaptureBusyError):  # its wait for another capture could not be sent
+        return first
     return exc is not None and is_infrastructure(exc) and not isinstance(exc, InfrastructureError)
 
 
