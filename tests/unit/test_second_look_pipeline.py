@@ -71,7 +71,7 @@ class Looks:
         self.seen = list(seen)
         self.calls = 0
 
-    def __call__(self, event: Event, first: Evidence, settings: Settings) -> Evidence:
+    def __call__(self, event: Event, first: Evidence, settings: Settings, **_: Any) -> Evidence:
         self.calls += 1
         return self.seen.pop(0)
 

@@ -28,9 +28,11 @@ from worker.backends import Toolbox
 from worker.backends.base import Runner
 from worker.diagnosis import collect_evidence
 from worker.evidence.frozen import MARKER, freeze, thaw
+from worker.evidence.logs.incremental import LogCache
 from worker.evidence.model import Evidence
 from worker.evidence.probes import read_probes
 from worker.pipeline.capture import BackendChoiceError, capture_live, choose_backend
+from worker.pipeline.logcache import collect_cached
 from worker.pipeline.store import ObjectStore, download_prefix
 
 __all__ = ["LOOK_DIR", "Live", "freeze_look", "look_prefix", "observe_again", "thaw_look"]
@@ -93,20 +95,30 @@ def _probe(
 
 
 def observe_again(
-    event: Event, first: Evidence, settings: Settings, live: Live = Live()
+    event: Event,
+    first: Evidence,
+    settings: Settings,
+    live: Live = Live(),
+    store: ObjectStore | None = None,
 ) -> Evidence:
     """The job as the second look sees it: the bundle read again as of now (never before the
-    first look), with one more pair of live stacks; labelled as `first`'s `second_look/`."""
+    first look), with one more pair of live stacks; labelled as `first`'s `second_look/`. With
+    `store`, the logs are read through the job's log cache (only what they gained since)."""
     live = live or Live()
     now = max(live.clock(), first.now)
     label = first.job_dir.rstrip("/") + "/" + LOOK_DIR
-    bundle = collect_evidence(
-        settings.bundle_root / event.job_dir,
-        now=now,
-        mode=event.mode,
-        thresholds=first.thresholds,
-        evidence_label=label,
-    )
+
+    def read(cache: LogCache | None) -> Evidence:
+        return collect_evidence(
+            settings.bundle_root / event.job_dir,
+            now=now,
+            mode=event.mode,
+            thresholds=first.thresholds,
+            evidence_label=label,
+            log_cache=cache,
+        )
+
+    bundle = read(None) if store is None else collect_cached(settings, store, event.job_dir, read)
     with tempfile.TemporaryDirectory(prefix="rlhealth-look-") as tmp:
         directory, notes = _probe(bundle, event, settings, Path(tmp) / "probes", live)
         probes = read_probes(directory) if directory is not None else None

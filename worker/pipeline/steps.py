@@ -412,7 +412,7 @@ class Pipeline:
     def _take_look(self, at: _LookAt, first: Evidence, prefix: str, holder: CaptureClaim) -> None:
         event = self.load_event(at.event_id)
         try:
-            second = observe_again(event, first, self.settings)
+            second = observe_again(event, first, self.settings, store=self.store)
         except Exception as exc:
             if _must_propagate(exc):
                 raise
