@@ -5,7 +5,8 @@ same pipeline without probes (RLHEALTH_BACKEND=none), measured in one run.
                                          [--probe-interval 5] [--json]
 
 Each mode runs its own redis-server, moto S3 server, `rl-health worker` (2 prefork) and
-`rl-health ingest`, with RLHEALTH_COALESCE_S=0 so each alert is diagnosed, on the same bundles:
+`rl-health ingest`, with RLHEALTH_COALESCE_S=0 so each alert is diagnosed and
+RLHEALTH_REOBSERVE_S=0 (no second look), on the same bundles:
 `--jobs` toy trainers hung in `all_reduce` on the LocalCluster, each bundle's finelog replaced by
 `--mb` MB from bench/gen_finelog.py (quiet for months, so the capture policy asks for the attempt
 history and two `py-spy dump`s per process, `--probe-interval` seconds apart, and an nvidia-smi
@@ -138,7 +139,7 @@ def run(args: argparse.Namespace, base: Path) -> dict[str, Any]:
         jobs = _bundles(cluster, shared_root, args.jobs, args.mb)
         results: dict[str, Any] = {"finelog_mb": args.mb, "jobs": args.jobs}
         modes = {
-            "none": {"RLHEALTH_BACKEND": "none"},
+            "none": {"RLHEALTH_BACKEND": "none", "RLHEALTH_REOBSERVE_S": "0"},
             "iris": _live_env(cluster, args.probe_interval),
         }
         for mode, extra in modes.items():
