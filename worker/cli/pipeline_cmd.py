@@ -199,6 +199,8 @@ def worker_command(
     from shared.streams import StreamNames
     from worker.pipeline.app import app
 
+    _check_live_capture(settings)
+
     if metrics_port is not None:
         from worker.pipeline.metrics import serve
 
@@ -215,6 +217,20 @@ def worker_command(
         f"--hostname={hostname or 'rlhealth@%h'}",
     ]
     app.worker_main(argv)
+
+
+def _check_live_capture(settings: Settings) -> None:
+    """With a live backend enabled: the capture budget must fit the capture task's time limits
+    and the cluster tools must resolve, before the worker takes a task (exit 2 otherwise)."""
+    from shared.redact import clean
+    from worker.pipeline.capture import CaptureSettingsError, LiveCapture
+
+    if not settings.enabled_backends():
+        return
+    try:
+        LiveCapture.start(settings)
+    except CaptureSettingsError as exc:
+        _fail(f"live capture settings refused: {clean(str(exc))}")
 
 
 # --- verdicts -------------------------------------------------------------------------------------
@@ -305,17 +321,26 @@ def _replay_event(pipeline: Pipeline, original: Event, fresh: bool) -> tuple[Eve
         probes=original.probes,
         now=now,
         replay_of=original.event_id,
+        backend=original.backend,  # a --fresh capture chooses the backend the original chose
     )
     return event, evidence_id
 
 
 @click.command("replay")
 @click.argument("event_id")
-@click.option("--fresh", is_flag=True, help="Capture the job directory again instead.")
+@click.option(
+    "--fresh",
+    is_flag=True,
+    help="Capture the job again instead (the bundle, and live probes when a backend is set).",
+)
 @click.option("--timeout", type=click.FloatRange(min=1), default=120, show_default=True)
 @click.option("--json", "as_json", is_flag=True, help="Print the verdict entry as JSON.")
 def replay_command(event_id: str, fresh: bool, timeout: float, as_json: bool) -> None:
     """Re-diagnose an archived event, on its frozen evidence unless --fresh; prints the verdict.
+
+    Without --fresh nothing is probed: the verdict is reproduced offline from the evidence (and
+    the live probes) frozen by the original capture. --fresh captures the job again, probing it
+    live when the worker's backend (or the original event's) calls for it.
 
     The replay is an event of its own (with `replay_of`), archived and answered on the verdict
     stream like any other, but never coalesced with the job's live alerts.

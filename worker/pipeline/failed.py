@@ -28,9 +28,10 @@ from shared.settings import load_thresholds
 from worker.evidence.model import BundleInfo, Evidence, ModeDecision
 from worker.verdict import decide
 
-__all__ = ["failure_evidence", "failure_report", "not_judged", "unreadable_result"]
+__all__ = ["FAILED_NOTE", "failure_evidence", "failure_report", "not_judged", "unreadable_result"]
 
 _LAYOUT_DEPTH: Final = 4  # jobs/<cluster>/<user>/<job>
+FAILED_NOTE: Final = "capture failed: "  # how the evidence of a failed capture says why
 
 
 def _identity(job_dir: str) -> dict[str, str | None]:
@@ -44,7 +45,7 @@ def _identity(job_dir: str) -> dict[str, str | None]:
 
 def failure_evidence(event: Event, label: str, reason: str) -> Evidence:
     """Evidence that says only why it could not be read, so the gates answer ERROR and quote it."""
-    note = f"capture failed: {reason}"
+    note = f"{FAILED_NOTE}{reason}"
     return Evidence(
         job_dir=label,
         now=event.now or datetime.now(UTC),

@@ -1,6 +1,9 @@
 """The steps of one diagnosis in the pipeline, each safe to run twice; the Celery tasks call these.
 
-capture  event → evidence frozen under S3 `evidence/<event_id>/` (a replay reuses the original's)
+capture  event → evidence frozen under S3 `evidence/<event_id>/` (a replay reuses the original's);
+         with a live backend (RLHEALTH_BACKEND, or the event's among RLHEALTH_BACKENDS), the
+         capture policy probes the job within RLHEALTH_CAPTURE_BUDGET_S and the probes are
+         frozen under `probes/` (gates only read; the second look alone probes again)
 gate     frozen evidence → one gate's result (broken evidence is an ERROR result; lost evidence
          raises `EvidenceLostError`, so the diagnosis is sent again and captures afresh)
 verdict  gate results → the report, written once to S3 `reports/...` → the verdict entry
@@ -49,9 +52,15 @@ from shared.streams import StreamNames
 from worker.diagnosis import GATE_NAMES, collect_evidence, run_gate
 from worker.evidence.frozen import MARKER, freeze, thaw
 from worker.evidence.model import Evidence
+from worker.pipeline.capture import BackendChoiceError, LiveCapture, LiveProbes, choose_backend
 from worker.pipeline.claim import CaptureClaim
 from worker.pipeline.coalesce import Coalescer
-from worker.pipeline.failed import failure_evidence, failure_report, unreadable_result
+from worker.pipeline.failed import (
+    FAILED_NOTE,
+    failure_evidence,
+    failure_report,
+    unreadable_result,
+)
 from worker.pipeline.failures import (
     EvidenceLostError,
     PipelineError,
@@ -194,9 +203,11 @@ class Pipeline:
         for key in self.store.keys(prefix):
             self.store.delete(key)
 
-    def _collect(self, event: Event, label: str) -> Evidence:
+    def _collect(self, event: Event, label: str, live: LiveProbes | None = None) -> Evidence:
         root = self.settings.bundle_root
         probes = root / event.probes if event.probes else None
+        if live is not None:  # the live capture's probe directory, and what it noted
+            probes = live.directory
         try:
             return collect_cached(
                 self.settings,
@@ -206,6 +217,7 @@ class Pipeline:
                     root / event.job_dir,
                     now=event.now,
                     mode=event.mode,
+                    notes=live.notes if live is not None else (),
                     probes_dir=probes,
                     evidence_label=label,
                     log_cache=cache,
@@ -217,14 +229,44 @@ class Pipeline:
             return failure_evidence(event, label, describe(exc))
 
     def _capture_fresh(self, event: Event, prefix: str, holder: CaptureClaim) -> None:
-        evidence = self._collect(event, self.store.uri(prefix))
+        label = self.store.uri(prefix)
         with tempfile.TemporaryDirectory(prefix="rlhealth-freeze-") as tmp:
             directory = Path(tmp)
-            for path in freeze(evidence, directory):  # the marker comes last
+            live = directory / "live"
+            evidence = self._probed(event, label, self._collect(event, label), live)
+            frozen = directory / "frozen"
+            for path in _frozen_files(evidence, live, frozen):  # the marker comes last
                 if not holder.held():
                     raise CaptureBusyError(f"lost the capture claim on {prefix} (too slow)")
-                key = prefix + path.relative_to(directory).as_posix()
+                key = prefix + path.relative_to(frozen).as_posix()
                 self.store.put_once(key, path.read_bytes())
+
+    # --- live capture -----------------------------------------------------------------------
+
+    @cached_property
+    def live(self) -> LiveCapture:
+        """The live capture of this process: settings checked and tools resolved once."""
+        return LiveCapture.start(self.settings)
+
+    def _probed(self, event: Event, label: str, first: Evidence, out: Path) -> Evidence:
+        """The evidence with live probes when the backend choice and the capture policy call for
+        them (read again with the probe directory, as `diagnose --backend` does). A backend the
+        event may not choose, or probing that breaks, answers ERROR through the gates."""
+        if _unread(first):  # a bundle that could not be read is ERROR already
+            return first
+        try:
+            backend = choose_backend(event.backend, self.settings)
+        except BackendChoiceError as exc:
+            return failure_evidence(event, label, f"live capture refused: {exc}")
+        if backend is None or event.probes:  # no live backend, or recorded probes named
+            return first
+        try:
+            live = self.live.probe(first, backend, out)
+        except Exception as exc:
+            if _must_propagate(exc):
+                raise
+            return failure_evidence(event, label, f"live capture failed: {describe(exc)}")
+        return self._collect(event, label, live)
 
     # --- gates ------------------------------------------------------------------------------
 
@@ -498,6 +540,28 @@ class Pipeline:
             },
         )
         dead_lettered(f"diagnosis failed: {reason}")
+
+
+def _unread(evidence: Evidence) -> bool:
+    """True for the evidence of a bundle that could not be read at all (`failure_evidence`)."""
+    return any(note.startswith(FAILED_NOTE) for note in evidence.discrepancies)
+
+
+def _frozen_files(evidence: Evidence, live: Path, directory: Path) -> list[Path]:
+    """Freeze `evidence` under `directory`, with the raw outputs the live probes left in `live`
+    (the commands' outputs that `probes.json` names) beside the probe files the freeze writes
+    from the model, so `probes/` is the whole recorded layout; the marker stays last."""
+    written = freeze(evidence, directory)
+    if evidence.probes is None or not live.is_dir():
+        return written
+    marker, extra = written[-1], []
+    for path in sorted(live.rglob("*")):
+        target = directory / "probes" / path.relative_to(live)
+        if path.is_file() and not path.is_symlink() and not target.exists():
+            target.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(path, target)
+            extra.append(target)
+    return [*written[:-1], *extra, marker]
 
 
 @dataclass(frozen=True)

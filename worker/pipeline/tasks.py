@@ -166,7 +166,9 @@ def _run(task: Task, lead: str, deadline: float, what: str, step: Callable[[], T
 
 @_task("rlhealth.capture")
 def capture(self: Task, event_id: str, evidence_id: str, *, lead: str, deadline: float) -> str:
-    """Freeze the event's evidence to S3; returns the evidence id."""
+    """Freeze the event's evidence to S3; returns the evidence id. The only task that probes a
+    cluster (with a live backend, within RLHEALTH_CAPTURE_BUDGET_S, which must end before this
+    task's soft time limit: `worker.pipeline.capture.budget_misfit`)."""
     step = partial(pipeline().capture, event_id, evidence_id, claim=str(self.request.id))
     try:
         return _run(self, lead, deadline, "capture", step)

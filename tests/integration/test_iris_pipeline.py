@@ -1,0 +1,271 @@
+"""The pipeline probing a real marin-iris LocalCluster: real redis-server, moto's S3 server, a
+prefork `rl-health worker` with RLHEALTH_BACKEND=iris, and `rl-health ingest`.
+
+A hung toy trainer is KILL on the live stacks its capture took; a crash loop is KILL on the
+attempt history its capture asked of the controller; each replayed offline (`rl-health replay`)
+gets the same verdict without a probe, and `replay --fresh` probes again. The second look before
+a stall KILL is off here (RLHEALTH_REOBSERVE_S=0): another part of the pipeline owns it.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import shlex
+import sys
+import time
+import urllib.request
+from collections.abc import Iterator
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import pytest
+import redis
+from prometheus_client.parser import text_string_to_metric_families
+
+from shared.alerts import new_event_id, publish_event
+from shared.models import Event, Verdict, VerdictEntry
+from tests.integration.bundles import write_job_bundle
+from tests.integration.conftest import Services
+from tests.integration.iris_jobdir import (
+    REPO,
+    SHIM_COMMAND,
+    IrisTestCluster,
+    build_job_dir,
+    toy_argv,
+)
+from tests.integration.services import (
+    RL_HEALTH,
+    free_port,
+    service_env,
+    settings_from,
+    spawn,
+    start_moto,
+    start_redis,
+    stop,
+    wait_for,
+)
+from tests.integration.test_iris_backend import iris_cluster  # noqa: F401  (module fixture)
+from tests.integration.test_pipeline import _key, _verdicts_for
+from worker.pipeline.app import make_app
+from worker.pipeline.store import store_from_settings
+
+pytestmark = pytest.mark.integration
+
+PY = sys.executable
+CLUSTER = "iris-local"
+PROBES_RUN = "rlhealth_probes_run_total"
+
+
+def _probes_run(url: str) -> float:
+    """The worker's count of live probe commands run through iris (all pool processes)."""
+    with urllib.request.urlopen(url, timeout=10) as response:
+        text = response.read().decode()
+    return sum(
+        sample.value
+        for family in text_string_to_metric_families(text)
+        for sample in family.samples
+        if sample.name == PROBES_RUN and sample.labels.get("backend") == "iris"
+    )
+
+
+@dataclass
+class Live:
+    """The pipeline services probing the LocalCluster, and the cluster."""
+
+    services: Services
+    cluster: IrisTestCluster
+
+    def bundle(self, job_id: str, entrypoint: list[str]) -> str:
+        """The watcher's job directory of `job_id`, relative to the bundle root."""
+        root = self.services.bundle_root
+        job_dir = build_job_dir(
+            self.cluster, job_id, root, entrypoint=entrypoint, cluster_name=CLUSTER
+        )
+        return job_dir.relative_to(root).as_posix()
+
+    def alert(self, job: str) -> str:
+        result = self.services.run("alert", job, "--reason", "suspect job")
+        assert result.returncode == 0, result.stderr
+        return result.stdout.strip()
+
+    def verdict(self, event_id: str) -> tuple[VerdictEntry, dict[str, Any]]:
+        """The verdict entry of `event_id` and its JSON report from S3."""
+        entries = _verdicts_for(self.services, {event_id}, 180)
+        entry = next(e for e in entries if event_id in e.event_ids)
+        report = json.loads(self.services.store.get(_key(self.services, entry.report_uri)))
+        return entry, report
+
+    def replay(self, event_id: str, *args: str) -> VerdictEntry:
+        result = self.services.run("replay", event_id, "--json", *args, timeout=240)
+        assert result.returncode == 0, result.stderr + self._worker_log()
+        return VerdictEntry.model_validate_json(result.stdout)
+
+    def probes_run(self) -> float:
+        return _probes_run(self.services.metrics["worker"])
+
+    def _worker_log(self) -> str:
+        return (self.services.logs / "worker.log").read_text(errors="replace")[-3000:]
+
+
+def _live_env(base: dict[str, str], cluster: IrisTestCluster) -> dict[str, str]:
+    """The operator's settings of a worker probing the LocalCluster through the iris CLI."""
+    clusters = {CLUSTER: {"iris_controller_url": cluster.url}}
+    return {
+        **base,
+        "RLHEALTH_STREAM_PREFIX": "rlhlive",
+        "RLHEALTH_S3_PREFIX": "live",
+        "RLHEALTH_BACKEND": "iris",
+        "RLHEALTH_CLUSTERS": json.dumps(clusters),
+        "RLHEALTH_IRIS_COMMAND": shlex.join(SHIM_COMMAND),
+        "RLHEALTH_CAPTURE_BUDGET_S": "120",
+        "RLHEALTH_REOBSERVE_S": "0",
+        # the toys' steps last a fraction of a second: a few seconds of quiet is a stall here
+        "RLHEALTH_STALL_FLOOR_S": "2",
+        "RLHEALTH_PROBE_INTERVAL_S": "2",
+        "RLHEALTH_PROBE_PROCESS_MATCH": "hung_trainer",
+        "PYTHONPATH": str(REPO),  # the iris CLI shim runs as `python -m tests.integration...`
+        "PYTHONWARNINGS": "ignore",
+    }
+
+
+@pytest.fixture(scope="module")
+def live(
+    iris_cluster: IrisTestCluster,  # noqa: F811
+    tmp_path_factory: pytest.TempPathFactory,
+) -> Iterator[Live]:
+    """redis-server, moto, a prefork worker probing through iris, and ingest (this module's)."""
+    base = tmp_path_factory.mktemp("live-pipeline")
+    redis_process, redis_url = start_redis(base)
+    moto, endpoint = start_moto(base / "moto.log")
+    env = _live_env(
+        service_env(redis_url, endpoint, base / "bundles", base / "cache"), iris_cluster
+    )
+    (base / "bundles").mkdir()
+    logs = base / "logs"
+    logs.mkdir()
+    settings = settings_from(env).model_copy(
+        update={"stream_prefix": env["RLHEALTH_STREAM_PREFIX"]}
+    )
+    with pytest.MonkeyPatch.context() as patch:  # boto3 reads credentials from the environment
+        for name in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_DEFAULT_REGION"):
+            patch.setenv(name, env[name])
+        store = store_from_settings(settings)
+        store.ensure_bucket()
+    port = free_port()
+    worker = spawn(
+        [RL_HEALTH, "worker", "--concurrency", "2", "--loglevel", "WARNING",
+         "--metrics-port", str(port), "--metrics-dir", str(base / "worker-metrics")],
+        env, logs / "worker.log",
+    )  # fmt: skip
+    ingest = spawn([RL_HEALTH, "ingest"], env, logs / "ingest.log")
+    try:
+        app = make_app(settings)
+        wait_for(lambda: bool(app.control.ping(timeout=0.5)), 90, "the celery worker")
+        client = redis.Redis.from_url(redis_url)
+        metrics = {"worker": f"http://127.0.0.1:{port}/metrics"}
+        services = Services(env, settings, client, store, base / "bundles", logs, metrics)
+        yield Live(services, iris_cluster)
+    finally:
+        for process in (ingest, worker, moto, redis_process):
+            stop(process, timeout=20)
+
+
+def _wait_for_log(cluster: IrisTestCluster, job_id: str, text: str, timeout_s: float) -> None:
+    deadline = time.monotonic() + timeout_s
+    while text not in (result := cluster.cli("job", "logs", job_id)).stdout:
+        shown = f"{result.why()}\n{result.stdout[-1000:]}"
+        assert time.monotonic() < deadline, f"{job_id} never logged {text!r}: {shown}"
+        time.sleep(1)
+
+
+def _pairs(quotes: list[dict[str, Any]]) -> dict[str, list[int]]:
+    """The dumps quoted for each process: `stacks/<task>-pid<pid>-<n>.txt` -> {pid: [n, ...]}."""
+    found: dict[str, list[int]] = {}
+    for quote in quotes:
+        matched = re.search(r"-pid(\d+)-(\d+)\.txt$", quote["source"])
+        assert matched, quote
+        found.setdefault(matched[1], []).append(int(matched[2]))
+    return found
+
+
+def _assert_replayed_offline(live: Live, event_id: str, original: VerdictEntry) -> None:
+    """`rl-health replay` judges the frozen evidence: same verdict, no probe, no new freeze."""
+    before = live.probes_run()
+    replay = live.replay(event_id)
+    assert (replay.verdict, replay.confidence) == (original.verdict, original.confidence)
+    assert replay.job_id == original.job_id
+    replay_report = json.loads(live.services.store.get(_key(live.services, replay.report_uri)))
+    assert f"/evidence/{event_id}/" in replay_report["evidence_dir"]
+    assert not live.services.store.exists(f"evidence/{replay.event_id}/evidence.json")
+    assert live.probes_run() == before
+
+
+def test_hung_trainer_is_killed_on_live_stacks_and_replays_offline(live: Live) -> None:
+    """An alert for a trainer whose two ranks are parked in all_reduce: the capture task dumps
+    each rank's stack twice through `iris task exec ... py-spy dump`, freezes them under
+    probes/stacks/, and the verdict is KILL quoting the two pairs of dumps; the offline replay
+    agrees without probing."""
+    job_id = live.cluster.submit("pipeline-hung", toy_argv("hung_trainer", "2"))
+    live.cluster.wait_for(job_id, ["running"])
+    # the LocalCluster may hold the toy's last lines back: a finished step is enough
+    _wait_for_log(live.cluster, job_id, "Finished: 'step'", 120)
+    job = live.bundle(job_id, [PY])
+    time.sleep(3)  # quiet past the lowered STALL_FLOOR_S before the alert
+    event_id = live.alert(job)
+    entry, report = live.verdict(event_id)
+    liveness = report["gates"]["liveness"]
+    assert entry.verdict is Verdict.KILL, json.dumps(report, indent=1)
+    assert liveness["status"] == "FAIL"
+    stacks = [q for q in liveness["evidence"] if q["source"].startswith("probes/stacks/")]
+    parked = [q for q in stacks if "all_reduce" in q["text"]]
+    pairs = _pairs(parked)
+    assert len(pairs) == 2 and all(sorted(p) == [1, 2] for p in pairs.values()), liveness
+    assert len({q["timestamp"] for q in parked}) == 4, liveness  # four dumps, apart in time
+    assert report["kill_proof"]["rule"] == "stall_stacks"
+    frozen = set(live.services.store.keys(f"evidence/{event_id}/probes/"))
+    for quote in parked:  # each quoted dump is frozen where the report says
+        assert f"evidence/{event_id}/{quote['source']}" in frozen, sorted(frozen)
+    assert f"evidence/{event_id}/probes/probes.json" in frozen
+    _assert_replayed_offline(live, event_id, entry)
+
+
+def test_crash_loop_is_killed_on_the_attempt_history_and_replays(live: Live) -> None:
+    """An alert for a job that failed the same way three times: the capture asks the controller
+    for the attempts (the bundle never holds them), and the verdict is KILL with the same
+    failure; the offline replay agrees without probing, `--fresh` probes again."""
+    job_id = live.cluster.submit("pipeline-crash", toy_argv("crash_loop"), max_retries_failure=2)
+    live.cluster.wait_for(job_id, ["failed"], timeout_s=120)
+    job = live.bundle(job_id, [PY, "crash_loop.py"])
+    event_id = live.alert(job)
+    entry, report = live.verdict(event_id)
+    assert entry.verdict is Verdict.KILL, json.dumps(report, indent=1)
+    assert report["restarts"]["same_failure"] is True
+    assert report["restarts"]["count"] == 3
+    assert live.services.store.exists(f"evidence/{event_id}/probes/attempts.json")
+    _assert_replayed_offline(live, event_id, entry)
+    before = live.probes_run()
+    fresh = live.replay(event_id, "--fresh")
+    assert fresh.verdict is Verdict.KILL
+    assert live.services.store.exists(f"evidence/{fresh.event_id}/probes/attempts.json")
+    assert live.probes_run() > before
+
+
+def test_a_backend_the_operator_did_not_enable_is_answered_error(live: Live) -> None:
+    """An event asking for kubernetes on a worker that enabled only iris: ERROR saying so,
+    and nothing probed."""
+    root = live.services.bundle_root
+    job = write_job_bundle(root, "refused", cluster=CLUSTER).relative_to(root).as_posix()
+    before = live.probes_run()
+    event = Event(
+        event_id=new_event_id(),
+        job_dir=job,
+        published_at=datetime.now(UTC) - timedelta(seconds=1),
+        backend="kubernetes",
+    )
+    publish_event(live.services.redis, event, live.services.settings)
+    entry, report = live.verdict(event.event_id)
+    assert entry.verdict is Verdict.ERROR
+    assert any("live capture refused" in line for line in report["discrepancies"]), report
+    assert live.probes_run() == before
