@@ -31,7 +31,12 @@ from worker.evidence.frozen import MARKER, freeze, thaw
 from worker.evidence.logs.incremental import LogCache
 from worker.evidence.model import Evidence
 from worker.evidence.probes import read_probes
-from worker.pipeline.capture import BackendChoiceError, capture_live, choose_backend
+from worker.pipeline.capture import (
+    BackendChoiceError,
+    CaptureBudget,
+    capture_live,
+    choose_backend,
+)
 from worker.pipeline.logcache import collect_cached
 from worker.pipeline.store import ObjectStore, download_prefix
 
@@ -61,6 +66,7 @@ class Live:
     runner: Runner | None = None
     tools: Toolbox | None = None
     sleep: Callable[[float], None] = time.sleep
+    budget_s: float | None = None  # RLHEALTH_CAPTURE_BUDGET_S, as the capture has
 
 
 def can_probe(event: Event, settings: Settings) -> bool:
@@ -90,6 +96,7 @@ def _probe(
         runner=live.runner,
         tools=live.tools,
         sleep=live.sleep,
+        budget=None if live.budget_s is None else CaptureBudget(live.budget_s),
         force_stacks=True,
     )
 

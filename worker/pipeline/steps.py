@@ -73,6 +73,7 @@ from worker.pipeline.logcache import collect_cached
 from worker.pipeline.metrics import dead_lettered
 from worker.pipeline.second_look import (
     LOOK_DIR,
+    Live,
     can_probe,
     freeze_look,
     look_prefix,
@@ -454,7 +455,8 @@ class Pipeline:
     def _take_look(self, at: _LookAt, first: Evidence, prefix: str, holder: CaptureClaim) -> None:
         event = self.load_event(at.event_id)
         try:
-            second = observe_again(event, first, self.settings, store=self.store)
+            live = Live(tools=self.live.tools, budget_s=self.settings.capture_budget_s)
+            second = observe_again(event, first, self.settings, live=live, store=self.store)
         except Exception as exc:
             if _must_propagate(exc):
                 raise
