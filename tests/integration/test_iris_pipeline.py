@@ -16,8 +16,10 @@ import sys
 import time
 import urllib.request
 from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -130,18 +132,13 @@ def _live_env(base: dict[str, str], cluster: IrisTestCluster) -> dict[str, str]:
     }
 
 
-@pytest.fixture(scope="module")
-def live(
-    iris_cluster: IrisTestCluster,  # noqa: F811
-    tmp_path_factory: pytest.TempPathFactory,
-) -> Iterator[Live]:
-    """redis-server, moto, a prefork worker probing through iris, and ingest (this module's)."""
-    base = tmp_path_factory.mktemp("live-pipeline")
+@contextmanager
+def _live_services(cluster: IrisTestCluster, base: Path, **overrides: str) -> Iterator[Live]:
+    """redis-server, moto, a prefork worker probing through iris, and ingest."""
     redis_process, redis_url = start_redis(base)
     moto, endpoint = start_moto(base / "moto.log")
-    env = _live_env(
-        service_env(redis_url, endpoint, base / "bundles", base / "cache"), iris_cluster
-    )
+    env = _live_env(service_env(redis_url, endpoint, base / "bundles", base / "cache"), cluster)
+    env.update(overrides)
     (base / "bundles").mkdir()
     logs = base / "logs"
     logs.mkdir()
@@ -166,10 +163,20 @@ def live(
         client = redis.Redis.from_url(redis_url)
         metrics = {"worker": f"http://127.0.0.1:{port}/metrics"}
         services = Services(env, settings, client, store, base / "bundles", logs, metrics)
-        yield Live(services, iris_cluster)
+        yield Live(services, cluster)
     finally:
         for process in (ingest, worker, moto, redis_process):
             stop(process, timeout=20)
+
+
+@pytest.fixture(scope="module")
+def live(
+    iris_cluster: IrisTestCluster,  # noqa: F811
+    tmp_path_factory: pytest.TempPathFactory,
+) -> Iterator[Live]:
+    """The pipeline probing the LocalCluster, second look off (this module's first tests)."""
+    with _live_services(iris_cluster, tmp_path_factory.mktemp("live-pipeline")) as started:
+        yield started
 
 
 def _wait_for_log(cluster: IrisTestCluster, job_id: str, text: str, timeout_s: float) -> None:
@@ -269,3 +276,86 @@ def test_a_backend_the_operator_did_not_enable_is_answered_error(live: Live) -> 
     assert entry.verdict is Verdict.ERROR
     assert any("live capture refused" in line for line in report["discrepancies"]), report
     assert live.probes_run() == before
+
+
+# --- the second look on the LocalCluster ----------------------------------------------------------
+
+LOOK_WAIT_S = 10
+
+
+@pytest.fixture(scope="module")
+def looking(
+    iris_cluster: IrisTestCluster,  # noqa: F811
+    tmp_path_factory: pytest.TempPathFactory,
+) -> Iterator[Live]:
+    """The same pipeline with the second look on (RLHEALTH_REOBSERVE_S=10), its own services."""
+    base = tmp_path_factory.mktemp("looking-pipeline")
+    overrides = {
+        "RLHEALTH_REOBSERVE_S": str(LOOK_WAIT_S),
+        "RLHEALTH_STREAM_PREFIX": "rlhlook",
+        "RLHEALTH_S3_PREFIX": "look",
+        "RLHEALTH_PROBE_PROCESS_MATCH": "hung_trainer|resuming_trainer",
+    }
+    with _live_services(iris_cluster, base, **overrides) as started:
+        yield started
+
+
+def _first_look_frozen(live: Live, event_id: str) -> None:
+    """Wait until the capture froze the first look (evidence.json is written last)."""
+    store = live.services.store
+    wait_for(lambda: store.exists(f"evidence/{event_id}/evidence.json"), 120, "the first look")
+
+
+def _parked_job(live: Live, name: str, toy: list[str]) -> tuple[str, str]:
+    """A toy job parked in all_reduce, its bundle synced by the 'watcher'; (job id, job dir)."""
+    job_id = live.cluster.submit(name, toy)
+    live.cluster.wait_for(job_id, ["running"])
+    # the LocalCluster may hold the toy's last lines back: a finished step is enough
+    _wait_for_log(live.cluster, job_id, "Finished: 'step'", 120)
+    job = live.bundle(job_id, [PY])
+    time.sleep(3)  # quiet past the lowered STALL_FLOOR_S before the alert
+    return job_id, job
+
+
+def test_still_hung_after_the_second_look_is_kill_quoting_both_looks(looking: Live) -> None:
+    """The hung trainer, with the second look on: the verdict waits RLHEALTH_REOBSERVE_S, the
+    worker dumps the stacks again through iris, nothing moved, and the KILL stands with both
+    looks quoted; the replay reads the frozen look and agrees without probing."""
+    _job_id, job = _parked_job(looking, "look-hung", toy_argv("hung_trainer", "2"))
+    started = time.monotonic()
+    event_id = looking.alert(job)
+    entry, report = looking.verdict(event_id)
+    assert entry.verdict is Verdict.KILL, json.dumps(report, indent=1)
+    assert time.monotonic() - started >= LOOK_WAIT_S  # it waited for the second look
+    look = report["second_look"]
+    assert look is not None and look["outcome"] == "confirmed", look
+    sources = {q["source"] for q in report["kill_proof"]["evidence"]}
+    assert any(s.startswith("probes/stacks/") for s in sources), sources
+    assert any(s.startswith("second_look/probes/stacks/") for s in sources), sources
+    assert looking.services.store.exists(f"evidence/{event_id}/second_look/look.json")
+    _assert_replayed_offline(looking, event_id, entry)
+
+
+def test_a_trainer_that_resumes_during_the_second_look_is_no_kill(looking: Live) -> None:
+    """A trainer parked in all_reduce at the first look resumes stepping during the wait (its
+    collective comes back); the watcher syncs its bundle again. The second look sees the log and
+    the stacks move: NO-KILL, with the flip signal; the replay agrees."""
+    trigger = REPO / "build" / f"resume-{new_event_id()}"  # the cluster rewrites /tmp paths
+    trigger.parent.mkdir(exist_ok=True)
+    try:
+        toy = toy_argv("resuming_trainer", str(trigger))
+        job_id, job = _parked_job(looking, "look-resumes", toy)
+        event_id = looking.alert(job)
+        _first_look_frozen(looking, event_id)
+        trigger.touch()  # the collective returns: the toy steps again
+        _wait_for_log(looking.cluster, job_id, "Finished: 'policy_train'", 60)
+        looking.bundle(job_id, [PY])  # the watcher syncs the bundle again
+        entry, report = looking.verdict(event_id)
+    finally:
+        trigger.unlink(missing_ok=True)
+    assert entry.verdict is Verdict.NO_KILL, json.dumps(report, indent=1)
+    assert report["kill_proof"] is None
+    look = report["second_look"]
+    assert look is not None and look["outcome"] == "moved", look
+    assert report["flip_signal"], report
+    _assert_replayed_offline(looking, event_id, entry)
