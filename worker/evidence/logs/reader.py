@@ -31,7 +31,6 @@ __all__ = ["COMPRESSED_MAGIC", "FileRows", "compression", "parse_file_rows", "pa
 
 _LOGURU_TS: Final = r"(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d(?:\.\d+)?) \|"
 PREFETCH: Final = 2
-MERGE_READS: Final = 4
 _WORKERS: Final = 2
 _WORST_DENSITY: Final = 4.0
 # A log file that starts with one of these is compressed: it is not read (a few MB of gzip can
@@ -75,12 +74,6 @@ class _Run:
 class _Chunks:
     """Scans parsed in order; the lines after each cut are carried into the next chunk.
 
-    Consecutive scans are parsed as one chunk while their frames together stay within one
-    read's bytes (at most MERGE_READS scans): a chunk's parse costs ~15-30 ms of CPU whatever
-    its size (a few hundred small polars calls), and a busy log's frames are a fifth to two
-    fifths of its bytes. The reads themselves are not kept (a scan holds its frames and its
-    last lines), so what waits is at most one read's worth of memory.
-
     After each chunk the rows kept (with `kept`, those of a cache entry) are checked against the
     budget: a parse that could not finish within it stops with `LogBudgetError`.
     """
@@ -91,7 +84,6 @@ class _Chunks:
         self.budget = budget
         self.kept = kept
         self.carry: Scan | None = None
-        self.waiting = 0  # scans in `carry` not parsed yet
         self.committed: list[dict[str, pl.DataFrame]] = []
         # the last scan's frames for each byte read (records: ~3; busy: ~0.2); until a scan is
         # seen, the worst is assumed, so the first reads of a tight budget are not run at once
@@ -100,14 +92,6 @@ class _Chunks:
     def add(self, piece: Scan) -> None:
         self.density = piece.density
         chunk = self.carry.then(piece) if self.carry is not None else piece
-        self.waiting += 1
-        if self.waiting < MERGE_READS and chunk.frames_bytes() <= piece.size:
-            self.carry = chunk  # parsed with the next scan
-            return
-        self._parse(chunk)
-
-    def _parse(self, chunk: Scan) -> None:
-        self.waiting = 0
         rows, self.carry = parse_chunk(chunk, self.state, self.source, final=False)
         self.committed.append(rows)
         self.kept.add(rows)
@@ -118,10 +102,6 @@ class _Chunks:
         return self.budget.room(self.kept, in_flight + 1, self.density)
 
     def finish(self, piece: Scan) -> _Run:
-        if self.waiting and self.carry is not None:
-            # the scans still waiting are committed (the cache resumes after them), not
-            # parsed with the last read, whose lines stay provisional
-            self._parse(self.carry)
         saved = self.state.copy()
         chunk = self.carry.then(piece) if self.carry is not None else piece
         tail, _ = parse_chunk(chunk, self.state, self.source, final=True)

@@ -66,11 +66,6 @@ class Scan:
             + tuple(Cut(c.idx + self.lines, c.length, c.dropped) for c in other.cuts),
         )
 
-    def frames_bytes(self) -> int:
-        """The estimated bytes of the scan's frames (what it holds besides its tail)."""
-        frames = (self.ev, self.stats, self.mirrors, self.pairs, self.head)
-        return sum(int(frame.estimated_size()) for frame in frames)
-
     def _within_tail(self, index: int) -> int:
         """Position in `tail` of line `index`, which must lie within the tail."""
         first = self.lines - self.tail_lines
