@@ -55,19 +55,26 @@ class Stack:
 
 
 @contextmanager
-def services(base: Path, coalesce_s: float) -> Iterator[Stack]:
-    """redis-server, moto, `rl-health worker` (2 prefork) and `rl-health ingest`."""
+def services(
+    base: Path,
+    coalesce_s: float,
+    extra_env: dict[str, str] | None = None,
+    loglevel: str = "WARNING",
+) -> Iterator[Stack]:
+    """redis-server, moto, `rl-health worker` (2 prefork) and `rl-health ingest`; `extra_env`
+    adds or overrides settings; the worker logs to `base/worker.log` at `loglevel`."""
     (base / "bundles").mkdir(parents=True, exist_ok=True)
     redis_process, redis_url = start_redis(base)
     moto_process, endpoint = start_moto(base / "moto.log")
     env = service_env(redis_url, endpoint, base / "bundles", base / "cache", coalesce_s)
+    env.update(extra_env or {})
     settings = settings_from(env)
     import os
 
     os.environ.update({k: v for k, v in env.items() if k.startswith(("RLHEALTH_", "AWS_"))})
     store_from_settings(settings).ensure_bucket()
     worker_argv = [RL_HEALTH, "worker", "--concurrency", "2", "--pool", "prefork"]
-    worker = spawn([*worker_argv, "--loglevel", "WARNING"], env, base / "worker.log")
+    worker = spawn([*worker_argv, "--loglevel", loglevel], env, base / "worker.log")
     ingest = spawn([RL_HEALTH, "ingest"], env, base / "ingest.log")
     try:
         wait_for(lambda: bool(make_app(settings).control.ping(timeout=0.5)), 60, "celery worker")

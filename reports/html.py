@@ -7,7 +7,8 @@ of text from the evidence (quotes, summaries, job ids, paths) is HTML-escaped he
 bidirectional-override characters are shown as `\\xNN` / `\\uNNNN`, so no quoted text can add markup
 or disguise a line. (Redaction of credentials happens when a Quote is made, before rendering.)
 
-Layout: the verdict, confidence, mode and kill proof at a glance; a strip of gate statuses; the
+Layout: the verdict, confidence, mode and kill proof at a glance (with the second look before a
+stall KILL, when one was taken); a strip of gate statuses; the
 reasoning, next action, flip signal and handoff; each gate with its status, summary, quoted
 evidence and detail table; the plots; the discrepancies.
 """
@@ -199,6 +200,27 @@ def _proof(report: Report) -> str:
     )
 
 
+def _second_look(report: Report) -> str:
+    """The second look before a stall KILL, when one was taken: what each look saw and when."""
+    look = report.second_look
+    if look is None:
+        return ""
+    facts = _facts(
+        [
+            ("outcome", look.outcome.value),
+            ("waited", f"{look.waited_s:g} s"),
+            ("first look", iso_utc(look.first_at)),
+            ("second look", iso_utc(look.taken_at)),
+            ("what it saw", look.summary),
+            ("what moved", "; ".join(look.moved) or None),
+        ]
+    )
+    return (
+        f'<section class="second-look" id="second-look"><h2>Second look</h2>{facts}'
+        f"{_quotes(look.evidence)}</section>"
+    )
+
+
 def _strip(report: Report) -> str:
     count = "unknown" if report.restarts.count is None else str(report.restarts.count)
     chips = [f'<a href="#restarts">Restarts <b>{escape(count)}</b></a>']
@@ -318,6 +340,7 @@ def render_html(report: Report, evidence: Evidence | None = None) -> str:
         [
             _header(report),
             _proof(report),
+            _second_look(report),
             _strip(report),
             _judgement(report),
             _restarts(report),

@@ -124,8 +124,19 @@ def _newest_progress(logs: LogTables | None, now: datetime) -> datetime | None:
     progress anyone could have seen at capture time)."""
     if logs is None:
         return None
-    stamps = _stamps(finished_steps(logs)["timestamp"]) + _stamps(logs.metrics["timestamp"])
-    return max((t for t in stamps if t <= now), default=None)
+    newest = [
+        _newest_until(frame["timestamp"], now) for frame in (finished_steps(logs), logs.metrics)
+    ]
+    return max((t for t in newest if t is not None), default=None)
+
+
+def _newest_until(series: pl.Series, now: datetime) -> datetime | None:
+    """The newest stamp of `series` not after `now`, in one vectorised pass."""
+    if series.is_empty() or not isinstance(series.dtype, pl.Datetime):
+        return None
+    bound = pl.lit(now).cast(series.dtype)
+    newest = series.to_frame("t").select(pl.col("t").filter(pl.col("t") <= bound).max()).item()
+    return newest if isinstance(newest, datetime) else None
 
 
 def markers(evidence: Evidence) -> tuple[Marker, ...]:

@@ -9,6 +9,7 @@ MODE: ...
 RESTARTS: <count and interpretation>
 
 LIVENESS:  <STATUS> — <summary> — <first quote>
+  second look — <outcome> after <N> s (taken <time>): <what it saw> — <first quote>
 RESOURCES: ...
 ROLLOUTS:  ...
 DYNAMICS:  ...
@@ -20,7 +21,8 @@ FLIP SIGNAL: ...
 ```
 Further quotes for a gate follow its line, indented by two spaces; then its detail lines and its
 tables (the DYNAMICS metric window and phase table, laid out by `reports.tables`), indented the
-same way. A handoff follows NEXT ACTION, indented;
+same way. A handoff follows NEXT ACTION, indented; the second look before a stall KILL, when one was
+taken, closes the LIVENESS section, indented, with its quotes;
 discrepancies, when there are any, close the report.
 
 Every value is rendered from `reports.bounds.bounded(report)`: redacted, control characters
@@ -34,7 +36,16 @@ from collections.abc import Iterable
 
 from reports.bounds import OMITTED_SOURCE, bounded_rendering
 from reports.tables import format_table
-from shared.models import GateName, GateResult, GateStatus, Handoff, Quote, Report, iso_utc
+from shared.models import (
+    GateName,
+    GateResult,
+    GateStatus,
+    Handoff,
+    Quote,
+    Report,
+    SecondLook,
+    iso_utc,
+)
 
 __all__ = ["format_quote", "render_text"]
 
@@ -72,6 +83,18 @@ def _gate_lines(name: GateName, gate: GateResult) -> list[str]:
     lines.extend(INDENT + detail for detail in gate.details)
     lines.extend(INDENT + row for table in gate.tables for row in format_table(table))
     return lines
+
+
+def _second_look_lines(look: SecondLook | None) -> list[str]:
+    """The second look before a stall KILL, under LIVENESS: what it saw, then its quotes."""
+    if look is None:
+        return []
+    head = (
+        f"{INDENT}second look — {look.outcome.value} after {look.waited_s:g} s "
+        f"(taken {iso_utc(look.taken_at)}): {look.summary}"
+    )
+    first, *rest = _with_quotes(head, look.evidence)
+    return [first, *(INDENT + line for line in rest)]
 
 
 def _restarts_lines(report: Report) -> list[str]:
@@ -115,6 +138,8 @@ def render_text(report: Report) -> str:
     ]
     for name in GateName:
         lines.extend(_gate_lines(name, report.gates[name]))
+        if name is GateName.LIVENESS:
+            lines.extend(_second_look_lines(report.second_look))
     lines.extend(
         [
             "",

@@ -35,6 +35,8 @@ __all__ = [
     "Quote",
     "Report",
     "RestartsResult",
+    "SecondLook",
+    "SecondLookOutcome",
     "Table",
     "UtcDatetime",
     "Verdict",
@@ -260,6 +262,39 @@ class RestartsResult(Frozen):
         }
 
 
+class SecondLookOutcome(StrEnum):
+    """What the second look before a stall KILL saw (`worker.second_look`)."""
+
+    CONFIRMED = "confirmed"  # still wedged: the KILL stands, both observations quoted
+    MOVED = "moved"  # the log, the controller or the stacks moved: NO-KILL
+    TERMINAL = "terminal"  # the job ended meanwhile: NO-KILL, nothing to kill
+    BLIND = "blind"  # the second look could not see: ERROR
+
+
+class SecondLook(Frozen):
+    """The second look taken `waited_s` after a KILL that rested on stacks: when each observation
+    was taken, what the second one saw (`summary`), what moved, and its quotes."""
+
+    outcome: SecondLookOutcome
+    waited_s: float = Field(ge=0)
+    first_at: UtcDatetime
+    taken_at: UtcDatetime
+    summary: str
+    moved: tuple[str, ...] = ()
+    evidence: tuple[Quote, ...] = ()
+
+    def contract_dict(self) -> dict[str, Any]:
+        return {
+            "outcome": self.outcome.value,
+            "waited_s": self.waited_s,
+            "first_at": iso_utc(self.first_at),
+            "taken_at": iso_utc(self.taken_at),
+            "summary": self.summary,
+            "moved": list(self.moved),
+            "evidence": [q.model_dump(mode="json") for q in self.evidence],
+        }
+
+
 class Report(Frozen):
     """The diagnosis of one job: the JSON report of CONTRACT.md."""
 
@@ -279,6 +314,7 @@ class Report(Frozen):
     handoff: Handoff | None = None
     discrepancies: tuple[str, ...] = ()
     kill_proof: KillProof | None = None
+    second_look: SecondLook | None = None  # taken before a KILL resting on stacks (pipeline)
 
     @model_validator(mode="after")
     def _proof_with_kill(self) -> Report:
@@ -305,6 +341,7 @@ class Report(Frozen):
             "handoff": self.handoff.model_dump(mode="json") if self.handoff else None,
             "discrepancies": list(self.discrepancies),
             "kill_proof": self.kill_proof.contract_dict() if self.kill_proof else None,
+            "second_look": self.second_look.contract_dict() if self.second_look else None,
         }
 
 

@@ -60,6 +60,9 @@ def service_env(
         "RLHEALTH_STREAM_PREFIX": PREFIX,
         "RLHEALTH_COALESCE_S": str(coalesce_s),
         "RLHEALTH_CACHE_DIR": str(cache),
+        # these services judge recorded bundles without a live backend, as `diagnose` does: no
+        # second look before a stall KILL (tests/integration/test_second_look.py takes them)
+        "RLHEALTH_REOBSERVE_S": "0",
         "AWS_ACCESS_KEY_ID": "test",
         "AWS_SECRET_ACCESS_KEY": "test",
         "AWS_DEFAULT_REGION": "us-east-1",

@@ -170,6 +170,30 @@ def test_heartbeat_finds_the_lead_of_every_held_task() -> None:
     assert held_leads(requests) == {"e1", "e2"}
 
 
+class _Request:
+    """Hashable like Celery's Request (its state keeps requests in weak sets)."""
+
+    def __init__(self, task_id: str, lead: str) -> None:
+        self.id, self.kwargs = task_id, {"lead": lead}
+
+
+def test_heartbeat_renews_tasks_waiting_out_a_countdown() -> None:
+    """A task held for a countdown (a retry, the second look) keeps its lease: Celery's own
+    state functions file it, and the heartbeat finds it, however the version files it."""
+    from celery.worker import state
+
+    running, waiting = _Request("t1", "e-running"), _Request("t2", "e-waiting")
+    state.task_reserved(running)
+    state.task_scheduled(waiting)
+    state.requests.pop("t2", None)  # as versions that keep scheduled requests apart do
+    try:
+        assert held_leads() == {"e-running", "e-waiting"}
+    finally:
+        state.requests.pop("t1", None)
+        state.reserved_requests.discard(running)
+        state.scheduled_requests.discard(waiting)
+
+
 def test_failure_reasons_name_the_stage_and_the_cause() -> None:
     """The ERROR report's reason says which stage failed and how, for each kind of failure."""
     from celery.exceptions import TimeLimitExceeded
@@ -208,3 +232,7 @@ def test_only_failures_a_new_workflow_can_get_past_are_sent_again() -> None:
     assert not _recoverable("capture", TimeLimitExceeded(300), first=False)
     assert not _recoverable("verdict", ValueError("bug"))
     assert not _recoverable("publish", None)
+    from worker.pipeline.steps import CaptureBusyError
+
+    assert _recoverable("capture", CaptureBusyError("under way"), first=True)
+    assert not _recoverable("capture", CaptureBusyError("under way"), first=False)

@@ -46,6 +46,7 @@ def limits(settings: Settings) -> dict[str, tuple[float, float]]:
     quick = (other * _SOFT_SHARE, other)
     return {
         "rlhealth.capture": (capture * _SOFT_SHARE, capture),
+        "rlhealth.second_look": (capture * _SOFT_SHARE, capture),  # probes again, like a capture
         "rlhealth.gate": quick,
         "rlhealth.verdict": quick,
         "rlhealth.publish": quick,

@@ -172,10 +172,12 @@ def capture_live(
     sleep: Callable[[float], None] = time.sleep,
     process_match: str | None = None,
     tools: Toolbox | None = None,
+    force_stacks: bool = False,
 ) -> tuple[Path | None, tuple[str, ...]]:
     """Apply the capture policy: the probe directory written (None: no probe needed), notes.
 
-    `tools` are resolved from `settings` when not given (diagnose resolves them at start-up).
+    `tools` are resolved from `settings` when not given (diagnose resolves them at start-up);
+    `force_stacks` takes the stacks whatever the log says (the second look before a stall KILL).
     """
     notes: list[str] = []
     tools = tools or resolve_tools(settings)
@@ -183,7 +185,7 @@ def capture_live(
         notes.append(_refresh(evidence, settings, tools, clock))
         if notes[-1].startswith("watcher refresh ran"):
             evidence = _reread(evidence, clock)
-    reasons = needs_live_probes(evidence)
+    reasons = needs_live_probes(evidence) or (("stacks asked for",) if force_stacks else ())
     if not reasons:
         return None, (*notes, "no live probe needed: the bundle is fresh and consistent")
     notes.extend(f"live probes: {reason}" for reason in reasons)
@@ -193,7 +195,8 @@ def capture_live(
         return None, (*notes, f"live probes refused: {exc}")
     chosen = make_backend(backend, job, settings, tools)
     interval = stack_interval_s if stack_interval_s is not None else settings.probe_interval_s
-    plan = ProbePlan(stacks=quiet_reason(evidence) is not None, interval_s=interval)
+    stacks = force_stacks or quiet_reason(evidence) is not None
+    plan = ProbePlan(stacks=stacks, interval_s=interval)
     rec = Recorder(runner or tools.runner(), settings.probe_timeout_s)
     probes = probe_job(chosen, rec, plan, job_id=job.job_id, clock=clock, sleep=sleep)
     write_probes(probes, rec.outputs, out_dir)

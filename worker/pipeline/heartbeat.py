@@ -27,10 +27,19 @@ log = logging.getLogger(__name__)
 _BEATS_PER_LEASE: Final = 4
 
 
+def _held_requests() -> list[Any]:
+    """Every request the main process holds: reserved, running, and waiting out a countdown or
+    an ETA (a retry's countdown, the second look's wait). Celery files the last ones in
+    `scheduled_requests`; some versions also list them in `requests`, others not."""
+    held = {id(r): r for r in list(state.requests.values())}
+    held.update((id(r), r) for r in list(getattr(state, "scheduled_requests", ())))
+    return list(held.values())
+
+
 def held_leads(requests: Any = None) -> set[str]:
     """The leads of every task this worker holds (each task carries its lead as a keyword)."""
     found: set[str] = set()
-    for request in list((requests if requests is not None else state.requests).values()):
+    for request in list(requests.values()) if requests is not None else _held_requests():
         try:
             lead = (request.kwargs or {}).get("lead")
         except Exception:  # a message we cannot decode is not ours to renew

@@ -9,7 +9,8 @@ sign of life:
 - the worker's main process renews it every few seconds for each task it holds (running, waiting
   for a free child, or waiting out a retry countdown) — so a long capture keeps its lease while
   its process lives, and loses it when the worker dies;
-- the watchdog renews it while a task of the lead still waits in the broker queue.
+- the watchdog renews it while a task of the lead still waits in the broker queue;
+- a planned wait (the countdown of a second look before a stall KILL) extends it past the wait.
 
 Times are Redis's own clock (`TIME` inside the scripts), so every process agrees on them.
 """
@@ -54,6 +55,15 @@ for i = 2, #ARGV do
   n = n + redis.call('ZADD', KEYS[1], 'XX', 'CH', now + tonumber(ARGV[1]), ARGV[i])
 end
 return n
+"""
+)
+
+# KEYS: leases; ARGV: ms beyond now, lead
+# Push one registered lead's lease out to at least now + ms (never shortened); 1 when moved.
+_EXTEND: Final = (
+    _NOW_MS
+    + """
+return redis.call('ZADD', KEYS[1], 'XX', 'GT', 'CH', now + tonumber(ARGV[1]), ARGV[2])
 """
 )
 
@@ -126,6 +136,7 @@ class Leases:
         self._renew = redis.register_script(_RENEW)
         self._renew_many = redis.register_script(_RENEW_MANY)
         self._expired = redis.register_script(_EXPIRED)
+        self._extend = redis.register_script(_EXTEND)
         self._take = redis.register_script(_TAKE)
         self._register = redis.register_script(_REGISTER)
 
@@ -146,6 +157,12 @@ class Leases:
         if not leads:
             return 0
         return int(self._renew_many(keys=[self.names.leases], args=[self.lease_ms, *leads]))
+
+    def extend(self, lead: str, wait_s: float) -> bool:
+        """Keep `lead` alive through a planned wait (the countdown of its second look): its lease
+        runs out no sooner than `wait_s` plus one lease from now. False for an unknown lead."""
+        ms = int(wait_s * 1000) + self.lease_ms
+        return bool(self._extend(keys=[self.names.leases], args=[ms, lead]))
 
     def expired(self, limit: int = 100) -> list[str]:
         """Leads whose lease has run out, oldest first."""

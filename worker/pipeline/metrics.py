@@ -8,7 +8,8 @@ Worker metrics come from Celery signals, so the tasks stay thin:
 - `worker_process_shutdown`: a prefork child's live values are released.
 Where no signal can see, the adapters call a function here in one line: ingest for every alert's
 outcome (started, attached, reannounced, duplicate, dead-letter; attached and reannounced are the
-coalesced ones) and every dead letter by reason, the capture policy for the probes it ran.
+coalesced ones) and every dead letter by reason, the capture policy for the probes it ran, the
+log cache for the log bytes a capture parsed and reused and what became of its S3 copy.
 
 Prefork workers: every pool child is its own process, so values are kept in prometheus-client's
 multiprocess mode — one memory-mapped file per process in `PROMETHEUS_MULTIPROC_DIR`, which must be
@@ -43,6 +44,9 @@ __all__ = [
     "DEAD_LETTERS",
     "DIAGNOSES_FINISHED",
     "DIAGNOSES_STARTED",
+    "LOG_CACHE_BYTES",
+    "LOG_CACHE_FILES",
+    "LOG_CACHE_SHARED",
     "MULTIPROC_ENV",
     "PROBES_FAILED",
     "PROBES_RUN",
@@ -53,6 +57,7 @@ __all__ = [
     "alert_handled",
     "dead_letter_kind",
     "dead_lettered",
+    "log_cache_used",
     "probes_ran",
     "serve",
     "stage_of",
@@ -97,6 +102,23 @@ PROBES_FAILED = Counter(
     "rlhealth_probes_failed", "Live probes that failed or timed out, by backend.", ["backend"]
 )
 
+LOG_CACHE_FILES = Counter(
+    "rlhealth_log_cache_files",
+    "Log files a capture read, by how: resumed (from a cache entry) or whole.",
+    ["how"],
+)
+LOG_CACHE_BYTES = Counter(
+    "rlhealth_log_cache_bytes",
+    "Log bytes of the files a capture read, by kind: parsed, or reused from the cache.",
+    ["kind"],
+)
+LOG_CACHE_SHARED = Counter(
+    "rlhealth_log_cache_shared",
+    "The S3 copy of job log caches, by outcome: downloaded, uploaded, ignored (failed its "
+    "checks), withheld (an entry held text the redactor hides).",
+    ["outcome"],
+)
+
 _COALESCED: Final = frozenset({"attached", "reannounced"})
 _DEAD_LETTER_KINDS: Final = (
     # first match wins: a bounded label set, never the free-text reason
@@ -136,6 +158,19 @@ def probes_ran(backend: str, exit_codes: Sequence[int | None]) -> None:
     out); every non-zero or missing code is a failed probe."""
     PROBES_RUN.labels(backend=backend).inc(len(exit_codes))
     PROBES_FAILED.labels(backend=backend).inc(sum(1 for code in exit_codes if code != 0))
+
+
+def log_cache_used(
+    resumed: int, whole: int, parsed: int, reused: int, shared: Sequence[str] = ()
+) -> None:
+    """A capture read `resumed` log files from a cache entry and `whole` files from their start,
+    parsing `parsed` bytes and reusing `reused`; `shared` names what happened to the S3 copy."""
+    LOG_CACHE_FILES.labels(how="resumed").inc(resumed)
+    LOG_CACHE_FILES.labels(how="whole").inc(whole)
+    LOG_CACHE_BYTES.labels(kind="parsed").inc(parsed)
+    LOG_CACHE_BYTES.labels(kind="reused").inc(reused)
+    for outcome in shared:
+        LOG_CACHE_SHARED.labels(outcome=outcome).inc()
 
 
 # --- Celery signals -------------------------------------------------------------------------------

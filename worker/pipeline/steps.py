@@ -4,6 +4,8 @@ capture  event → evidence frozen under S3 `evidence/<event_id>/` (a replay reu
 gate     frozen evidence → one gate's result (broken evidence is an ERROR result; lost evidence
          raises `EvidenceLostError`, so the diagnosis is sent again and captures afresh)
 verdict  gate results → the report, written once to S3 `reports/...` → the verdict entry
+look     a KILL that rests on stacks → RLHEALTH_REOBSERVE_S later, the job seen again (frozen
+         under `evidence/<id>/second_look/`) → the settled report and its entry
 publish  verdict entry → the verdict stream and channel, with every event id it answers
 fail     a diagnosis that cannot finish → an ERROR report and verdict naming the stage and the
          cause, through the same publish, and a dead-letter entry with the lead's event
@@ -21,7 +23,9 @@ import logging
 import shutil
 import tempfile
 import time
+import uuid
 from collections import OrderedDict
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from functools import cached_property
 from pathlib import Path
@@ -56,8 +60,18 @@ from worker.pipeline.failures import (
     is_time_limit,
 )
 from worker.pipeline.lease import Leases
+from worker.pipeline.logcache import collect_cached
 from worker.pipeline.metrics import dead_lettered
+from worker.pipeline.second_look import (
+    LOOK_DIR,
+    can_probe,
+    freeze_look,
+    look_prefix,
+    observe_again,
+    thaw_look,
+)
 from worker.pipeline.store import ObjectMissingError, ObjectStore, download_prefix, key_segment
+from worker.second_look import compare, observe, rests_on_stacks, settle
 from worker.verdict import decide
 
 __all__ = [
@@ -184,12 +198,18 @@ class Pipeline:
         root = self.settings.bundle_root
         probes = root / event.probes if event.probes else None
         try:
-            return collect_evidence(
-                root / event.job_dir,
-                now=event.now,
-                mode=event.mode,
-                probes_dir=probes,
-                evidence_label=label,
+            return collect_cached(
+                self.settings,
+                self.store,
+                event.job_dir,
+                lambda cache: collect_evidence(
+                    root / event.job_dir,
+                    now=event.now,
+                    mode=event.mode,
+                    probes_dir=probes,
+                    evidence_label=label,
+                    log_cache=cache,
+                ),
             )
         except Exception as exc:
             if _must_propagate(exc):
@@ -314,6 +334,99 @@ class Pipeline:
         published = VerdictStreamSink(self.coalescer)(VerdictEntry.model_validate(entry), job=job)
         return published.model_dump(mode="json")
 
+    # --- the second look before a stall KILL (worker.second_look) ----------------------------
+
+    def plan_verdict(
+        self, results: list[dict[str, Any]], event_id: str, evidence_id: str
+    ) -> dict[str, Any]:
+        """The verdict step, second look included: `{"entry": ...}` when the verdict is decided
+        now, `{"look_in_s": s}` when a KILL that rests on stacks waits for its second look."""
+        known = self.coalescer.published(event_id) or self.decided(event_id)
+        if known is not None:
+            return {"entry": known.model_dump(mode="json")}
+        report = self.report(results, event_id, evidence_id)
+        wait = self.look_wait(report, event_id, evidence_id)
+        if wait is None:
+            return {"entry": self._settled(report, evidence_id)}
+        if wait == 0:  # frozen already (a replay, a diagnosis sent again): judged at once
+            return {"entry": self.second_look(results, event_id, evidence_id)}
+        return {"look_in_s": wait}
+
+    def look_wait(self, report: Report, event_id: str, evidence_id: str) -> float | None:
+        """Seconds until the second look of `report` (0: one is frozen already, or no backend
+        could take one, judge it now);
+        None when none is due: no KILL on stacks, RLHEALTH_REOBSERVE_S=0, or a replay of a
+        diagnosis that took none (a replay never waits or probes)."""
+        if not rests_on_stacks(report):
+            return None
+        if self.store.exists(look_prefix(evidence_prefix(evidence_id)) + MARKER):
+            return 0.0
+        if evidence_id != event_id or self.settings.reobserve_s == 0:
+            return None
+        if not can_probe(self.load_event(event_id), self.settings):
+            return 0.0  # no backend to look through: waiting would not help, judge it (blind) now
+        return self.settings.reobserve_s
+
+    def second_look(
+        self,
+        results: list[dict[str, Any]],
+        event_id: str,
+        evidence_id: str,
+        scheduled_at: float | None = None,
+        claim: str | None = None,
+    ) -> dict[str, Any]:
+        """Look at the job again (or read the frozen second look), settle the first report with
+        what it saw, and write the final report once; returns the verdict entry. `claim` (the
+        task id) lets one task at a time take the look, as the capture does."""
+        known = self.coalescer.published(event_id) or self.decided(event_id)
+        if known is not None:
+            return known.model_dump(mode="json")
+        report = self.report(results, event_id, evidence_id)
+        first = self.evidence(evidence_id)
+        look_at = _LookAt(event_id, evidence_id, scheduled_at, claim or uuid.uuid4().hex)
+        second, waited_s = self._second_observation(look_at, first)
+        look = compare(observe(first), observe(second, prefix=LOOK_DIR), waited_s)
+        return self._settled(settle(report, look), evidence_id)
+
+    def _second_observation(self, at: _LookAt, first: Evidence) -> tuple[Evidence, float]:
+        """The frozen second look, else one taken now under a claim, frozen, and judged as
+        frozen (what a replay will read)."""
+        prefix = look_prefix(evidence_prefix(at.evidence_id))
+        frozen = thaw_look(self.store, prefix)
+        if frozen is not None:
+            return frozen
+        key = self.names.capture_claim(f"{at.evidence_id}:second-look")
+        holder = CaptureClaim(self.redis, key, at.claim, _CLAIM_TTL_S)
+        if not holder.acquire():
+            raise CaptureBusyError(f"another second look of {at.evidence_id} is under way")
+        with holder.kept():
+            if not self.store.exists(prefix + MARKER):  # finished while we waited for the claim
+                self._clear(prefix)
+                self._take_look(at, first, prefix, holder)
+        holder.release()
+        frozen = thaw_look(self.store, prefix)
+        if frozen is None:
+            raise EvidenceLostError(f"the second look of {at.evidence_id} is gone from S3")
+        return frozen
+
+    def _take_look(self, at: _LookAt, first: Evidence, prefix: str, holder: CaptureClaim) -> None:
+        event = self.load_event(at.event_id)
+        try:
+            second = observe_again(event, first, self.settings, store=self.store)
+        except Exception as exc:
+            if _must_propagate(exc):
+                raise
+            second = failure_evidence(event, self.store.uri(prefix), describe(exc))
+        if not holder.held():
+            raise CaptureBusyError(f"lost the claim on {prefix} (too slow)")
+        waited_s = max(0.0, time.time() - at.scheduled_at) if at.scheduled_at else 0.0
+        freeze_look(self.store, prefix, second, waited_s)
+
+    def _settled(self, report: Report, evidence_id: str) -> dict[str, Any]:
+        """Write the final report once and keep its entry as the lead's decision."""
+        stored = self._store_report(report, self.evidence(evidence_id))
+        return self._decide(VerdictStreamSink.entry(report, stored)).model_dump(mode="json")
+
     # --- a diagnosis that cannot finish -----------------------------------------------------
 
     def fail(
@@ -385,6 +498,16 @@ class Pipeline:
             },
         )
         dead_lettered(f"diagnosis failed: {reason}")
+
+
+@dataclass(frozen=True)
+class _LookAt:
+    """Which second look a step takes: the lead, its evidence, when it was scheduled, the claim."""
+
+    event_id: str
+    evidence_id: str
+    scheduled_at: float | None
+    claim: str
 
 
 class CaptureBusyError(RuntimeError):

@@ -2,9 +2,10 @@
 
 Everything the pipeline stores is written once. `put_once` sends `If-None-Match: *`, so S3 itself
 refuses to overwrite (412 PreconditionFailed means the object is already there, which for a task
-that runs twice is success). The one deletion is a capture taking over from a dead one: it removes
-the partial objects of a freeze that never got its marker. Transient faults are retried inside the
-adapter with tenacity; what still fails is raised as `InfrastructureError`.
+that runs twice is success). Two things delete: a capture taking over from a dead one removes the
+partial objects of a freeze that never got its marker, and the log cache
+(`worker.pipeline.logcache`) removes a job's archives older than its newest two. Transient faults
+are retried inside the adapter with tenacity; what still fails is raised as `InfrastructureError`.
 
 Keys are checked before any request: a key with an empty, `.` or `..` segment, or a control
 character, is refused (`UnsafeKeyError`), so no value read from a bundle or an event can climb the
@@ -99,6 +100,10 @@ class ObjectStore(Protocol):
 
     def exists(self, key: str) -> bool: ...
 
+    def size(self, key: str) -> int:
+        """The object's length in bytes, without reading it; raises `ObjectMissingError`."""
+        ...
+
     def delete(self, key: str) -> None:
         """Remove the object (no error when it is not there)."""
         ...
@@ -137,6 +142,9 @@ class MemoryStore:
 
     def exists(self, key: str) -> bool:
         return key in self.objects
+
+    def size(self, key: str) -> int:
+        return len(self.get(key))
 
     def delete(self, key: str) -> None:
         with self._lock:
@@ -225,6 +233,18 @@ class S3Store:
                     return False
                 raise
             return True
+
+        return _retrying(head)
+
+    def size(self, key: str) -> int:
+        def head() -> int:
+            try:
+                response = self.client.head_object(Bucket=self.bucket, Key=self._key(key))
+            except botocore.exceptions.ClientError as exc:
+                if _error_code(exc) in {"NoSuchKey", "404", "NotFound"}:
+                    raise ObjectMissingError(key) from exc
+                raise
+            return int(response["ContentLength"])
 
         return _retrying(head)
 

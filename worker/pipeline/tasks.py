@@ -2,9 +2,10 @@
 
     capture ─┬─ gate restarts ──┐
              ├─ gate liveness ──┤
-             ├─ ...             ├─ verdict ── publish
-             └─ gate duty_cycle ┘
-    (any of them failing) ──────────────────────────────▶ fail
+             ├─ ...             ├─ verdict ────────────────────────────── publish
+             └─ gate duty_cycle ┘     └─ (a KILL on stacks) second look ──┘
+                                         REOBSERVE_S later, a countdown
+    (any of them failing) ──────────────────────────────────────────────────▶ fail
 
 Each task takes references (event id, evidence id, job key) and the diagnosis's `lead` and retry
 `deadline` as keywords, and calls one pipeline step through `_run`, which
@@ -32,7 +33,7 @@ import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from functools import cache, partial
-from typing import Any, Final, TypeVar
+from typing import Any, Final, TypeVar, cast
 
 import redis
 from celery import Task, chain, chord, group
@@ -40,7 +41,10 @@ from celery.canvas import Signature
 from celery.exceptions import Ignore, Reject, SoftTimeLimitExceeded
 
 from shared.settings import Settings
-from worker.pipeline import metrics  # noqa: F401 - connects the Celery signals it counts
+from worker.pipeline import (
+    metrics,  # noqa: F401 - connects the Celery signals it counts
+    softlimit,  # noqa: F401 - soft time limits raise only in a task
+)
 from worker.pipeline.app import app, limits
 from worker.pipeline.failures import (
     EvidenceLostError,
@@ -64,6 +68,7 @@ __all__ = [
     "publish",
     "redispatch",
     "resend",
+    "second_look",
     "verdict",
     "workflow",
 ]
@@ -128,14 +133,21 @@ def _budget(task_id: str, what: str) -> MemoryBudget:
     return MemoryBudget(budget_mb, record)
 
 
+def _delivery(task: Task) -> str:
+    """The id the delivery guard counts starts under: a task that replaced another (the second
+    look replaces the verdict, keeping its id) counts its own."""
+    nesting = int(task.request.get("replaced_task_nesting") or 0)
+    return f"{task.request.id}" if not nesting else f"{task.request.id}:replaced-{nesting}"
+
+
 def _guarded(task: Task, lead: str, what: str, step: Callable[[], T]) -> T:
-    request, p = task.request, pipeline()
+    request, p, delivery = task.request, pipeline(), _delivery(task)
     soft_s = limits(settings())[task.name][0]
     with _timed(what, soft_s), classified():
         if not p.leases.renew(lead):
             raise Ignore()  # the diagnosis is answered: this task is a late copy
-        DeliveryGuard(p.redis, p.names).started(str(request.id), int(request.retries or 0), what)
-        with _budget(str(request.id), what).watching():
+        DeliveryGuard(p.redis, p.names).started(delivery, int(request.retries or 0), what)
+        with _budget(delivery, what).watching():
             return step()
 
 
@@ -180,9 +192,63 @@ def verdict(
     lead: str,
     deadline: float,
 ) -> dict[str, Any]:
-    """Join the gates into the report, store it once; returns the verdict entry."""
-    step = partial(pipeline().verdict, results, event_id, evidence_id)
-    return _run(self, lead, deadline, "verdict", step)
+    """Join the gates into the report, store it once; returns the verdict entry — or, for a KILL
+    that rests on stacks, hands the chain over to its second look (`_look_later`)."""
+    step = partial(pipeline().plan_verdict, results, event_id, evidence_id)
+    plan = _run(self, lead, deadline, "verdict", step)
+    wait = plan.get("look_in_s")
+    if wait is None:
+        return dict(plan["entry"])
+    # `replace` raises Ignore: the second look answers in this task's place (eager: its result)
+    return cast(
+        "dict[str, Any]",
+        _look_later(self, results, event_id, evidence_id, float(wait), lead, deadline),
+    )
+
+
+def _look_later(
+    task: Task,
+    results: list[dict[str, Any]],
+    event_id: str,
+    evidence_id: str,
+    wait_s: float,
+    lead: str,
+    deadline: float,
+) -> Any:
+    """Replace the verdict task by the second look, `wait_s` from now: a countdown, so no pool
+    slot waits (the worker's main process holds the message until it is due), and the lease is
+    extended past the wait first, so the watchdog does not send it again (the heartbeat alone
+    does not keep it: tests/integration/test_second_look.py fails without the extension). The
+    rest of the chain (publish) and its error callback follow the replacement."""
+    with classified():
+        pipeline().leases.extend(lead, wait_s)
+    look = second_look.si(
+        results, event_id, evidence_id,
+        scheduled_at=time.time(), lead=lead, deadline=deadline + wait_s,
+    )  # fmt: skip
+    return task.replace(look.set(countdown=wait_s))
+
+
+@_task("rlhealth.second_look")
+def second_look(
+    self: Task,
+    results: list[dict[str, Any]],
+    event_id: str,
+    evidence_id: str,
+    *,
+    scheduled_at: float,
+    lead: str,
+    deadline: float,
+) -> dict[str, Any]:
+    """Look at the job again, settle the verdict with what moved, store it once; the entry."""
+    claim = str(self.request.id)
+    step = partial(pipeline().second_look, results, event_id, evidence_id, scheduled_at, claim)
+    try:
+        return _run(self, lead, deadline, "second look", step)
+    except CaptureBusyError as exc:  # another delivery is taking it: wait for its freeze
+        if time.time() >= deadline:
+            raise
+        raise self.retry(exc=exc, countdown=_BUSY_RETRY_S, max_retries=None) from exc
 
 
 @_task("rlhealth.publish")
@@ -249,14 +315,18 @@ def _recoverable(stage: str, exc: BaseException | None, *, first: bool = True) -
     a service fault that escaped the retries (Redis away while a result was stored or a message
     sent, a retry the broker could not take), or — on the diagnosis's first run only — a time
     limit (a stage slowed by a loaded machine, or timed from before an outage that kept the
-    worker from collecting its result). Faults still there at the deadline are final; a stage
-    past its time limit a second time is answered ERROR."""
+    worker from collecting its result) or a capture that could not wait for another one's
+    claim (its retry lost in an outage: seen in the Redis restart drill), on the first run only.
+    Faults still there at the deadline are final; a stage past its time limit a second time is
+    answered ERROR."""
     if exc is not None and is_time_limit(exc):
         return first
     if isinstance(exc, EvidenceLostError):
         return stage != "capture"  # a capture that lost its event cannot capture again
     if isinstance(exc, Reject):  # its retry could not be sent: the broker was away
         return True
+    if isinstance(exc, CaptureBusyError):  # its wait for another capture could not be sent
+        return first
     return exc is not None and is_infrastructure(exc) and not isinstance(exc, InfrastructureError)
 
 

@@ -10,15 +10,22 @@ partial last line) are read again on every parse.
 
 Entries live in an in-process LRU and, with `directory`, on disk, one folder per entry:
 
-    <directory>/<sha256 of the key, 32 hex>/meta.json     key, version, file identity, and the
-                                                          SHA-256 of every other file
+    <directory>/<sha256 of the key, 32 hex>/meta.json     key, version, file identity, the parts
+                                                          of each table, and the SHA-256 of
+                                                          every other file
                                           /state.json    the parser state
                                           /<table>.parquet, stitched_<table>.parquet
+                                          /<table>-<16 hex>.parquet   later parts of a table
 
 `meta.json` is written last and each folder is renamed into place whole, so a crash never leaves
-half an entry. An entry of another cache version, or one whose files do not match their hashes or
-do not read back with the expected columns, is ignored (never trusted) and said in `notes`; the
-file is then read whole and the entry replaced. A directory holds the entries of any number of
+half an entry. A table is kept in parts: when an entry replaces one whose rows are the start of its
+own (a grown log), the earlier parts are hard-linked into the new folder (copied where links do not
+work) and only the new rows are written, as one more part named by their hash; past
+`MAX_PARTS` parts a table is written whole again.
+
+An entry of another cache version, or one whose files do not match their hashes or do not read
+back with the expected columns, is ignored (never trusted) and said in `notes`; the file is then
+read whole and the entry replaced. A directory holds the entries of any number of
 files and jobs; `files()` lists what to copy to share it (the pipeline keeps one directory per
 job beside its frozen evidence in S3, so another worker picks it up).
 """
@@ -31,7 +38,8 @@ import os
 import shutil
 import tempfile
 from collections import OrderedDict
-from dataclasses import dataclass
+from collections.abc import Iterable
+from dataclasses import dataclass, field, replace
 from datetime import date
 from pathlib import Path
 from typing import Any, Final
@@ -54,7 +62,8 @@ __all__ = [
 ]
 
 HEAD_BYTES: Final = 4096
-VERSION: Final = "6"  # 6: cut lines in the state, the hash before the offset, file hashes
+VERSION: Final = "7"  # 7: tables in parts; 6: cut lines, the hash before the offset, hashes
+MAX_PARTS: Final = 16
 _STITCHED: Final[dict[str, dict[str, pl.DataType]]] = {
     "metrics": schema.METRICS,
     "phases": schema.PHASES,
@@ -106,6 +115,9 @@ class CacheEntry:
     rows: dict[str, pl.DataFrame]  # rows of the committed lines
     stitched: Stitched | None = None  # stitch(rows), when kept
     before_hash: str = ""  # SHA-256 of the HEAD_BYTES before state.offset ("" at offset 0)
+    # where it is on disk, when it is: each table's part files, and every file's SHA-256
+    parts: dict[str, tuple[str, ...]] = field(default_factory=dict)
+    hashes: dict[str, str] = field(default_factory=dict)
 
     def matches(self, path: Path) -> bool:
         """True while `path` is the same file, grown or unchanged."""
@@ -175,11 +187,12 @@ class LogCache:
     def store(self, key: str, entry: CacheEntry) -> None:
         """Keep `entry` (and write it to the directory when there is one; a write that fails,
         a full disk or another process writing the same entry, is a note, not an error)."""
+        previous = self._entries.get(key)
         self._remember(key, entry)
         if self.directory is None:
             return
         try:
-            self._save(key, entry)
+            self._remember(key, self._save(key, entry, previous))
         except OSError as exc:
             self.notes.append(f"could not write the cache entry of {key}: {exc}")
 
@@ -190,6 +203,25 @@ class LogCache:
             return []
         found = (p for p in self.directory.glob("*/*") if p.is_file() and p.parent.name[0] != ".")
         return sorted(p.relative_to(self.directory) for p in found)
+
+    def stored(self, key: str) -> bool:
+        """Whether the directory holds an entry for `key` (valid or not)."""
+        return self.directory is not None and (self._folder(key) / _META).is_file()
+
+    def retain(self, keys: Iterable[str]) -> list[Path]:
+        """Remove from the directory every entry whose key is not in `keys` (the files a job no
+        longer has); returns the folders removed."""
+        if self.directory is None or not self.directory.is_dir():
+            return []
+        kept = {self._folder(key).name for key in keys}
+        gone = [
+            folder
+            for folder in self.directory.iterdir()
+            if folder.is_dir() and folder.name[0] != "." and folder.name not in kept
+        ]
+        for folder in gone:
+            shutil.rmtree(folder, ignore_errors=True)
+        return gone
 
     def __len__(self) -> int:
         return len(self._entries)
@@ -204,12 +236,14 @@ class LogCache:
         assert self.directory is not None
         return self.directory / hashlib.sha256(key.encode()).hexdigest()[:32]
 
-    def _save(self, key: str, entry: CacheEntry) -> None:
+    def _save(self, key: str, entry: CacheEntry, previous: CacheEntry | None) -> CacheEntry:
+        """Write `entry` (reusing the parts of `previous` in the folder); returns it with its
+        parts and hashes."""
         folder = self._folder(key)
         folder.parent.mkdir(parents=True, exist_ok=True)
         staging = Path(tempfile.mkdtemp(prefix=".entry-", dir=folder.parent))
         try:
-            _write_entry(staging, key, entry)
+            written = _write_entry(staging, key, entry, _Reuse(folder, previous))
             old = folder.with_name(f".old-{folder.name}-{os.getpid()}")
             if folder.exists():
                 folder.rename(old)
@@ -217,6 +251,7 @@ class LogCache:
             shutil.rmtree(old, ignore_errors=True)
         finally:
             shutil.rmtree(staging, ignore_errors=True)
+        return written
 
     def _load(self, key: str) -> CacheEntry | None:
         if self.directory is None:
@@ -232,18 +267,72 @@ class LogCache:
             return None
 
 
-def _write_entry(folder: Path, key: str, entry: CacheEntry) -> None:
-    """Every file of `entry` in `folder`, `meta.json` (with the others' hashes) last."""
-    names: list[str] = []
-    for name, frame in entry.rows.items():
+@dataclass(frozen=True)
+class _Reuse:
+    """The entry a new one replaces, and its folder: the parts a grown table keeps."""
+
+    folder: Path
+    previous: CacheEntry | None
+
+    def kept(self, name: str, frame: pl.DataFrame) -> tuple[tuple[str, ...], int]:
+        """The parts of `previous` that hold the first rows of `frame`, and how many rows."""
+        old = self.previous
+        if old is None or name not in old.parts or name not in old.rows:
+            return (), 0
+        parts, rows = old.parts[name], old.rows[name]
+        fits = len(parts) < MAX_PARTS and all(part in old.hashes for part in parts)
+        if not fits or rows.height > frame.height or not frame.head(rows.height).equals(rows):
+            return (), 0
+        return parts, rows.height
+
+    def link(self, part: str, target: Path) -> str:
+        """`part` of the old folder in `target`; returns its hash (as the old meta.json says)."""
+        source = self.folder / part
+        try:
+            os.link(source, target / part)
+        except OSError:
+            shutil.copy2(source, target / part)
+        assert self.previous is not None
+        return self.previous.hashes[part]
+
+
+def _write_table(
+    folder: Path, name: str, frame: pl.DataFrame, reuse: _Reuse, hashes: dict[str, str]
+) -> tuple[str, ...]:
+    """The parts of one table in `folder` (the reused ones linked, the new rows written)."""
+    parts, done = reuse.kept(name, frame)
+    for part in parts:
+        hashes[part] = reuse.link(part, folder)
+    if parts and done == frame.height:
+        return parts
+    if not parts:
         frame.write_parquet(folder / f"{name}.parquet")
-        names.append(f"{name}.parquet")
+        hashes[f"{name}.parquet"] = _sha256(folder / f"{name}.parquet")
+        return (f"{name}.parquet",)
+    staged = folder / f".{name}.new"
+    frame.slice(done).write_parquet(staged)
+    digest = _sha256(staged)
+    part = f"{name}-{digest[:16]}.parquet"
+    staged.rename(folder / part)
+    hashes[part] = digest
+    return (*parts, part)
+
+
+def _write_entry(folder: Path, key: str, entry: CacheEntry, reuse: _Reuse) -> CacheEntry:
+    """Every file of `entry` in `folder`, `meta.json` (with the others' hashes) last; returns
+    `entry` with its parts and hashes."""
+    hashes: dict[str, str] = {}
+    parts = {
+        name: _write_table(folder, name, frame, reuse, hashes) for name, frame in entry.rows.items()
+    }
+    names = list(hashes)
     if entry.stitched is not None:
         for name in _STITCHED:
             getattr(entry.stitched, name).write_parquet(folder / f"stitched_{name}.parquet")
             names.append(f"stitched_{name}.parquet")
     (folder / _STATE).write_text(entry.state.to_json())
     names.append(_STATE)
+    files = {name: hashes.get(name) or _sha256(folder / name) for name in names}
     meta = {
         "version": VERSION,
         "key": key,
@@ -252,11 +341,12 @@ def _write_entry(folder: Path, key: str, entry: CacheEntry) -> None:
         "head_len": entry.head_len,
         "head_hash": entry.head_hash,
         "before_hash": entry.before_hash,
-        "tables": sorted(entry.rows),
+        "tables": {name: list(parts[name]) for name in sorted(parts)},
         "stitched": entry.stitched is not None,
-        "files": {name: _sha256(folder / name) for name in names},
+        "files": files,
     }
     (folder / _META).write_text(json.dumps(meta))
+    return replace(entry, parts=parts, hashes=files)
 
 
 def _read_meta(folder: Path, key: str) -> dict[str, Any]:
@@ -278,6 +368,23 @@ def _read_frame(folder: Path, name: str, meta: dict[str, Any]) -> pl.DataFrame:
     if f"{name}.parquet" not in meta["files"]:
         raise _DamagedError(f"{name}.parquet is not listed with a hash")
     return pl.read_parquet(folder / f"{name}.parquet")
+
+
+def _table_parts(meta: dict[str, Any]) -> dict[str, tuple[str, ...]]:
+    """Each table's part files, as `meta.json` lists them (each with a hash)."""
+    tables = meta["tables"]
+    if not isinstance(tables, dict):
+        raise _DamagedError("meta.json does not list the parts of each table")
+    parts = {str(name): tuple(str(part) for part in names) for name, names in tables.items()}
+    for name, names in parts.items():
+        if not names or any(part not in meta["files"] or "/" in part for part in names):
+            raise _DamagedError(f"{name} has a part that is not listed with a hash")
+    return parts
+
+
+def _read_table(folder: Path, parts: tuple[str, ...]) -> pl.DataFrame:
+    frames = [pl.read_parquet(folder / part) for part in parts]
+    return frames[0] if len(frames) == 1 else pl.concat(frames, how="vertical")
 
 
 def _checked(
@@ -306,7 +413,8 @@ def _read_entry(folder: Path, key: str) -> CacheEntry:
     if _STATE not in meta["files"]:
         raise _DamagedError("state.json is not listed with a hash")
     state = _state((folder / _STATE).read_text())
-    rows = _checked({name: _read_frame(folder, name, meta) for name in meta["tables"]}, SCHEMAS)
+    parts = _table_parts(meta)
+    rows = _checked({name: _read_table(folder, names) for name, names in parts.items()}, SCHEMAS)
     stitched = None
     if meta["stitched"]:
         frames = {name: _read_frame(folder, f"stitched_{name}", meta) for name in _STITCHED}
@@ -320,4 +428,6 @@ def _read_entry(folder: Path, key: str) -> CacheEntry:
         rows=rows,
         stitched=stitched,
         before_hash=str(meta["before_hash"]),
+        parts=parts,
+        hashes={str(name): str(digest) for name, digest in meta["files"].items()},
     )

@@ -1,0 +1,105 @@
+"""Re-diagnosis reads only what is new, on the real services: two prefork Celery workers, Redis and
+the moto S3 server. A repeated alert for a job whose finelog grew parses only the appended bytes
+(the worker's Prometheus endpoint says how many), from the worker's disk or, on a cold disk, from
+the job's archive in S3, and the frozen evidence says the same as a full read."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from shared.alerts import publish_alert
+from tests.integration.bundles import write_job_bundle
+from tests.integration.conftest import Services
+from tests.integration.test_observability import Samples, _delta, _scrape
+from tests.integration.test_pipeline import NOW, _verdicts_for
+from worker.diagnosis import collect_evidence
+from worker.pipeline.logcache import PREFIX, job_id
+
+pytestmark = pytest.mark.integration
+
+TAIL_SLACK = 64 * 1024  # the open tail after the last committed line is read again
+_SUMMARY_FIELDS = ("lines", "bytes", "records", "malformed", "first_timestamp", "last_timestamp")
+
+
+def _log_bytes() -> bytes:
+    from bench.gen_finelog import generate
+
+    with tempfile.TemporaryDirectory() as tmp:
+        return generate(Path(tmp) / "f.log", 2.0).read_bytes()
+
+
+def _bytes(before: Samples, after: Samples, kind: str) -> float:
+    return _delta(before, after, "rlhealth_log_cache_bytes_total", kind=kind)
+
+
+def _diagnose(services: Services, job: str) -> tuple[str, Samples]:
+    """One alert answered (the job's cooldown lifted first, as if it had run out); the worker's
+    metrics after it."""
+    services.redis.delete(services.names.cooldown(job))
+    event_id = publish_alert(services.redis, job, now=NOW)
+    _verdicts_for(services, {event_id})
+    return event_id, _scrape(services.metrics["worker"])
+
+
+def _frozen_summary(services: Services, event_id: str) -> dict[str, Any]:
+    document = json.loads(services.store.get(f"evidence/{event_id}/evidence.json"))
+    summary = document["logs"]["summary"]
+    return {name: summary[name] for name in _SUMMARY_FIELDS}
+
+
+def _full_read_summary(job_dir: Path) -> dict[str, Any]:
+    logs = collect_evidence(job_dir, now=NOW).logs
+    assert logs is not None
+    summary = logs.summary.model_dump(mode="json")
+    return {name: summary[name] for name in _SUMMARY_FIELDS}
+
+
+def test_a_repeated_alert_for_a_grown_log_parses_only_the_new_bytes(
+    pipeline_services: Services,
+) -> None:
+    """Alert 1 parses the whole finelog and writes the job's archive to S3; the log grows; alert 2
+    (another diagnosis, either worker process) parses only the appended bytes; the worker's disk is
+    wiped and the log grows again; alert 3 resumes from the archive in S3. Every alert is answered
+    and each frozen evidence equals a full read of the log as it was."""
+    services = pipeline_services
+    job_dir = write_job_bundle(services.bundle_root, "grown-log")
+    job = job_dir.relative_to(services.bundle_root).as_posix()
+    data = _log_bytes()
+    first_part, second_part = len(data) // 2, len(data) * 3 // 4
+    (job_dir / "finelog.log").write_bytes(data[:first_part])
+    before = _scrape(services.metrics["worker"])
+
+    first, after_first = _diagnose(services, job)
+    assert _bytes(before, after_first, "parsed") == first_part
+    assert _bytes(before, after_first, "reused") == 0
+    assert _frozen_summary(services, first) == _full_read_summary(job_dir)
+    assert services.store.keys(f"{PREFIX}{job_id(job)}/"), "no archive of the job in S3"
+
+    with (job_dir / "finelog.log").open("ab") as handle:
+        handle.write(data[first_part:second_part])
+    second, after_second = _diagnose(services, job)
+    reused = _bytes(after_first, after_second, "reused")
+    parsed = _bytes(after_first, after_second, "parsed")
+    assert first_part - TAIL_SLACK < reused <= first_part
+    assert reused + parsed == second_part
+    assert _delta(after_first, after_second, "rlhealth_log_cache_files_total", how="resumed") == 1
+    assert _frozen_summary(services, second) == _full_read_summary(job_dir)
+
+    shutil.rmtree(Path(services.env["RLHEALTH_CACHE_DIR"]) / "logs")  # a cold disk
+    with (job_dir / "finelog.log").open("ab") as handle:
+        handle.write(data[second_part:])
+    third, after_third = _diagnose(services, job)
+    shared = _delta(
+        after_second, after_third, "rlhealth_log_cache_shared_total", outcome="downloaded"
+    )
+    assert shared == 1
+    reused = _bytes(after_second, after_third, "reused")
+    assert second_part - TAIL_SLACK < reused <= second_part
+    assert reused + _bytes(after_second, after_third, "parsed") == len(data)
+    assert _frozen_summary(services, third) == _full_read_summary(job_dir)

@@ -1,0 +1,503 @@
+"""The pipeline's log cache (worker.pipeline.logcache): a job's parsed logs kept on the worker's
+disk and in S3 (the in-memory store here), resumed when the log grew, read whole when it was
+rotated or rewritten, and never trusted when the shared copy is damaged, forged or too large."""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import os
+import shutil
+import tempfile
+import time
+import zipfile
+from collections.abc import Callable, Iterator
+from datetime import UTC, datetime
+from io import BufferedReader
+from pathlib import Path
+
+import polars as pl
+import pytest
+from polars.testing import assert_frame_equal
+
+from shared.settings import Settings
+from tests.integration.bundles import write_job_bundle
+from worker.diagnosis import collect_evidence
+from worker.evidence.logs import LogCache, incremental, reader
+from worker.evidence.logs.lines import Read
+from worker.evidence.model import Evidence, LogTables
+from worker.pipeline.logcache import PREFIX, CacheRun, JobLogCache, Limits, job_id
+from worker.pipeline.store import MemoryStore
+
+NOW = datetime(2026, 3, 27, 12, 0, tzinfo=UTC)
+JOB = "jobs/cw/ops/rl-job"
+TABLES = ("metrics", "timers", "phases", "engines", "progress", "batches", "errors", "resumes")
+SECRET = "hf_AbCdEfGhIjKlMnOpQrStUvWxYz0123456789"
+_GENERATED: list[bytes] = []
+
+
+def _log_bytes() -> bytes:
+    """1 MB of the benchmark's generated finelog, made once."""
+    if not _GENERATED:
+        from bench.gen_finelog import generate
+
+        with tempfile.TemporaryDirectory() as tmp:
+            _GENERATED.append(generate(Path(tmp) / "f.log", 1.0).read_bytes())
+    return _GENERATED[0]
+
+
+@pytest.fixture
+def starts(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """The byte offset each read of a log file starts at (one per file parsed)."""
+    found: list[int] = []
+    original = reader.iter_reads
+
+    def recording(handle: BufferedReader, chunk_bytes: int, line_max: int) -> Iterator[Read]:
+        found.append(handle.tell())
+        return original(handle, chunk_bytes, line_max)
+
+    monkeypatch.setattr(reader, "iter_reads", recording)
+    return found
+
+
+class World:
+    """A bundle root with one job, a shared store, and workers with their own disks."""
+
+    def __init__(self, tmp: Path) -> None:
+        self.tmp = tmp
+        self.root = tmp / "bundles"
+        self.job = write_job_bundle(self.root, "rl-job")
+        self.log = self.job / "finelog.log"
+        self.store = MemoryStore()
+        data = _log_bytes()
+        self.half = len(data) // 2
+        self.log.write_bytes(data[: self.half])
+
+    def worker(self, disk: str = "w1", limits: Limits | None = None) -> JobLogCache:
+        settings = Settings(bundle_root=self.root, cache_dir=self.tmp / disk)
+        return JobLogCache(settings, self.store, limits)
+
+    def read(self, cache: LogCache | None) -> Evidence:
+        return collect_evidence(self.job, now=NOW, log_cache=cache)
+
+    def capture(self, disk: str = "w1", limits: Limits | None = None) -> tuple[Evidence, CacheRun]:
+        return self.worker(disk, limits).collect(JOB, self.read)
+
+    def grow(self, data: bytes | None = None) -> None:
+        with self.log.open("ab") as handle:
+            handle.write(_log_bytes()[self.half :] if data is None else data)
+
+    def archives(self) -> list[str]:
+        return self.store.keys(f"{PREFIX}{job_id(JOB)}/")
+
+    def replace_archive(self, body: bytes) -> str:
+        """Put `body` as the job's newest archive (the others removed)."""
+        for key in self.archives():
+            self.store.delete(key)
+        key = f"{PREFIX}{job_id(JOB)}/29991231T235959999999Z-{'0' * 16}.zip"
+        self.store.put_once(key, body)
+        return key
+
+
+@pytest.fixture
+def world(tmp_path: Path) -> World:
+    return World(tmp_path)
+
+
+def _same_logs(left: LogTables | None, right: LogTables | None) -> None:
+    assert left is not None and right is not None
+    for name in TABLES:
+        assert_frame_equal(getattr(left, name), getattr(right, name), check_row_order=True)
+    assert left.summary == right.summary
+
+
+def _finelog(run: CacheRun) -> tuple[int, int]:
+    """(bytes reused, bytes parsed) of the finelog in a run."""
+    read = next(r for r in run.reads if r.source == "finelog.log")
+    return read.reused, read.parsed
+
+
+# --- the worker's disk ----------------------------------------------------------------------------
+
+
+def test_a_grown_log_is_resumed_from_the_disk_and_only_the_tail_is_parsed(
+    world: World, starts: list[int]
+) -> None:
+    """The second capture on the same worker resumes the finelog at the committed offset of the
+    first: it reads from there (not byte 0), parses only the bytes after it, and the evidence
+    equals a full read of the grown log."""
+    _, first = world.capture()
+    assert first.origin == "none" and _finelog(first) == (0, world.half)
+    world.grow()
+    size = world.log.stat().st_size
+    evidence, second = world.capture()
+    reused, parsed = _finelog(second)
+    assert second.origin == "disk" and second.notes == []
+    assert starts[-1] == reused  # the read began at the resume point
+    assert world.half - 64 * 1024 < reused <= world.half  # only an open tail is read again
+    assert parsed == size - reused < size - world.half + 64 * 1024
+    _same_logs(evidence.logs, world.read(None).logs)
+
+
+def test_the_old_bytes_are_not_read_again(world: World) -> None:
+    """Proof by contradiction: bytes changed in the middle of the committed part (more than
+    4 KiB from the head and from the resume point) do not reach the evidence of the resumed
+    read, so they were not read; a read without the cache sees them."""
+    world.capture()
+    with world.log.open("r+b") as handle:  # same inode, same head, same bytes before the offset
+        data = bytearray(world.log.read_bytes())
+        middle = data.index(b"WANDB_MIRROR", world.half // 3)
+        handle.seek(middle)
+        handle.write(b"XXXXX")
+    world.grow()
+    resumed, run = world.capture()
+    assert _finelog(run)[0] > middle
+    fresh = world.read(None)
+    assert resumed.logs is not None and fresh.logs is not None
+    assert resumed.logs.metrics.height > fresh.logs.metrics.height  # the record XXXXX broke
+
+
+def test_an_unchanged_log_parses_no_new_bytes_and_uploads_nothing(world: World) -> None:
+    """A repeated alert on a log that did not grow reuses everything but the open tail, and the
+    unchanged entries are not written to S3 again."""
+    world.capture()
+    archives = world.archives()
+    _, again = world.capture()
+    reused, parsed = _finelog(again)
+    assert reused > 0 and parsed == world.half - reused
+    assert again.uploaded is None and world.archives() == archives
+
+
+def test_a_rotated_log_is_read_whole(world: World, starts: list[int]) -> None:
+    """A log replaced by a new file (a new inode) is read from byte 0, and the run says the
+    entry was of another version of the file."""
+    world.capture()
+    replacement = world.tmp / "new.log"
+    replacement.write_bytes(_log_bytes())
+    replacement.replace(world.log)
+    evidence, run = world.capture()
+    assert starts[-1] == 0 and _finelog(run)[0] == 0
+    assert next(r for r in run.reads if r.source == "finelog.log").stale
+    _same_logs(evidence.logs, world.read(None).logs)
+
+
+def test_a_log_rewritten_in_place_is_read_whole(world: World, starts: list[int]) -> None:
+    """Same inode, same first 4 KiB, longer, other bytes before the committed offset: read whole."""
+    world.capture()
+    data, inode = _log_bytes(), world.log.stat().st_ino
+    with world.log.open("r+b") as handle:
+        handle.write(data[:4096] + data[world.half :] + data[4096 : world.half])
+    assert world.log.stat().st_ino == inode
+    evidence, run = world.capture()
+    assert starts[-1] == 0 and _finelog(run)[0] == 0
+    _same_logs(evidence.logs, world.read(None).logs)
+
+
+# --- the S3 copy ----------------------------------------------------------------------------------
+
+
+def test_another_worker_with_a_cold_disk_resumes_from_s3(world: World, starts: list[int]) -> None:
+    """The first worker writes the job's archive; the second, with nothing on its disk,
+    downloads it and resumes the grown log; the evidence equals a full read."""
+    _, first = world.capture("w1")
+    assert first.uploaded is not None and world.archives() == [first.uploaded]
+    world.grow()
+    evidence, second = world.capture("w2")
+    assert second.origin == "s3" and "downloaded" in second.shared
+    assert starts[-1] == _finelog(second)[0] > world.half - 64 * 1024
+    _same_logs(evidence.logs, world.read(None).logs)
+
+
+def test_a_worker_takes_a_newer_archive_over_its_own_older_entries(world: World) -> None:
+    """w1 answers alert 1, w2 alert 2 (a grown log, a newer archive), w1 alert 3: w1 resumes
+    from w2's archive (the later offset), not from its own older entry; two archives are kept."""
+    world.capture("w1")
+    world.grow(_log_bytes()[world.half : world.half + 200_000])
+    _, second = world.capture("w2")
+    world.grow(_log_bytes()[world.half + 200_000 :])
+    evidence, third = world.capture("w1")
+    assert third.origin == "s3"
+    assert _finelog(third)[0] > world.half + 200_000 - 64 * 1024 > _finelog(second)[0]
+    assert len(world.archives()) == 2
+    _same_logs(evidence.logs, world.read(None).logs)
+
+
+def _archive(world: World) -> bytes:
+    world.capture("w1")
+    return world.store.get(world.archives()[-1])
+
+
+def _rezip(body: bytes, change: Callable[[str, bytes], tuple[str, bytes, int]]) -> bytes:
+    """The archive with each member passed through `change(name, data) -> (name, data, method)`."""
+    out = io.BytesIO()
+    with zipfile.ZipFile(io.BytesIO(body)) as old, zipfile.ZipFile(out, "w") as new:
+        for info in old.infolist():
+            name, data, method = change(info.filename, old.read(info))
+            new.writestr(zipfile.ZipInfo(name), data, compress_type=method)
+    return out.getvalue()
+
+
+def _flip_parquet(name: str, data: bytes) -> tuple[str, bytes, int]:
+    if name.endswith("metrics.parquet"):
+        data = data[:100] + bytes([data[100] ^ 0xFF]) + data[101:]
+    return name, data, zipfile.ZIP_STORED
+
+
+def _traversal(name: str, data: bytes) -> tuple[str, bytes, int]:
+    return ("../../escape.json" if name.endswith("state.json") else name), data, zipfile.ZIP_STORED
+
+
+def _deflated(name: str, data: bytes) -> tuple[str, bytes, int]:
+    return name, data, zipfile.ZIP_DEFLATED
+
+
+def _other_job(name: str, data: bytes) -> tuple[str, bytes, int]:
+    if name == "manifest.json":
+        data = json.dumps({"format": 1, "job": "jobs/cw/ops/other"}).encode()
+    return name, data, zipfile.ZIP_STORED
+
+
+def _forged_offset(name: str, data: bytes) -> tuple[str, bytes, int]:
+    """A state claiming 1000 more bytes were read, its hash in meta.json recomputed."""
+    if name.endswith("state.json"):
+        state = json.loads(data)
+        state["offset"] += 1000
+        data = json.dumps(state).encode()
+    return name, data, zipfile.ZIP_STORED
+
+
+def _rehash(name: str, data: bytes, files: dict[str, bytes]) -> tuple[str, bytes, int]:
+    if name.endswith("meta.json"):
+        meta = json.loads(data)
+        folder = name.split("/", maxsplit=1)[0]
+        meta["files"] = {
+            f: hashlib.sha256(files[f"{folder}/{f}"]).hexdigest() for f in meta["files"]
+        }
+        data = json.dumps(meta).encode()
+    return name, data, zipfile.ZIP_STORED
+
+
+@pytest.mark.parametrize(
+    ("forge", "said"),
+    [
+        (lambda body: _rezip(body, _flip_parquet), "does not match its hash"),
+        (lambda body: _rezip(body, _traversal), "is not a cache entry's file"),
+        (lambda body: _rezip(body, _deflated), "is compressed"),
+        (lambda body: _rezip(body, _other_job), "belongs to another job"),
+        (lambda body: b"PK\x03\x04 not really a zip", "cannot be read"),
+        (lambda body: body[: len(body) // 2], "cannot be read"),
+    ],
+    ids=["bit-flip", "path-traversal", "deflated", "other-job", "junk", "cut"],
+)
+def test_a_damaged_or_forged_archive_gives_a_whole_read_and_a_note(
+    world: World, starts: list[int], forge: Callable[[bytes], bytes], said: str
+) -> None:
+    """A cold worker that finds a bad archive notes why, reads the log whole, gives the same
+    evidence as a full read, and replaces the archive with a good one."""
+    bad = world.replace_archive(forge(_archive(world)))
+    world.grow()
+    evidence, run = world.capture("w2")
+    assert starts[-1] == 0 and _finelog(run)[0] == 0
+    assert "ignored" in run.shared
+    assert any(said in note for note in run.notes), run.notes
+    assert (
+        not (world.tmp / "escape.json").exists() and not (world.tmp / "w2" / "escape.json").exists()
+    )
+    _same_logs(evidence.logs, world.read(None).logs)
+    assert run.uploaded is not None and world.archives() == [run.uploaded] != [bad]
+
+
+def test_a_forged_state_with_matching_hashes_does_not_fit_the_log(
+    world: World, starts: list[int]
+) -> None:
+    """An entry whose state was changed and every hash recomputed passes the cache's integrity
+    checks, but not the log's identity (the bytes before its offset): read whole, said stale."""
+    forged = _rezip(_archive(world), _forged_offset)
+    with zipfile.ZipFile(io.BytesIO(forged)) as archive:
+        files = {info.filename: archive.read(info) for info in archive.infolist()}
+    world.replace_archive(_rezip(forged, lambda name, data: _rehash(name, data, files)))
+    world.grow()
+    evidence, run = world.capture("w2")
+    assert run.origin == "s3" and starts[-1] == 0 and _finelog(run)[0] == 0
+    assert next(r for r in run.reads if r.source == "finelog.log").stale
+    _same_logs(evidence.logs, world.read(None).logs)
+    assert world.archives() == [run.uploaded]  # the useless archive is gone
+
+
+def test_an_archive_at_the_size_bound_is_used_and_one_byte_more_is_not(world: World) -> None:
+    """The bound on a downloaded archive: exactly its size is read, one byte less refuses it."""
+    body = _archive(world)
+    world.grow()
+    _, just = world.capture("w2", Limits(archive_bytes=len(body)))
+    assert just.origin == "s3" and _finelog(just)[0] > 0
+    world.replace_archive(body)
+    _, past = world.capture("w3", Limits(archive_bytes=len(body) - 1))
+    assert past.origin == "none" and _finelog(past)[0] == 0
+    assert any("more than the" in note for note in past.notes)
+
+
+def test_an_entry_holding_a_secret_stays_on_the_worker(world: World) -> None:
+    """A log whose parsed state holds a credential (here in its first lines): the entry is kept
+    on the worker's disk and used there, but nothing of it goes to S3."""
+    data = f"export HF_TOKEN={SECRET}\n".encode() + _log_bytes()[: world.half]
+    world.log.write_bytes(data)
+    _, first = world.capture()
+    assert "withheld" in first.shared and first.uploaded is None
+    assert all(SECRET.encode() not in body for body in world.store.objects.values())
+    world.grow()
+    _, second = world.capture()
+    assert second.origin == "disk" and _finelog(second)[0] > 0
+
+
+def test_a_store_that_fails_costs_the_cache_not_the_capture(world: World) -> None:
+    """S3 unreachable for the cache: a note, the logs read whole, the evidence complete."""
+
+    def broken(prefix: str) -> list[str]:
+        raise ConnectionError("S3 is down")
+
+    world.store.keys = broken  # type: ignore[method-assign]
+    evidence, run = world.capture()
+    assert any("S3 is down" in note for note in run.notes)
+    _same_logs(evidence.logs, world.read(None).logs)
+
+
+# --- the disk bound -------------------------------------------------------------------------------
+
+
+def _job_folder(cache: JobLogCache, name: str, size: int, age_s: float) -> Path:
+    folder = cache.root / name
+    folder.mkdir(parents=True)
+    (folder / "blob").write_bytes(b"x" * size)
+    stamp = time.time() - age_s
+    os.utime(folder, (stamp, stamp))
+    return folder
+
+
+def test_folders_past_the_age_are_removed_and_those_just_short_kept(world: World) -> None:
+    cache = world.worker(limits=Limits(archive_bytes=2**20, max_age_s=3600))
+    old = _job_folder(cache, "old", 10, 3600 + 60)
+    young = _job_folder(cache, "young", 10, 3600 - 60)
+    assert cache.prune() == [old]
+    assert young.is_dir() and not old.exists()
+
+
+def test_staging_left_by_a_dead_process_goes_after_an_hour(world: World) -> None:
+    cache = world.worker(limits=Limits(archive_bytes=2**20))
+    dead = _job_folder(cache, ".pull-dead", 10, 3600 + 60)
+    busy = _job_folder(cache, ".pull-busy", 10, 3600 - 60)
+    assert cache.prune() == [dead]
+    assert busy.is_dir()
+
+
+@pytest.mark.parametrize(("room", "kept"), [(3000, 3), (2999, 2)])
+def test_the_least_recently_used_folders_go_beyond_the_disk_bound(
+    world: World, room: int, kept: int
+) -> None:
+    """Three folders of 1000 bytes: a bound of 3000 keeps all, 2999 drops the oldest."""
+    cache = world.worker(limits=Limits(archive_bytes=2**20, disk_bytes=room))
+    folders = [_job_folder(cache, f"j{i}", 1000, 100 - i) for i in range(3)]
+    cache.prune()
+    assert [f.is_dir() for f in folders] == [kept == 3, True, True]
+
+
+def test_entries_of_files_the_job_no_longer_has_are_dropped(world: World) -> None:
+    """A pod log read once and gone at the next capture: its entry leaves the job's folder."""
+    pods = world.job / "pod_logs"
+    pods.mkdir()
+    (pods / "trainer.log").write_bytes(_log_bytes()[:50_000])
+    _, first = world.capture()
+    folder = world.worker().root / job_id(JOB)
+    with_pod = {p.name for p in folder.iterdir() if p.is_dir()}
+    shutil.rmtree(pods)
+    world.capture()
+    assert len({p.name for p in folder.iterdir() if p.is_dir()}) == len(with_pod) - 1
+    assert len(first.reads) == 2
+
+
+# --- a grown log's entry is written in parts ------------------------------------------------------
+
+
+def _metrics_parts(world: World) -> list[Path]:
+    folder = world.worker().root / job_id(JOB)
+    return sorted(folder.glob("*/metrics*.parquet"))
+
+
+def test_a_grown_log_writes_only_its_new_rows(world: World) -> None:
+    """The entry of a grown log keeps its earlier table file (the same inode: a hard link, not
+    a copy) and adds one part with the new rows only; a third capture reads the parts back and
+    its evidence equals a full read."""
+    data = _log_bytes()
+    world.capture()
+    (base,) = _metrics_parts(world)
+    inode, rows = base.stat().st_ino, pl.read_parquet(base).height
+    world.grow(data[world.half : world.half + 200_000])
+    world.capture()
+    first, second = sorted(_metrics_parts(world), key=lambda p: p.name != "metrics.parquet")
+    assert first.name == "metrics.parquet" and first.stat().st_ino == inode
+    assert second.name.startswith("metrics-") and 0 < pl.read_parquet(second).height < rows
+    world.grow(data[world.half + 200_000 :])
+    evidence, third = world.capture()
+    assert third.notes == [] and len(_metrics_parts(world)) == 3
+    _same_logs(evidence.logs, world.read(None).logs)
+
+
+@pytest.mark.parametrize(("limit", "parts"), [(3, 3), (2, 1)])
+def test_a_table_past_the_part_limit_is_written_whole(
+    world: World, monkeypatch: pytest.MonkeyPatch, limit: int, parts: int
+) -> None:
+    """Three captures of a growing log make three parts; with a limit of two the third write
+    starts again from one file."""
+    monkeypatch.setattr(incremental, "MAX_PARTS", limit)
+    data = _log_bytes()
+    world.capture()
+    world.grow(data[world.half : world.half + 200_000])
+    world.capture()
+    world.grow(data[world.half + 200_000 :])
+    evidence, _ = world.capture()
+    assert len(_metrics_parts(world)) == parts
+    _same_logs(evidence.logs, world.read(None).logs)
+
+
+def test_a_secret_in_the_new_rows_of_a_grown_log_is_not_shared(world: World) -> None:
+    """The earlier parts were found clean (and are not read again); a secret in the rows the log
+    gained keeps the whole entry on the worker."""
+    _, first = world.capture()
+    assert first.uploaded is not None
+    line = f"2026-03-27 00:00:00.000 | ERROR    | x:y:1 - RuntimeError: login failed {SECRET}\n"
+    world.grow(line.encode() + _log_bytes()[world.half : world.half + 100_000])
+    _, second = world.capture()
+    assert "withheld" in second.shared and second.uploaded is None
+    assert all(SECRET.encode() not in body for body in world.store.objects.values())
+
+
+# --- through the pipeline's capture step ----------------------------------------------------------
+
+
+def test_the_capture_step_reads_through_the_jobs_cache(world: World, starts: list[int]) -> None:
+    """`Pipeline.capture` of two events for the job, the log grown in between: the second
+    capture resumes the finelog (its cache folder and S3 archive exist) and its frozen evidence,
+    thawed, holds the tables of a full read."""
+    import fakeredis
+
+    from shared.models import Event
+    from worker.pipeline.steps import Pipeline
+
+    settings = Settings(bundle_root=world.root, cache_dir=world.tmp / "w1", stream_prefix="t")
+    pipeline = Pipeline(settings, world.store, fakeredis.FakeRedis())
+    for event_id in ("e1", "e2"):
+        event = Event(event_id=event_id, job_dir=JOB, published_at=NOW, now=NOW)
+        pipeline.archive(event)
+        pipeline.capture(event_id, event_id, claim="t1")
+        if event_id == "e1":
+            assert len(world.archives()) == 1
+            world.grow()
+    assert starts[0] == 0 and world.half - 64 * 1024 < starts[-1] <= world.half
+    entry = next((world.tmp / "w1" / "logs" / job_id(JOB)).glob("*/meta.json"))
+    assert json.loads(entry.read_text())["size"] == world.log.stat().st_size
+    frozen = pipeline.evidence("e2")
+    fresh = world.read(None)
+    assert frozen.logs is not None and fresh.logs is not None
+    for name in TABLES:
+        assert getattr(frozen.logs, name).height == getattr(fresh.logs, name).height, name
+    assert frozen.logs.summary.bytes == world.log.stat().st_size

@@ -1,0 +1,560 @@
+"""The parsed logs of each job, kept between alerts: a repeated alert parses only what is new.
+
+A capture reads the job's logs through a `LogCache` (`worker.evidence.logs.incremental`) whose
+directory belongs to the job; a log that grew is parsed from its last committed line, a rewritten
+or rotated one is read whole (the cache's own identity checks). The directory lives on the worker's
+disk, and a copy of it in S3, so the worker that takes the job's next alert finds it:
+
+    <cache_dir>/logs/<job id>/<entry>/...          the LogCache directory of the job
+    <cache_dir>/logs/<job id>/.shared              which S3 archive the directory was last synced
+                                                   with, and a digest of its entries then
+    <cache_dir>/logs/<job id>/.clean               SHA-256 of the table files that passed the
+                                                   redactor (a grown log's new part alone is read)
+    S3 logcache/<job id>/<stamp>-<digest>.zip      the job's shareable entries, one object,
+                                                   written once; the newest stamp wins
+
+`<job id>` is the SHA-256 (32 hex) of the job key: the job directory relative to the bundle root,
+the key the coalescer uses. Before a capture reads the logs, the newest archive of the job is
+downloaded when the directory was not synced with it (a cold disk, or another worker answered a
+later alert); after, the directory is archived and written when its entries changed, and archives
+older than the newest two are deleted.
+
+What is checked before anything downloaded is used: the object's size (at most the memory one
+parse may use, RLHEALTH_PARSE_MEMORY_MB), the archive's shape (stored members only, entry folder
+and file names only, sizes and counts bounded, every member's CRC), the job it names; then, when
+the logs are read, the cache's own checks (its version, the log's key, every file's SHA-256, the
+tables' columns) and the log's identity (inode, size, head hash, the bytes before the resume
+point). Anything that fails is ignored with a note (a warning in the worker's log and the
+`rlhealth_log_cache_shared{outcome="ignored"}` metric) and the log is read whole: a bad entry
+costs time, never the evidence. An archive that was refused, held a damaged entry or was of no
+use (every entry of another version of its log) is deleted, so the next one written is the
+newest. (The hashes prove integrity, not authorship: a party that can
+write the bucket can also write frozen evidence; the bucket is inside the trust boundary.)
+
+Redaction: the entries hold the parsed rows and the parser state as read, unredacted (they must
+give exactly the rows a full read gives; the frozen evidence is redacted when it is written). On
+the worker's disk they sit beside the logs they came from. Only entries that pass the redactor
+unchanged leave the worker: an entry with a string the redactor would rewrite (a token in an error
+line, say) is withheld from the archive (`outcome="withheld"`) and its log is read whole by the
+next worker.
+
+The disk is bounded: job folders unused for `max_age_s` are removed, then the least recently used
+until all fit in `disk_bytes`.
+
+Every capture logs one line saying how many bytes it parsed and reused, and counts them in
+`rlhealth_log_cache_files` / `rlhealth_log_cache_bytes`.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import logging
+import os
+import re
+import shutil
+import tempfile
+import time
+import zipfile
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any, Final
+
+import polars as pl
+
+from shared.alerts import OutsideBundleRootError, confine
+from shared.redact import PREFILTER, redact_data, redact_text
+from shared.settings import Settings
+from worker.evidence.logs import LogCache
+from worker.evidence.logs.incremental import CacheEntry
+from worker.evidence.model import Evidence
+from worker.pipeline.failures import describe, is_time_limit
+from worker.pipeline.metrics import log_cache_used
+from worker.pipeline.store import ObjectMissingError, ObjectStore
+
+__all__ = ["CacheRun", "FileRead", "JobLogCache", "Limits", "collect_cached", "job_id"]
+
+log = logging.getLogger(__name__)
+
+Read = Callable[[LogCache | None], Evidence]
+"""Collects the evidence, reading the logs through the cache given (or none)."""
+
+PREFIX: Final = "logcache/"
+_SYNCED: Final = ".shared"
+_CLEAN: Final = ".clean"
+_MANIFEST: Final = "manifest.json"
+_FORMAT: Final = 1
+_ARCHIVE_NAME: Final = re.compile(r"^\d{8}T\d{12}Z-[0-9a-f]{16}\.zip$")
+_MEMBER: Final = re.compile(
+    r"^[0-9a-f]{32}/(?:meta\.json|state\.json|"
+    r"(?:stitched_)?[a-z_]{1,40}(?:-[0-9a-f]{16})?\.parquet)$"
+)
+_MAX_MEMBERS: Final = 4096
+_MAX_JSON_BYTES: Final = 16 * 2**20
+_LEFTOVER_S: Final = 3600  # a staging folder this old belongs to a process that died
+
+
+@dataclass(frozen=True)
+class Limits:
+    """The bounds of the cache: the largest archive read or written, the disk, the age."""
+
+    archive_bytes: int
+    disk_bytes: int = 8 * 2**30
+    max_age_s: float = 7 * 86400
+    kept_archives: int = 2
+
+    @classmethod
+    def from_settings(cls, settings: Settings) -> Limits:
+        """An archive is at most the memory one parse may hold (RLHEALTH_PARSE_MEMORY_MB): the
+        parsed state of a log is no larger in Parquet than in memory."""
+        return cls(archive_bytes=settings.parse_memory_mb * 2**20)
+
+
+@dataclass(frozen=True)
+class FileRead:
+    """One log file read by a capture: its size, and the bytes reused from a cache entry."""
+
+    source: str
+    size: int
+    reused: int
+    stale: bool = False  # an entry was there but is of another version of the file
+
+    @property
+    def parsed(self) -> int:
+        return self.size - self.reused
+
+
+@dataclass
+class CacheRun:
+    """What the cache did for one capture."""
+
+    job: str
+    origin: str = "none"  # where the entries came from: "disk", "s3" or "none"
+    reads: list[FileRead] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+    shared: list[str] = field(default_factory=list)  # outcomes for the S3 copy
+    pulled: str | None = None  # the archive downloaded
+    uploaded: str | None = None  # the archive written
+
+    @property
+    def parsed_bytes(self) -> int:
+        return sum(read.parsed for read in self.reads)
+
+    @property
+    def reused_bytes(self) -> int:
+        return sum(read.reused for read in self.reads)
+
+    def line(self) -> str:
+        """The log line of the run."""
+        resumed = [r for r in self.reads if r.reused]
+        files = ", ".join(f"{r.source} from byte {r.reused:,} of {r.size:,}" for r in resumed)
+        told = f"; resumed {files}" if files else ""
+        stale = ", ".join(r.source for r in self.reads if r.stale)
+        told += f"; read whole, their entry was of another version: {stale}" if stale else ""
+        return (
+            f"log cache ({self.origin}) for {self.job}: parsed {self.parsed_bytes:,} bytes, "
+            f"reused {self.reused_bytes:,}{told}"
+        )
+
+
+class _RefusedError(ValueError):
+    """A downloaded archive that is not used."""
+
+
+class _WatchedCache(LogCache):
+    """A `LogCache` that remembers each lookup (the bytes a read reuses)."""
+
+    def __init__(self, directory: Path) -> None:
+        super().__init__(max_entries=1024, directory=directory)
+        self.reads: dict[str, FileRead] = {}
+
+    def lookup(self, key: str, path: Path) -> CacheEntry | None:
+        had, notes = self.stored(key), len(self.notes)
+        entry = super().lookup(key, path)
+        source = key.rsplit("|", 2)[1] if key.count("|") >= 2 else path.name
+        reused = entry.state.offset if entry is not None else 0
+        stale = had and entry is None and len(self.notes) == notes  # not damaged: outdated
+        self.reads[key] = FileRead(source, path.stat().st_size, reused, stale)
+        return entry
+
+
+def job_id(job: str) -> str:
+    """The folder and key segment of a job key."""
+    return hashlib.sha256(job.encode("utf-8", errors="surrogateescape")).hexdigest()[:32]
+
+
+def _must_propagate(exc: BaseException) -> bool:
+    return is_time_limit(exc) or isinstance(exc, MemoryError)
+
+
+class JobLogCache:
+    """The adapter between a capture and the job's log cache on disk and in S3."""
+
+    def __init__(self, settings: Settings, store: ObjectStore, limits: Limits | None = None):
+        base = settings.cache_dir or Path(tempfile.gettempdir()) / "rlhealth-cache"
+        self.root = base / "logs"
+        self.bundle_root = settings.bundle_root
+        self.store = store
+        self.limits = limits or Limits.from_settings(settings)
+
+    def collect(self, job_dir: str, read: Read) -> tuple[Evidence, CacheRun]:
+        """The evidence, its logs read through the job's cache; and what the cache did."""
+        try:
+            job = confine(self.bundle_root, job_dir)
+        except OutsideBundleRootError:
+            return read(None), CacheRun(job=job_dir, notes=["outside the bundle root: no cache"])
+        run = CacheRun(job=job)
+        folder = self.root / job_id(job)
+        self._guarded(run, "read the shared log cache", lambda: self._pull(job, folder, run))
+        cache = _WatchedCache(folder)
+        evidence = read(cache)
+        run.reads = list(cache.reads.values())
+        run.notes.extend(cache.notes)
+        if cache.notes:
+            run.shared.append("ignored")
+        if run.pulled is not None and (cache.notes or not run.reused_bytes):
+            # an archive with a damaged entry, or of no use (all of another version): it goes,
+            # so the one written after this capture is the newest
+            self._guarded(run, "delete a useless archive", lambda: self._drop(run.pulled))
+        self._guarded(run, "tidy the log cache", lambda: self._tidy(cache, folder))
+        self._guarded(run, "share the log cache", lambda: self._push(job, folder, run))
+        self._report(run)
+        return evidence, run
+
+    # --- S3 -------------------------------------------------------------------------------------
+
+    def _prefix(self, job: str) -> str:
+        return f"{PREFIX}{job_id(job)}/"
+
+    def _pull(self, job: str, folder: Path, run: CacheRun) -> None:
+        """Replace `folder` by the job's newest archive, when it was not synced with it."""
+        run.origin = "disk" if _entries(folder) else "none"
+        newest = self._archives(job)[-1:]
+        synced = _read_synced(folder)
+        if not newest or newest[0] == synced.get("key"):
+            return
+        key = newest[0]
+        staging = Path(tempfile.mkdtemp(prefix=".pull-", dir=_made(self.root)))
+        try:
+            _unpack(self._fetch(key), staging, job, self.limits.archive_bytes)
+        except _RefusedError as exc:
+            shutil.rmtree(staging, ignore_errors=True)
+            run.notes.append(f"ignored the shared log cache {key}: {exc}; the logs are read whole")
+            run.shared.append("ignored")
+            self.store.delete(key)  # no other worker fetches it again
+            return
+        _write_synced(staging, key, _digest(staging))
+        _swap(staging, folder)
+        run.origin, run.pulled = "s3", key
+        run.shared.append("downloaded")
+
+    def _drop(self, key: str | None) -> None:
+        if key is not None:
+            self.store.delete(key)
+
+    def _archives(self, job: str) -> list[str]:
+        prefix = self._prefix(job)
+        return [k for k in self.store.keys(prefix) if _ARCHIVE_NAME.match(k[len(prefix) :])]
+
+    def _fetch(self, key: str) -> bytes:
+        bound = self.limits.archive_bytes
+        try:
+            size = self.store.size(key)
+            if size > bound:
+                raise _RefusedError(f"it holds {size:,} bytes, more than the {bound:,} allowed")
+            body = self.store.get(key)
+        except ObjectMissingError as exc:
+            raise _RefusedError("it vanished while it was read") from exc
+        if len(body) > bound:
+            raise _RefusedError(f"it holds {len(body):,} bytes, more than the {bound:,} allowed")
+        return body
+
+    def _push(self, job: str, folder: Path, run: CacheRun) -> None:
+        """Archive the shareable entries of `folder` to S3 when they changed since the sync."""
+        digest = _digest(folder)
+        if not digest or digest == _read_synced(folder).get("digest"):
+            return
+        shareable, withheld = _shareable(folder)
+        for entry in withheld:
+            run.notes.append(f"kept the log cache entry {entry.name} on this worker: {_WITHHELD}")
+            run.shared.append("withheld")
+        if not shareable:
+            return
+        body = _pack(job, shareable)
+        if len(body) > self.limits.archive_bytes:
+            run.notes.append(f"the log cache of {job} is too large to share ({len(body):,} bytes)")
+            return
+        stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%S%fZ")
+        key = f"{self._prefix(job)}{stamp}-{digest[:16]}.zip"
+        self.store.put_once(key, body, "application/zip")
+        _write_synced(folder, key, digest)
+        run.uploaded = key
+        run.shared.append("uploaded")
+        for old in self._archives(job)[: -self.limits.kept_archives]:
+            if old != key:
+                self.store.delete(old)
+
+    # --- disk -----------------------------------------------------------------------------------
+
+    def _tidy(self, cache: _WatchedCache, folder: Path) -> None:
+        """Drop the entries of files the job no longer has; bound the disk."""
+        if cache.reads:
+            cache.retain(cache.reads)
+        if folder.is_dir():
+            os.utime(folder)
+        self.prune()
+
+    def prune(self) -> list[Path]:
+        """Remove job folders older than `max_age_s`, then the least recently used beyond
+        `disk_bytes`, and what a process that died left (staging folders older than an hour);
+        returns what was removed."""
+        if not self.root.is_dir():
+            return []
+        every = [p for p in self.root.iterdir() if p.is_dir()]
+        removed = [p for p in every if p.name.startswith(".") and _older(p, _LEFTOVER_S)]
+        for path in removed:
+            shutil.rmtree(path, ignore_errors=True)
+        folders = sorted(
+            (p for p in every if not p.name.startswith(".")),
+            key=lambda p: p.stat().st_mtime,
+            reverse=True,
+        )
+        cutoff, used = time.time() - self.limits.max_age_s, 0
+        for path in folders:
+            used += _bytes(path)
+            if path.stat().st_mtime < cutoff or used > self.limits.disk_bytes:
+                shutil.rmtree(path, ignore_errors=True)
+                removed.append(path)
+        return removed
+
+    # --- reporting ------------------------------------------------------------------------------
+
+    def _guarded(self, run: CacheRun, what: str, step: Callable[[], None]) -> None:
+        """Run a cache step; its failure is a note (the logs are then read whole), not an error
+        of the capture (time limits and memory excepted)."""
+        try:
+            step()
+        except Exception as exc:
+            if _must_propagate(exc):
+                raise
+            run.notes.append(f"could not {what}: {describe(exc)}")
+
+    def _report(self, run: CacheRun) -> None:
+        log.info("%s", run.line())
+        for note in run.notes:
+            log.warning("log cache for %s: %s", run.job, note)
+        resumed = sum(1 for r in run.reads if r.reused)
+        log_cache_used(
+            resumed, len(run.reads) - resumed, run.parsed_bytes, run.reused_bytes, run.shared
+        )
+
+
+def collect_cached(settings: Settings, store: ObjectStore, job_dir: str, read: Read) -> Evidence:
+    """`read` with the job's log cache (the pipeline's capture calls this)."""
+    return JobLogCache(settings, store).collect(job_dir, read)[0]
+
+
+# --- the archive ----------------------------------------------------------------------------------
+
+_WITHHELD: Final = "it holds text the redactor hides, so it is not shared through S3"
+
+
+def _older(path: Path, seconds: float) -> bool:
+    try:
+        return path.stat().st_mtime < time.time() - seconds
+    except OSError:
+        return False
+
+
+def _made(path: Path) -> Path:
+    path.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+def _entries(folder: Path) -> list[Path]:
+    """The entry folders of a LogCache directory (those with their `meta.json`)."""
+    if not folder.is_dir():
+        return []
+    found = (p for p in folder.iterdir() if p.is_dir() and not p.name.startswith("."))
+    return sorted(p for p in found if (p / "meta.json").is_file())
+
+
+def _digest(folder: Path) -> str:
+    """A digest of the entries of `folder` (each `meta.json` holds its files' SHA-256)."""
+    entries = _entries(folder)
+    if not entries:
+        return ""
+    digest = hashlib.sha256()
+    for entry in entries:
+        digest.update(entry.name.encode() + b"\0" + (entry / "meta.json").read_bytes() + b"\0")
+    return digest.hexdigest()
+
+
+def _bytes(path: Path) -> int:
+    return sum(p.stat().st_size for p in path.rglob("*") if p.is_file())
+
+
+def _read_synced(folder: Path) -> dict[str, Any]:
+    try:
+        data = json.loads((folder / _SYNCED).read_text())
+    except (OSError, ValueError):
+        return {}
+    return data if isinstance(data, dict) else {}
+
+
+def _write_synced(folder: Path, key: str, digest: str) -> None:
+    (folder / _SYNCED).write_text(json.dumps({"key": key, "digest": digest}))
+
+
+def _swap(staging: Path, folder: Path) -> None:
+    """Put `staging` where `folder` is, whole."""
+    old = folder.with_name(f".old-{folder.name}-{os.getpid()}")
+    if folder.exists():
+        folder.rename(old)
+    staging.rename(folder)
+    shutil.rmtree(old, ignore_errors=True)
+
+
+def _pack(job: str, entries: list[Path]) -> bytes:
+    """A stored (uncompressed: Parquet is compressed already) zip of the entries."""
+    buffer = io.BytesIO()
+    with zipfile.ZipFile(buffer, "w", compression=zipfile.ZIP_STORED) as archive:
+        archive.writestr(_MANIFEST, json.dumps({"format": _FORMAT, "job": job}))
+        for entry in entries:
+            for path in sorted(p for p in entry.iterdir() if p.is_file()):
+                name = f"{entry.name}/{path.name}"
+                if _MEMBER.match(name):  # what a reader accepts, nothing else
+                    archive.write(path, name)
+    return buffer.getvalue()
+
+
+def _members(archive: zipfile.ZipFile, bound: int) -> Iterator[zipfile.ZipInfo]:
+    """The entry files of the archive, after checking its shape; raises `_RefusedError`."""
+    infos = archive.infolist()
+    if len(infos) > _MAX_MEMBERS:
+        raise _RefusedError(f"it has {len(infos):,} members")
+    names = [info.filename for info in infos]
+    if len(set(names)) != len(names):
+        raise _RefusedError("it names a member twice")
+    if sum(info.file_size for info in infos) > bound:
+        raise _RefusedError(f"its members hold more than the {bound:,} bytes allowed")
+    for info in infos:
+        if info.compress_type != zipfile.ZIP_STORED:
+            raise _RefusedError(f"{info.filename!r} is compressed (only stored members are read)")
+        if info.filename != _MANIFEST and not _MEMBER.match(info.filename):
+            raise _RefusedError(f"{info.filename[:80]!r} is not a cache entry's file")
+    return (info for info in infos if info.filename != _MANIFEST)
+
+
+def _manifest(archive: zipfile.ZipFile, job: str) -> None:
+    try:
+        info = archive.getinfo(_MANIFEST)
+    except KeyError:
+        raise _RefusedError("it has no manifest") from None
+    if info.file_size > _MAX_JSON_BYTES:
+        raise _RefusedError("its manifest is too large")
+    manifest = json.loads(archive.read(info))
+    if not isinstance(manifest, dict) or manifest.get("format") != _FORMAT:
+        raise _RefusedError("its manifest is not of this format")
+    if manifest.get("job") != job:
+        raise _RefusedError("it belongs to another job")
+
+
+def _unpack(body: bytes, target: Path, job: str, bound: int) -> None:
+    """The entries of an archive into `target`; raises `_RefusedError` for anything off."""
+    try:
+        with zipfile.ZipFile(io.BytesIO(body)) as archive:
+            _manifest(archive, job)
+            for info in _members(archive, bound):
+                path = target / info.filename
+                path.parent.mkdir(exist_ok=True)
+                path.write_bytes(archive.read(info))  # checks the CRC
+    except (zipfile.BadZipFile, zipfile.LargeZipFile, ValueError, EOFError, OSError) as exc:
+        if isinstance(exc, _RefusedError):
+            raise
+        raise _RefusedError(f"it cannot be read ({type(exc).__name__}: {exc})") from exc
+
+
+# --- what may leave the worker --------------------------------------------------------------------
+
+
+def _shareable(folder: Path) -> tuple[list[Path], list[Path]]:
+    """The entries of `folder` that pass the redactor unchanged, and those that do not.
+
+    The Parquet files found clean are remembered by their SHA-256 (`.clean`): a grown log's
+    earlier parts are not looked at again, only its new rows."""
+    known = _read_clean(folder)
+    good: list[Path] = []
+    held: list[Path] = []
+    seen: set[str] = set()
+    for entry in _entries(folder):
+        (good if _clean_entry(entry, known, seen) else held).append(entry)
+    (folder / _CLEAN).write_text(json.dumps(sorted(known & seen)))
+    return good, held
+
+
+def _read_clean(folder: Path) -> set[str]:
+    try:
+        data = json.loads((folder / _CLEAN).read_text())
+    except (OSError, ValueError):
+        return set()
+    return {str(item) for item in data} if isinstance(data, list) else set()
+
+
+def _clean_entry(entry: Path, known: set[str], seen: set[str]) -> bool:
+    """Whether every file of `entry` passes the redactor unchanged; `known` holds the hashes of
+    Parquet files found clean before (and gains those found now), `seen` every hash looked up."""
+    hashes = json.loads((entry / "meta.json").read_text(encoding="utf-8")).get("files", {})
+    for path in entry.iterdir():
+        if path.suffix == ".json" and not _clean_json(path):
+            return False
+        if path.suffix != ".parquet":
+            continue
+        digest = str(hashes.get(path.name, ""))
+        seen.add(digest)
+        if digest in known:
+            continue
+        if not _clean_frame(pl.read_parquet(path)):
+            return False
+        if digest:
+            known.add(digest)
+    return True
+
+
+def _clean_json(path: Path) -> bool:
+    data = json.loads(path.read_text(encoding="utf-8"))
+    if path.name == "meta.json":
+        # the cache's own fields: the log's path under "key" (which `redact_data` would take for
+        # a credential by its name), sizes and hashes; each string must pass the redactor
+        return all(redact_text(text) == text for text in _strings(data))
+    return bool(redact_data(data) == data)
+
+
+def _strings(data: Any) -> Iterator[str]:
+    """Every string in JSON-like data, keys included."""
+    if isinstance(data, str):
+        yield data
+    elif isinstance(data, dict):
+        for key, value in data.items():
+            yield str(key)
+            yield from _strings(value)
+    elif isinstance(data, list):
+        for value in data:
+            yield from _strings(value)
+
+
+def _clean_frame(frame: pl.DataFrame) -> bool:
+    """True when no string of `frame` is changed by the redactor (each distinct value once)."""
+    for name, dtype in frame.schema.items():
+        if dtype.is_numeric() or dtype.is_temporal() or dtype in (pl.Boolean, pl.Null):
+            continue
+        if dtype != pl.String:
+            return False  # nested or binary: not looked into, so not shared
+        values = frame.get_column(name).drop_nulls().unique()
+        flagged = values.filter(values.str.contains(PREFILTER))
+        if any(redact_text(value) != value for value in flagged):
+            return False
+    return True
