@@ -15,7 +15,14 @@ and the ratio baseline / parser of the medians. Then an in-process re-parse afte
 generated log.
 
     python bench/bench_parse.py [--mb 200] [--runs 3] [--gb 1] [--logs generated continuous]
-                                [--rl-health OTHER_BUILD]
+                                [--rl-health OTHER_BUILD] [--also NAME=CHECKOUT ...]
+                                [--baseline-writes] [--fixed]
+
+`--also main=/path/to/checkout` times `rl-health parse` of another checkout (its modules first on
+the path) in the same rounds, so a change and main are compared side by side. `--baseline-writes`
+makes the baseline write its tables as CSV too (`baseline_honest.py --out`), as the parser does.
+`--fixed` also times both commands on a one-line log: the fixed cost (interpreter, imports, exit)
+beside the cost per MB, and the log size at which the ratio would reach 3x.
 """
 
 from __future__ import annotations
@@ -28,7 +35,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -87,12 +94,46 @@ class Rounds:
     base: list[Ran]
     lib: list[float]
     base_lib: list[float]
+    others: dict[str, list[Ran]] = field(default_factory=dict)
 
 
-def _round(path: Path, rounds: Rounds, rl_health: str) -> None:
+_RUN = "import sys; from worker.cli import main; sys.argv[0] = 'rl-health'; main()"
+
+
+def other_build(checkout: Path) -> list[str]:
+    """The argv prefix that runs `rl-health` from `checkout` (its modules first on the path)."""
+    return ["env", f"PYTHONPATH={checkout.resolve()}", sys.executable, "-P", "-c", _RUN]
+
+
+@dataclass(frozen=True)
+class Setup:
+    """What each round runs."""
+
+    rl_health: list[str]
+    others: dict[str, list[str]]
+    baseline_writes: bool = False
+    in_process: bool = True
+
+
+def _base_argv(path: Path, out: str, setup: Setup) -> list[str]:
+    argv = [sys.executable, BASELINE, str(path)]
+    return [*argv, "--out", out] if setup.baseline_writes else argv
+
+
+def _commands(path: Path, rounds: Rounds, setup: Setup) -> None:
+    target = str(path.resolve())
     with tempfile.TemporaryDirectory() as out:
-        rounds.base.append(child([sys.executable, BASELINE, str(path)]))
-        rounds.ours.append(child([rl_health, "parse", str(path.resolve()), "--out", out]))
+        rounds.base.append(child(_base_argv(path, out + "/base", setup)))
+        rounds.ours.append(child([*setup.rl_health, "parse", target, "--out", out + "/ours"]))
+        for name, argv in setup.others.items():
+            ran = child([*argv, "parse", target, "--out", f"{out}/{name}"])
+            rounds.others.setdefault(name, []).append(ran)
+
+
+def _round(path: Path, rounds: Rounds, setup: Setup) -> None:
+    _commands(path, rounds, setup)
+    if not setup.in_process:
+        return
     wall, found = _timed(lambda: baseline_tables(path))
     rounds.base_lib.append(wall)
     base_counts = counts(found)  # type: ignore[arg-type]
@@ -125,11 +166,46 @@ def _report(name: str, path: Path, r: Rounds) -> None:
         f"| command peak RSS MB | {ours_rss:.0f} ({ours_rss / size:.2f}x the log) | "
         f"{base_rss:.0f} | |"
     )
-    lib, base_lib = _median(r.lib), _median(r.base_lib)
+    for other, runs in r.others.items():
+        wall, cpu = _median([c.wall for c in runs]), _median([c.cpu for c in runs])
+        rss = _median([c.rss_mb for c in runs])
+        print(
+            f"| {other}: wall s, CPU s, peak RSS MB | {wall:.2f}, {cpu:.2f}, {rss:.0f} | | "
+            f"{base_wall / wall:.2f}x wall, {base_cpu / cpu:.2f}x CPU |"
+        )
+    if r.lib:
+        lib, base_lib = _median(r.lib), _median(r.base_lib)
+        print(
+            f"| in process wall s | {lib:.2f} ({size / lib:.0f} MB/s) | {base_lib:.2f} | "
+            f"{base_lib / lib:.2f}x (rounds {min(lib_ratios):.2f}-{max(lib_ratios):.2f}) |"
+        )
+
+
+def _tiny_log() -> Path:
+    """A one-record log: what a command costs whatever the log (interpreter, imports, exit)."""
+    path = DATA / "tiny.log"
+    DATA.mkdir(parents=True, exist_ok=True)
+    record = 'WANDB_MIRROR kind=train step=1 metrics={"reward/avg_raw_reward": 0.5}'
+    path.write_text(f"[21:00:00] task=/ops/rl-bench/0 | {record}\n")
+    return path
+
+
+def _crossing(name: str, path: Path, r: Rounds, fixed: Rounds) -> None:
+    """Fixed and per-MB wall costs of both commands, and the size at which the ratio is 3x."""
+    size = path.stat().st_size / 1e6
+    f_ours, f_base = _median([c.wall for c in fixed.ours]), _median([c.wall for c in fixed.base])
+    ours, base = _median([c.wall for c in r.ours]), _median([c.wall for c in r.base])
+    p_ours, p_base = (ours - f_ours) / size, (base - f_base) / size
     print(
-        f"| in process wall s | {lib:.2f} ({size / lib:.0f} MB/s) | {base_lib:.2f} | "
-        f"{base_lib / lib:.2f}x (rounds {min(lib_ratios):.2f}-{max(lib_ratios):.2f}) |"
+        f"{name}: fixed wall {f_ours * 1000:.0f} ms (baseline {f_base * 1000:.0f} ms); per MB "
+        f"{p_ours * 1000:.2f} ms (baseline {p_base * 1000:.2f} ms); ratio at large sizes "
+        f"{p_base / p_ours:.2f}x"
     )
+    if p_base > 3 * p_ours:
+        at = (3 * f_ours - f_base) / (p_base - 3 * p_ours)
+        print(f"{name}: the ratio reaches 3x at about {at:,.0f} MB of log")
+    else:
+        print(f"{name}: the ratio never reaches 3x (per-MB cost above a third of the baseline's)")
 
 
 def regrowth(path: Path) -> tuple[float, float]:
@@ -156,16 +232,33 @@ def main() -> None:
     parser.add_argument(
         "--rl-health", default=RL_HEALTH, help="the command to time (another build)"
     )
+    parser.add_argument("--also", nargs="*", default=[], metavar="NAME=CHECKOUT")
+    parser.add_argument("--baseline-writes", action="store_true")
+    parser.add_argument("--fixed", action="store_true")
+    parser.add_argument("--no-in-process", action="store_true")
+    parser.add_argument("--no-regrowth", action="store_true")
     args = parser.parse_args()
+    others = {name: other_build(Path(at)) for name, at in (a.split("=", 1) for a in args.also)}
+    setup = Setup([args.rl_health], others, args.baseline_writes, not args.no_in_process)
     paths = {name: log_path(name, args.mb) for name in args.logs}
     results = {name: Rounds([], [], [], []) for name in args.logs}
+    tiny = _tiny_log() if args.fixed else None
+    fixed = Rounds([], [], [], [])
     load = os.getloadavg()
     for _ in range(args.runs):
         for name, path in paths.items():  # the logs alternate too
-            _round(path, results[name], args.rl_health)
-    print(f"load average before: {load[0]:.1f} {load[1]:.1f} {load[2]:.1f}; cores {os.cpu_count()}")
+            _round(path, results[name], setup)
+        if tiny is not None:
+            _commands(tiny, fixed, setup)
+    after = os.getloadavg()
+    print(f"load average before: {load[0]:.1f} {load[1]:.1f} {load[2]:.1f}; after: {after[0]:.1f} "
+          f"{after[1]:.1f} {after[2]:.1f}; cores {os.cpu_count()}")  # fmt: skip
     for name, path in paths.items():
         _report(name, path, results[name])
+        if tiny is not None:
+            _crossing(name, path, results[name], fixed)
+    if args.no_regrowth:
+        return
     for name, path in paths.items():
         first, again = regrowth(path)
         print(

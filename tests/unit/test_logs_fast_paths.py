@@ -129,3 +129,27 @@ def test_flags_pick_the_same_lines_as_a_scan_of_every_line() -> None:
     assert flags.tb.to_list() == [3, 4, 5]
     picked = detect._picked(flags, len(lines)).to_list()
     assert picked == list(range(len(lines)))  # every line is within a traceback window
+
+
+def test_stat_lines_with_a_non_ascii_head_split_at_the_literal() -> None:
+    """A non-ASCII character before the stat literal (a task name, a colour code's neighbour)
+    does not move the head/tail split: the same engine id and numbers as the ASCII line (`find`
+    counts bytes, slices count characters)."""
+    line = STAT.format(p="1.5", g="2.5", r="3", w="4", kv="5.5", hit="6.5", swapped="", end="")
+    raw = [f"[21:00:00] task=/ops/{task}/0 | {line}" for task in ("task", "tâsk", "タスク")]
+    stats = pl.DataFrame({"idx": pl.Series(range(3), dtype=pl.UInt32), "raw": raw})
+    fields = engines.engine_fields(stats).drop("idx")
+    assert fields.n_unique() == 1
+    assert fields.row(0, named=True) | {"tod": None} == {
+        "index": "000",
+        "pid": "7",
+        "ip": "10.0.0.1",
+        "vts": "07-30 18:01:35",
+        "tod": None,
+        "prompt": 1.5,
+        "generation": 2.5,
+        "running": 3.0,
+        "waiting": 4.0,
+        "kv": 5.5,
+        "hit": 6.5,
+    }

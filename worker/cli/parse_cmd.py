@@ -12,16 +12,19 @@ each log file in DIR, so a later run reads only what was appended.
 
 from __future__ import annotations
 
+import sys
+from contextlib import AbstractContextManager, nullcontext
 from pathlib import Path
 from typing import TYPE_CHECKING, Final, Literal, NoReturn
 
 import click
 
 from shared.redact import clean_cut
-from worker.evidence.model import LogTables, TrialTables
 
 if TYPE_CHECKING:
+    from worker.cli.terminal import LogProgress
     from worker.evidence.logs import LogCache
+    from worker.evidence.model import LogTables, TrialTables
 
 __all__ = ["parse_command"]
 
@@ -39,15 +42,24 @@ def _fail(message: str) -> NoReturn:
     raise SystemExit(2)
 
 
+def _progress() -> AbstractContextManager[LogProgress | None]:
+    """A progress bar on stderr, only on a terminal (rich is imported only then)."""
+    isatty = getattr(sys.stderr, "isatty", None)
+    if not (isatty and isatty()):
+        return nullcontext()
+    from worker.cli.terminal import log_progress
+
+    return log_progress()
+
+
 def _read_logs(path: Path, cache: LogCache | None) -> tuple[LogTables | None, list[str]]:
     """The tables and the notes to print (refused paths, lines cut, compressed files)."""
-    from worker.cli.terminal import log_progress
     from worker.evidence.logs import LogBudgetError, parse_job_logs, parse_log_file
     from worker.evidence.paths import BundleFiles
 
     files = BundleFiles(path)
     try:
-        with log_progress() as progress:  # a bar on stderr, only on a terminal
+        with _progress() as progress:  # a bar on stderr, only on a terminal
             if path.is_dir():
                 tables = parse_job_logs(path, files=files, progress=progress, cache=cache)
             else:

@@ -4,16 +4,22 @@ For an operator extending the catalogue (worker/evidence/failures/catalogue.toml
 docs/failures.md): every ERRORS row the parser made from PATH, with its kind, class, catalogue
 entry (or none), component, exception and signature, then the distinct signatures and how often
 each occurred. The parse is the one `diagnose` runs, so what this shows is what the gates see.
+
+Every text it prints is redacted and escaped (the parser signs redacted texts; the quoted line is
+cut by bytes). Logs that cannot be read within the parse memory budget, or an unusable
+RLHEALTH_PARSE_MEMORY_MB, stop it with exit 2 and one line saying why, as `rl-health parse` does.
 """
 
 from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, NoReturn
 
 import click
 import polars as pl
+
+from shared.redact import clean, clean_cut, redact_data
 
 __all__ = ["signatures_command"]
 
@@ -32,13 +38,27 @@ _COLUMNS = (
     "text",
 )
 _TEXT_CHARS = 160
+_LINE_MAX_BYTES = 300
+
+
+def _fail(message: str) -> NoReturn:
+    """Stop with exit 2 and one line (logs past the memory budget, an unusable setting)."""
+    click.echo(f"rl-health signatures: {clean_cut(message, _LINE_MAX_BYTES)}", err=True)
+    raise SystemExit(2)
 
 
 def _errors(path: Path) -> pl.DataFrame:
     from worker.evidence import schema
-    from worker.evidence.logs import parse_job_logs, parse_log_file
+    from worker.evidence.logs import LogBudgetError, parse_job_logs, parse_log_file
+    from worker.evidence.logs.budget import setting_mb
 
-    tables = parse_job_logs(path) if path.is_dir() else parse_log_file(path, source=path.name)
+    try:
+        setting_mb()
+        tables = parse_job_logs(path) if path.is_dir() else parse_log_file(path, source=path.name)
+    except LogBudgetError as exc:
+        _fail(str(exc))
+    except ValueError as exc:  # an unusable RLHEALTH_PARSE_MEMORY_MB
+        _fail(str(exc))
     return tables.errors if tables is not None else schema.empty(schema.ERRORS)
 
 
@@ -57,9 +77,9 @@ def _span(row: dict[str, Any]) -> str:
 def _row_lines(row: dict[str, Any]) -> list[str]:
     specific = "specific" if row["specific"] else "not a signature on its own"
     return [
-        f"{_span(row)}  {row['kind']}  [{_meaning(row)}]  {row['component']}",
-        f"    {str(row['text'])[:_TEXT_CHARS]}",
-        f"    signature: {row['signature']} ({specific})",
+        clean(f"{_span(row)}  {row['kind']}  [{_meaning(row)}]  {row['component']}"),
+        f"    {clean(str(row['text']))[:_TEXT_CHARS]}",  # redacted whole, then cut
+        f"    signature: {clean(str(row['signature']))} ({specific})",
     ]
 
 
@@ -76,16 +96,15 @@ def _summary_lines(errors: pl.DataFrame) -> list[str]:
     lines = [f"{errors.height} failure row(s), {summary.height} distinct signature(s):"]
     for row in summary.iter_rows(named=True):
         note = "" if row["specific"] else ", not a signature on its own"
-        lines.append(f"  {row['count']:>5}x  [{_meaning(row)}{note}] {row['signature']}")
+        lines.append(clean(f"  {row['count']:>5}x  [{_meaning(row)}{note}] {row['signature']}"))
     return lines
 
 
 def _as_json(errors: pl.DataFrame) -> str:
-    rows = errors.select(_COLUMNS).with_columns(pl.col("text").str.slice(0, _TEXT_CHARS))
-    document = {
-        "rows": rows.to_dicts(),
-        "signatures": _summary(errors).to_dicts(),
-    }
+    rows = redact_data(errors.select(_COLUMNS).to_dicts())  # redacted whole, then cut
+    for row in rows:
+        row["text"] = row["text"][:_TEXT_CHARS] if row["text"] is not None else None
+    document = {"rows": rows, "signatures": redact_data(_summary(errors).to_dicts())}
     return json.dumps(document, indent=1, default=str)
 
 

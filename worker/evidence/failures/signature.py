@@ -7,11 +7,17 @@ Without an exception type it is the normalised line. The same failure in three a
 one signature even when no catalogue entry knows it.
 
 A signature is *specific* when a word of four letters or more is left once placeholders and the
-words every exit record uses ("exit", "code", "failed", "killed", a signal name...) are removed:
+words every exit record uses ("exit", "code", "failed", "killed", a signal name...) are removed
+(a redaction marker such as `<redacted:hf-token>` counts as a placeholder):
 `exit code <n>` or Slurm's bare `FAILED` never count on their own.
 
 Each rule is one polars expression, so a table of rows is signed without a Python loop; the Python
 functions below run the same expressions on one value.
+
+A signature must be made from redacted text (`shared.redact`): normalising replaces the digits
+inside a token, which would hide the rest of it from the redactor. The log parser redacts a row's
+texts before it signs them (`worker.evidence.logs.errors.annotate`); `normalise` and `signature`
+redact the one value they are given.
 """
 
 from __future__ import annotations
@@ -19,6 +25,8 @@ from __future__ import annotations
 from typing import Final
 
 import polars as pl
+
+from shared.redact import redact_text
 
 __all__ = [
     "GENERIC_WORDS",
@@ -95,7 +103,9 @@ def signature_expr(exc_type: pl.Expr, message: pl.Expr, text: pl.Expr) -> pl.Exp
 def specific_expr(sig: pl.Expr) -> pl.Expr:
     """True when `sig` says more than how a process ended (Boolean, False for null)."""
     words = (
-        sig.str.replace_all(r"<\w+>", " ").str.to_lowercase().str.extract_all(r"[a-z][a-z_]{3,}")
+        sig.str.replace_all(r"<[\w:-]+>", " ")
+        .str.to_lowercase()
+        .str.extract_all(r"[a-z][a-z_]{3,}")
     )
     meaningful = words.list.eval(pl.element().filter(~pl.element().is_in(list(GENERIC_WORDS))))
     return (meaningful.list.len() > 0).fill_null(False)
@@ -109,13 +119,14 @@ def _one(expr: pl.Expr, **values: str | None) -> object:
 
 
 def normalise(text: str) -> str:
-    """One line normalised (see `normalise_expr`)."""
-    return str(_one(normalise_expr(pl.col("text")), text=text))
+    """One line redacted and normalised (see `normalise_expr`)."""
+    return str(_one(normalise_expr(pl.col("text")), text=redact_text(text)))
 
 
 def signature(exc_type: str | None, message: str | None, text: str | None = None) -> str | None:
-    """The signature of one failure (see `signature_expr`)."""
+    """The signature of one failure, its texts redacted first (see `signature_expr`)."""
     expr = signature_expr(pl.col("exc_type"), pl.col("message"), pl.col("text").fill_null(""))
+    message, text = (redact_text(t) if t is not None else None for t in (message, text))
     found = _one(expr, exc_type=exc_type, message=message, text=text)
     return found if isinstance(found, str) else None
 

@@ -84,13 +84,24 @@ def _numbers(frame: pl.DataFrame) -> pl.DataFrame:
     return both.drop("_ok", "_tail")
 
 
+def _split(stats: pl.DataFrame) -> pl.DataFrame:
+    """`idx`, `_head` (the line before the stat literal) and `_tail` (from the literal on).
+
+    `find` counts bytes and `head`/`slice` count characters: they agree on ASCII lines (the
+    usual case, one cheap check); otherwise the head is what precedes the literal and the tail
+    starts after the head's characters."""
+    raw = pl.col("raw")
+    if stats.select((raw.str.len_bytes() == raw.str.len_chars()).all()).item():
+        at = raw.str.find(_LITERAL, literal=True)
+        return stats.select("idx", _head=raw.str.head(at), _tail=raw.str.slice(at))
+    head = raw.str.split_exact(_LITERAL, 1).struct.field("field_0")
+    return stats.select("idx", _head=head, _tail=raw.str.slice(head.str.len_chars()))
+
+
 def engine_fields(stats: pl.DataFrame) -> pl.DataFrame:
     """The fields of each stat line (`idx`, `raw`): its six numbers, engine index, pid, ip,
     vLLM time and Iris time of day."""
-    raw = pl.col("raw")
-    frame = stats.with_columns(_at=raw.str.find(_LITERAL, literal=True)).select(
-        "idx", _head=raw.str.head(pl.col("_at")), _tail=raw.str.slice(pl.col("_at"))
-    )
+    frame = _split(stats)
     head = pl.col("_head")
     # Whole matches (no capture groups, the regex engine's fast path), then fixed slices of them.
     owner = head.str.extract(r"pid=\d+(?:, ip=[^\s()]+)?", 0).str.split_exact(", ip=", 1).struct

@@ -16,6 +16,11 @@ first line), the component (the entry's, else the `ray::Class` the text names, e
 prefix, else `engine` for a line with vLLM's logger header, else the driver), its first (`line`) and
 last line, and a signature (see `worker.evidence.failures.signature`).
 
+Credentials are redacted (`shared.redact.redact_frame`) from a row's texts before anything is read
+from them: the quoted text, the message and the signature never hold one, and normalising (which
+replaces the digits inside a token) never runs on a credential, so two lines that differ only in a
+secret have one signature.
+
 Two stages keep the cost off the lines: each chunk keeps its few candidate rows with the texts
 they need (RAW_ERRORS, cheap); `annotate` gives a whole file's rows their meaning in one
 vectorised pass (the catalogue's ~60 expressions evaluated once per file, not per chunk).
@@ -27,6 +32,7 @@ from typing import Final
 
 import polars as pl
 
+from shared.redact import redact_frame
 from worker.evidence import schema
 from worker.evidence.failures import catalogue, signature_expr, specific_expr
 from worker.evidence.logs.detect import UNHANDLED
@@ -279,13 +285,23 @@ def _is_failure() -> pl.Expr:
     )
 
 
+_TEXTS: Final = ("text", "first_msg", "final_msg", "wrap_msg", "prefix")
+
+
+def redacted(raw: pl.DataFrame) -> pl.DataFrame:
+    """`raw` with its texts redacted (`redact_frame`: a vectorised prefilter picks the few cells
+    that may hold a credential, and only those go through `redact_text`)."""
+    return raw.with_columns(redact_frame(raw.select(_TEXTS)))
+
+
 def annotate(raw: pl.DataFrame) -> pl.DataFrame:
     """ERRORS rows (schema.ERRORS) from a file's RAW_ERRORS rows: the rows that are failures,
-    with exception, catalogue entry and class, kind, component and signature."""
+    with exception, catalogue entry and class, kind, component and signature, every text
+    redacted first (`redacted`)."""
     if raw.is_empty():
         return schema.empty(schema.ERRORS)
     cat = catalogue()
-    rows = _entries(raw.with_row_index("_row"))
+    rows = _entries(redacted(raw).with_row_index("_row"))
     rows = rows.with_columns(**_exception_fields(pl.col("final_msg")))
     rows = rows.filter(_is_failure())
     table = cat.table()

@@ -1,16 +1,24 @@
 """Writing the tables as `<table>.csv` or `<table>.parquet`, each only when it has rows, every
 string column redacted (`shared.redact.redact_frame`). METRICS is written wide (`metrics`: `step`
-and a column per key) unless that would be too wide (`wide_fits`): then long (`metrics_long`)."""
+and a column per key) unless that would be too wide (`wide_fits`): then long (`metrics_long`).
+
+The tables are written at once in a few threads (polars releases the GIL while it writes). A
+string column is redacted through its distinct values (an engine or source column repeats a few
+values over hundreds of thousands of rows).
+"""
 
 from __future__ import annotations
 
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Final, Literal
+from typing import TYPE_CHECKING, Final, Literal
 
 import polars as pl
 
 from shared.redact import redact_frame
-from worker.evidence.model import LogTables
+
+if TYPE_CHECKING:
+    from worker.evidence.model import LogTables
 
 __all__ = [
     "TABLE_NAMES",
@@ -37,6 +45,9 @@ ISO_UTC: Final = "%Y-%m-%dT%H:%M:%S%.6fZ"
 # billions of cells).
 WIDE_MAX_KEYS: Final = 10_000
 WIDE_MAX_CELLS: Final = 20_000_000
+_WRITERS: Final = 2
+# A column with fewer distinct values than this share of its rows is redacted through them.
+_DISTINCT_SHARE: Final = 0.5
 
 
 def wide_fits(metrics: pl.DataFrame) -> bool:
@@ -63,16 +74,37 @@ def _iso(frame: pl.DataFrame) -> pl.DataFrame:
     )
 
 
+def _redacted_column(column: pl.Series) -> pl.Series:
+    """`column` redacted: through its distinct values when they are few, else cell by cell."""
+    distinct = column.unique()
+    if len(distinct) > _DISTINCT_SHARE * len(column):
+        return redact_frame(column.to_frame()).to_series()
+    fixed = redact_frame(distinct.to_frame()).to_series()
+    changed = distinct.ne_missing(fixed)
+    if not changed.any():
+        return column
+    return column.replace(distinct.filter(changed), fixed.filter(changed))
+
+
+def redacted(frame: pl.DataFrame) -> pl.DataFrame:
+    """Every string column of `frame` redacted (`shared.redact.redact_frame`, the same cells)."""
+    strings = [name for name, dtype in frame.schema.items() if dtype == pl.String]
+    if not strings or frame.is_empty():
+        return frame
+    return frame.with_columns(_redacted_column(frame.get_column(name)) for name in strings)
+
+
 def write_tables(
     tables: LogTables, out_dir: Path, fmt: Literal["csv", "parquet"] = "csv"
 ) -> list[Path]:
-    """Write every table with rows into `out_dir`; the paths written."""
+    """Write every table with rows into `out_dir`; the paths written (in table order)."""
     out_dir.mkdir(parents=True, exist_ok=True)
-    written: list[Path] = []
-    for name, frame in _frames(tables).items():
-        if not frame.is_empty():
-            written.append(write_frame(frame, out_dir, name, fmt))
-    return written
+    frames = {name: frame for name, frame in _frames(tables).items() if not frame.is_empty()}
+    with ThreadPoolExecutor(_WRITERS) as pool:
+        jobs = [
+            pool.submit(write_frame, frame, out_dir, name, fmt) for name, frame in frames.items()
+        ]
+        return [job.result() for job in jobs]
 
 
 def write_frame(
@@ -80,7 +112,7 @@ def write_frame(
 ) -> Path:
     """Write one table as `<name>.csv` (datetimes as ISO-8601 UTC) or `<name>.parquet`."""
     path = out_dir / f"{name}.{fmt}"
-    frame = redact_frame(frame)  # vectorised: only cells the prefilter flags are rewritten
+    frame = redacted(frame)  # vectorised: only cells the prefilter flags are rewritten
     if fmt == "csv":
         _iso(frame).write_csv(path)
     else:
