@@ -42,6 +42,7 @@ __all__ = [
     "cut_bytes",
     "escape_controls",
     "install_log_redaction",
+    "redact_columns",
     "redact_data",
     "redact_frame",
     "redact_text",
@@ -303,9 +304,29 @@ def redact_data(data: Any) -> Any:
     return data
 
 
+def redact_columns(frame: pl.DataFrame) -> pl.DataFrame:
+    """Column names redacted (a wide metrics table is named by its metric keys, which come from
+    the log); two names that differ only in a secret stay apart with a `#N` suffix."""
+    names = frame.columns
+    if not any(_PREFILTER.search(name) for name in names):
+        return frame
+    taken: set[str] = set()
+    renamed: list[str] = []
+    for name in names:
+        new, n = redact_text(name), 1
+        while (candidate := new if n == 1 else f"{new}#{n}") in taken:
+            n += 1
+        taken.add(candidate)
+        renamed.append(candidate)
+    return frame.rename(dict(zip(names, renamed, strict=True)))
+
+
 def redact_frame(frame: pl.DataFrame) -> pl.DataFrame:
-    """Every string column redacted; only the cells the vectorised prefilter flags are rewritten."""
+    """Every string column redacted; only the cells the vectorised prefilter flags are rewritten;
+    column names too (`redact_columns`)."""
     import polars as pl
+
+    frame = redact_columns(frame)
 
     for name, dtype in frame.schema.items():
         if dtype != pl.String:

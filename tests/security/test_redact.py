@@ -167,3 +167,23 @@ def test_celery_app_import_redacts_log_records() -> None:
     )
     assert done.returncode == 0, done.stderr
     assert "task failed: <redacted:hf-token>" in done.stderr and token[3:] not in done.stderr
+
+
+def test_table_column_names_are_redacted_and_stay_apart() -> None:
+    """A wide metrics table is named by keys from the log: a secret in a key is redacted; two
+    keys that differ only in their secret stay two columns; ordinary keys are untouched."""
+    import polars as pl
+
+    from shared.redact import redact_frame
+
+    first, second = (
+        "hf_" + "QmZx7R2vA8kLp3NwQ9sT4uV6yB1cD5eF7gH",
+        "hf_" + "Zx7R2vA8kLp3NwQ9sT4uV6yB1cD5eF7gHQm",
+    )
+    frame = pl.DataFrame(
+        {"step": [1], "generate/avg_num_tokens": [2.0], f"x/{first}": [1.0], f"x/{second}": [2.0]}
+    )
+    columns = redact_frame(frame).columns
+    assert columns[:2] == ["step", "generate/avg_num_tokens"]
+    assert not any(first in c or second in c for c in columns)
+    assert len(set(columns)) == 4 and columns[3].endswith("#2")

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Final, Literal
 
 import polars as pl
 
-from shared.redact import redact_frame
+from shared.redact import redact_columns, redact_frame
 
 if TYPE_CHECKING:
     from worker.evidence.model import LogTables
@@ -88,6 +88,7 @@ def _redacted_column(column: pl.Series) -> pl.Series:
 
 def redacted(frame: pl.DataFrame) -> pl.DataFrame:
     """Every string column of `frame` redacted (`shared.redact.redact_frame`, the same cells)."""
+    frame = redact_columns(frame)
     strings = [name for name, dtype in frame.schema.items() if dtype == pl.String]
     if not strings or frame.is_empty():
         return frame
