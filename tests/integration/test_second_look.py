@@ -2,10 +2,10 @@
 server, a prefork Celery worker and ingest (own stream prefix and S3 prefix), the `local` backend
 probing a real toy trainer process with py-spy.
 
-The first pair of stacks is taken by the test through the same local backend, seconds before the
-alert, and named in the event as its probe folder (the watcher's recorded probes): live capture in
-the capture task is wired separately. The second look is the worker's own: RLHEALTH_REOBSERVE_S
-later it re-reads the bundle, reads /proc for the process state and takes two more py-spy dumps.
+The first pair of stacks is taken live by the capture task (RLHEALTH_BACKEND=local), the second
+look is the worker's own: RLHEALTH_REOBSERVE_S later it re-reads the bundle, reads /proc for the
+process state and takes two more py-spy dumps. (An event that names recorded probes, or a fixed
+`now`, is judged as recorded: no second look; see the unit tests.)
 
 (a) the hung toy stays in `all_reduce`: KILL, the report quoting both observations, the second look
     frozen under S3 `evidence/<id>/second_look/`, and `rl-health replay` agreeing without waiting;
@@ -33,10 +33,6 @@ from shared.models import VerdictEntry
 from shared.settings import Settings
 from shared.supervisor import VerdictReader
 from tests.integration.services import RL_HEALTH, free_port, service_env, spawn, stop, wait_for
-from worker.backends import JobRef, Recorder, default_runner, resolve_tools
-from worker.backends.base import ProbePlan, probe_job
-from worker.backends.local import LocalBackend
-from worker.evidence.probes import write_probes
 from worker.pipeline.app import make_app
 from worker.pipeline.store import S3Store, store_from_settings
 
@@ -161,32 +157,17 @@ def _write_manifest(toy: Toy) -> None:
     (toy.job_dir / "manifest.json").write_text(json.dumps(manifest), encoding="utf-8")
 
 
-def _first_stacks(toy: Toy, root: Path, monkeypatch: pytest.MonkeyPatch) -> str:
-    """Two py-spy dumps of the toy, 1 s apart, through the local backend, written in the probe
-    layout under the bundle root; returns the folder relative to the root."""
-    monkeypatch.setenv("PATH", f"{VENV_BIN}{os.pathsep}{os.environ.get('PATH', '')}")
-    tools = resolve_tools(Settings())
-    backend = LocalBackend(JobRef(job_id=f"/local/{toy.process.pid}"), tools=dict(tools.paths))
-    rec = Recorder(default_runner(), timeout_s=20, retry_wait_s=0)
-    plan = ProbePlan(stacks=True, interval_s=1.0)
-    probes = probe_job(backend, rec, plan, job_id=backend.job.job_id, clock=_utcnow)
-    folder = root / "probes" / toy.name
-    write_probes(probes, rec.outputs, folder)
-    assert all("all_reduce" in s.text for s in probes.stacks), probes.stacks
-    return folder.relative_to(root).as_posix()
-
-
 def _utcnow() -> datetime:
     return datetime.now(UTC)
 
 
 def _alert(looking: Looking, toy: Toy, monkeypatch: pytest.MonkeyPatch) -> str:
-    """Quiet past STALL_FLOOR_S (2 s), the first stacks taken, the alert published."""
+    """Quiet past STALL_FLOOR_S (2 s), the alert published: the capture task takes the first
+    stacks live through the local backend."""
     time.sleep(3)  # the toy is quiet: let the stall floor pass (the job's own time, not a timing)
     _write_manifest(toy)
-    probes = _first_stacks(toy, looking.bundle_root, monkeypatch)
     job = toy.job_dir.relative_to(looking.bundle_root).as_posix()
-    return publish_alert(looking.redis, job, probes=probes, settings=looking.settings)
+    return publish_alert(looking.redis, job, settings=looking.settings)
 
 
 def _verdict(looking: Looking, event_id: str, timeout: float = 120) -> VerdictEntry:

@@ -119,6 +119,21 @@ def test_without_a_backend_to_look_through_it_is_error_at_once(
     assert look is not None and look["outcome"] == "blind"
 
 
+@pytest.mark.parametrize("recorded", [{"probes": "probes/rl-job"}, {"now": NOW}])
+def test_an_event_judged_on_recorded_evidence_takes_no_second_look(
+    tmp_path: Path, recorded: dict[str, Any]
+) -> None:
+    """Recorded probes named by the event, or a fixed `now`, are judged as recorded (as
+    `diagnose --probes` does): there is no live job behind them to look at again."""
+    p = _pipeline(tmp_path, reobserve_s=60)
+    results = _frozen(p, _first())
+    p.store.delete(f"events/{LEAD}.json")
+    p.archive(Event(event_id=LEAD, job_dir="jobs/cw/ops/rl-job", published_at=NOW, **recorded))
+    plan = p.plan_verdict(results, LEAD, LEAD)
+    assert plan["entry"]["verdict"] == "KILL"
+    assert _report(p, plan["entry"])["second_look"] is None
+
+
 def test_a_verdict_that_is_not_a_kill_on_stacks_takes_no_second_look(tmp_path: Path) -> None:
     """The same quiet log without stacks is an ERROR (stacks needed), not a KILL: no look."""
     p = _pipeline(tmp_path, reobserve_s=60)

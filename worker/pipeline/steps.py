@@ -398,15 +398,19 @@ class Pipeline:
     def look_wait(self, report: Report, event_id: str, evidence_id: str) -> float | None:
         """Seconds until the second look of `report` (0: one is frozen already, or no backend
         could take one, judge it now);
-        None when none is due: no KILL on stacks, RLHEALTH_REOBSERVE_S=0, or a replay of a
-        diagnosis that took none (a replay never waits or probes)."""
+        None when none is due: no KILL on stacks, RLHEALTH_REOBSERVE_S=0, an event judged on
+        recorded probes or as of a fixed `now` (as `diagnose --probes` judges them), or a replay
+        of a diagnosis that took none (a replay never waits or probes)."""
         if not rests_on_stacks(report):
             return None
         if self.store.exists(look_prefix(evidence_prefix(evidence_id)) + MARKER):
             return 0.0
         if evidence_id != event_id or self.settings.reobserve_s == 0:
             return None
-        if not can_probe(self.load_event(event_id), self.settings):
+        event = self.load_event(event_id)
+        if event.probes or event.now is not None:
+            return None  # judged on recorded probes or as of a fixed time: not the live job
+        if not can_probe(event, self.settings):
             return 0.0  # no backend to look through: waiting would not help, judge it (blind) now
         return self.settings.reobserve_s
 
