@@ -18,6 +18,8 @@ BENCHMARKS = (
     [sys.executable, "bench/bench_parse.py", "--mb", "200", "--runs", "3", "--gb", "1"],
     [sys.executable, "bench/bench_diagnose.py", "--mb", "200", "--runs", "3"],
     [sys.executable, "-m", "bench.bench_pipeline"],
+    [sys.executable, "-m", "bench.bench_growth", "--mb", "1000"],
+    [sys.executable, "-m", "bench.bench_live", "--alerts", "10", "--warmup", "1", "--mb", "50"],
 )
 
 
