@@ -397,10 +397,10 @@ class Pipeline:
 
     def look_wait(self, report: Report, event_id: str, evidence_id: str) -> float | None:
         """Seconds until the second look of `report` (0: one is frozen already, or no backend
-        could take one, judge it now);
-        None when none is due: no KILL on stacks, RLHEALTH_REOBSERVE_S=0, an event judged on
-        recorded probes or as of a fixed `now` (as `diagnose --probes` judges them), or a replay
-        of a diagnosis that took none (a replay never waits or probes)."""
+        could take one: judge it now); None when none is due: no KILL on stacks,
+        RLHEALTH_REOBSERVE_S=0, an event judged on recorded probes or as of a fixed `now` (as
+        `diagnose --probes` judges them), or a replay of a diagnosis that took none (a replay
+        never waits or probes)."""
         if not rests_on_stacks(report):
             return None
         if self.store.exists(look_prefix(evidence_prefix(evidence_id)) + MARKER):
