@@ -43,3 +43,21 @@ def test_billiards_handler_is_replaced_at_each_start(restore_handler: None) -> N
     signal.signal(signal.SIGUSR1, lambda *_: None)
     task_prerun.send(sender=None)
     assert signal.getsignal(signal.SIGUSR1) is softlimit.soft_limit_handler
+
+
+def test_a_task_started_in_a_thread_runs(restore_handler: None) -> None:
+    """A thread pool runs tasks off the main thread, where no signal handler may be set."""
+    import threading
+
+    failures: list[BaseException] = []
+
+    def start() -> None:
+        try:  # the receiver itself: Celery's signal dispatch would log and swallow the error
+            softlimit._task_started()
+        except BaseException as exc:  # pragma: no cover - the failure this test catches
+            failures.append(exc)
+
+    thread = threading.Thread(target=start)
+    thread.start()
+    thread.join()
+    assert failures == []

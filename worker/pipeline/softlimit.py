@@ -16,6 +16,7 @@ behind every task.
 from __future__ import annotations
 
 import signal
+import threading
 from types import FrameType
 from typing import Any, Final
 
@@ -51,7 +52,9 @@ def soft_limit_handler(signum: int, frame: FrameType | None) -> None:
 
 def _task_started(**_: Any) -> None:
     # billiard installs its own handler after the process initializer: replace it here, once
-    if _SIGNAL is not None and signal.getsignal(_SIGNAL) is not soft_limit_handler:
+    # (only a main thread may; a thread pool has no soft-limit signal to guard)
+    main = threading.current_thread() is threading.main_thread()
+    if _SIGNAL is not None and main and signal.getsignal(_SIGNAL) is not soft_limit_handler:
         signal.signal(_SIGNAL, soft_limit_handler)
     _State.running = True
 
