@@ -340,7 +340,8 @@ def test_a_trainer_that_resumes_during_the_second_look_is_no_kill(looking: Live)
     """A trainer parked in all_reduce at the first look resumes stepping during the wait (its
     collective comes back); the watcher syncs its bundle again. The second look sees the log and
     the stacks move: NO-KILL, with the flip signal; the replay agrees."""
-    trigger = REPO / "build" / f"resume-{new_event_id()}"  # the cluster rewrites /tmp paths
+    # the LocalCluster rewrites argv elements starting with /tmp (and a clone may live there)
+    trigger = Path("/var/tmp") / f"rlhealth-resume-{new_event_id()}"
     trigger.parent.mkdir(exist_ok=True)
     try:
         toy = toy_argv("resuming_trainer", str(trigger))
