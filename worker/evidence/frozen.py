@@ -1,26 +1,49 @@
 """Freeze the evidence of a diagnosis to files, and thaw it back, so a replay judges the same thing.
 
-Layout of a frozen directory (uploaded as-is to S3 `evidence/<event_id>/`):
+Layout of a frozen directory (format 2; uploaded to S3 `evidence/<event_id>/`):
 
 ```
-logs/<table>.parquet     every LogTables frame (metrics, timers, phases, ...), empty ones included
-trials/trials.parquet    the trial table, when the job had a trials directory
+parts/<digest>-<sha256>.parquet   the table parts this freeze wrote (see below)
 probes/...               the probe files in CONTRACT.md's layout (probes.json, controller.json,
                          attempts.json, stacks/, gpus/), readable by the `recorded` backend
-evidence.json            everything else as JSON, written last: its presence marks a whole freeze
+evidence.json            everything else as JSON, written last: its presence marks a whole freeze;
+                         it lists the parts of every table in order
 ```
 
-`thaw` reads `evidence.json` and the Parquet tables; the probe layout is a by-product for people and
-for the `recorded` backend, while `evidence.json` keeps the exact probe model, so the thawed
-`Evidence` equals the frozen one field for field, as of the same `now` — except that every file
-written here passed the redactor (`shared.redact`): credentials in the manifest, log heads, tables
-and probe outputs never reach the frozen copy (or S3).
+Each table (every LogTables frame, empty ones included, and the trial table) is cut into parts of
+PART_ROWS rows from its first row (an empty table is one part of no rows). A part is named by
+`<digest>-<sha256>`: the digest (32 hex) is a SHA-256 of the table's name, its schema and two
+64-bit hashes of every row (`DataFrame.hash_rows`, two seeds), so a part holding the same rows has
+the same digest; the SHA-256 is that of the Parquet file as written (redacted), checked when it is
+read back. When a job's log grows, its tables grow at the end: every full part before the new rows
+keeps its digest, and a freeze given the parts stored already (`stored`) writes only the others —
+the last, partial part and the new ones. `parts_at` says where the parts are kept (the pipeline:
+S3 `evidence-parts/<job>/`, shared by the diagnoses of one job); without it they stay in the
+freeze's own `parts/`. Format 1 (`logs/<table>.parquet`, `trials/trials.parquet`, one file a
+table) is still thawed.
+
+`thaw` reads `evidence.json` and the parts it lists (from `parts/`, or through `fetch` for parts
+kept elsewhere), through an optional `PartCache`: a bounded LRU of parts read, by bytes, so a
+process that thawed a job's earlier diagnosis reads only the new parts. A part that is missing,
+does not match its SHA-256, or does not read back with its rows and columns raises
+`FrozenEvidenceError`: the evidence is never thawed with a table cut short. The probe layout is a
+by-product for people and for the `recorded` backend, while `evidence.json` keeps the exact probe
+model, so the thawed `Evidence` equals the frozen one field for field, as of the same `now` —
+except that every file written here passed the redactor (`shared.redact`): credentials in the
+manifest, log heads, tables and probe outputs never reach the frozen copy (or S3). A part is
+redacted before it is written, so every part stored (and re-used by a later freeze) is
+redaction-clean.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import hashlib
+import io
 import json
+from collections import OrderedDict
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
 from typing import Any, Final
@@ -42,18 +65,109 @@ from worker.evidence.model import (
 from worker.evidence.probes import write_probes
 from worker.evidence.values import JSON_MAX_DEPTH, loads_json
 
-__all__ = ["FORMAT", "MARKER", "FrozenEvidenceError", "freeze", "thaw"]
+__all__ = [
+    "FORMAT",
+    "MARKER",
+    "PARTS",
+    "PART_ROWS",
+    "Fetch",
+    "FrozenEvidenceError",
+    "PartCache",
+    "PartRef",
+    "freeze",
+    "parts_at",
+    "thaw",
+]
 
-FORMAT: Final = 1
+FORMAT: Final = 2  # 2: tables in content-addressed parts; 1: one Parquet file a table
+_THAWED_FORMATS: Final = (1, 2)
 MARKER: Final = "evidence.json"
+PARTS: Final = "parts"
+PART_ROWS: Final = 65536
 LINE_MAX_BYTES: Final = 16 * 1024
+_PART_TAG: Final = b"rlhealth frozen part 1\0"
+_SEEDS: Final = (0, 7919)
 _LOG_FRAMES: Final = tuple(f.name for f in dataclasses.fields(LogTables) if f.name != "summary")
+_TRIALS: Final = "trials"
 # Tables that gained columns since format 1 was written: an older freeze thaws with them as nulls.
 _GROWN: Final[dict[str, dict[str, pl.DataType]]] = {"errors": schema.ERRORS}
 
+Fetch = Callable[[str, str], bytes]
+"""The bytes of a part kept elsewhere: `(parts_at, part file name)`; raises `KeyError` or
+`FileNotFoundError` when it is gone."""
+
 
 class FrozenEvidenceError(ValueError):
-    """A frozen directory that is incomplete or of another format."""
+    """A frozen directory that is incomplete, damaged or of another format."""
+
+
+@dataclass(frozen=True)
+class PartRef:
+    """One part of a table: the digest of its rows, the SHA-256 of its file, its row count."""
+
+    digest: str
+    sha256: str
+    rows: int
+
+    @property
+    def name(self) -> str:
+        return f"{self.digest}-{self.sha256}.parquet"
+
+    def as_json(self) -> list[Any]:
+        return [self.digest, self.sha256, self.rows]
+
+    @classmethod
+    def from_json(cls, data: Any) -> PartRef:
+        if not (isinstance(data, list) and len(data) == 3):
+            raise FrozenEvidenceError(f"a part reference is not [digest, sha256, rows]: {data!r}")
+        digest, sha, rows = data
+        hexes = all(isinstance(v, str) and _is_hex(v) for v in (digest, sha))
+        if not hexes or len(digest) != 32 or len(sha) != 64:
+            raise FrozenEvidenceError(f"a part reference has no digest or SHA-256: {data!r}")
+        if not isinstance(rows, int) or isinstance(rows, bool) or rows < 0:
+            raise FrozenEvidenceError(f"a part reference has no row count: {data!r}")
+        return cls(digest, sha, rows)
+
+
+def _is_hex(text: str) -> bool:
+    return all(ch in "0123456789abcdef" for ch in text)
+
+
+class PartCache:
+    """A bounded LRU of thawed parts, by their estimated bytes (`max_bytes`); the parts of one
+    process's thaws, so a later thaw of the same job reads only the parts it lacks."""
+
+    def __init__(self, max_bytes: int) -> None:
+        self.max_bytes = max_bytes
+        self.bytes = 0
+        self.hits = 0
+        self.misses = 0
+        self._frames: OrderedDict[str, tuple[pl.DataFrame, int]] = OrderedDict()
+
+    def get(self, name: str) -> pl.DataFrame | None:
+        found = self._frames.get(name)
+        if found is None:
+            self.misses += 1
+            return None
+        self.hits += 1
+        self._frames.move_to_end(name)
+        return found[0]
+
+    def put(self, name: str, frame: pl.DataFrame) -> None:
+        size = int(frame.estimated_size())
+        if name in self._frames or size > self.max_bytes:
+            return
+        self._frames[name] = (frame, size)
+        self.bytes += size
+        while self.bytes > self.max_bytes:
+            _, (_, dropped) = self._frames.popitem(last=False)
+            self.bytes -= dropped
+
+    def __len__(self) -> int:
+        return len(self._frames)
+
+
+# --- freezing -------------------------------------------------------------------------------------
 
 
 def _write_json(path: Path, data: Any) -> Path:
@@ -63,22 +177,54 @@ def _write_json(path: Path, data: Any) -> Path:
     return path
 
 
-def _write_frame(path: Path, frame: pl.DataFrame) -> Path:
-    """Write a table with its string columns redacted (vectorised prefilter, `redact_frame`)."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    redact_frame(frame).write_parquet(path)
-    return path
-
-
-def _freeze_logs(logs: LogTables, directory: Path) -> list[Path]:
-    return [
-        _write_frame(directory / "logs" / f"{name}.parquet", getattr(logs, name))
-        for name in _LOG_FRAMES
+def _spans(height: int) -> list[tuple[int, int]]:
+    """`(offset, length)` of each part of a table of `height` rows (one part when empty)."""
+    return [(start, min(PART_ROWS, height - start)) for start in range(0, height, PART_ROWS)] or [
+        (0, 0)
     ]
 
 
-def _freeze_trials(trials: TrialTables, directory: Path) -> list[Path]:
-    return [_write_frame(directory / "trials" / "trials.parquet", trials.trials)]
+def _digests(name: str, frame: pl.DataFrame) -> list[str]:
+    """The digest of each part of `frame`: its rows' hashes under the table's name and schema."""
+    hashes = [frame.hash_rows(seed).to_numpy() for seed in _SEEDS] if frame.width else []
+    head = _PART_TAG + f"{name}\0{list(frame.schema.items())!r}\0".encode()
+    digests = []
+    for start, length in _spans(frame.height):
+        digest = hashlib.sha256(head + str(length).encode() + b"\0")
+        for column in hashes:
+            digest.update(column[start : start + length].tobytes())
+        digests.append(digest.hexdigest()[:32])
+    return digests
+
+
+@dataclass
+class _Freezer:
+    """Writes the parts of one freeze under `directory/parts/`, but those `stored` already."""
+
+    directory: Path
+    stored: Mapping[str, str]  # digest -> SHA-256 of the parts kept already
+    written: list[Path] = dataclasses.field(default_factory=list)
+
+    def table(self, name: str, frame: pl.DataFrame) -> list[list[Any]]:
+        """The references of the parts of `frame`, in order."""
+        spans = _spans(frame.height)
+        refs = []
+        for (start, length), digest in zip(spans, _digests(name, frame), strict=True):
+            sha = self.stored.get(digest) or self._write(digest, frame.slice(start, length))
+            refs.append(PartRef(digest, sha, length).as_json())
+        return refs
+
+    def _write(self, digest: str, part: pl.DataFrame) -> str:
+        """Write one part, redacted (vectorised prefilter, `redact_frame`); its SHA-256."""
+        buffer = io.BytesIO()
+        redact_frame(part).write_parquet(buffer)
+        body = buffer.getvalue()
+        sha = hashlib.sha256(body).hexdigest()
+        path = self.directory / PARTS / PartRef(digest, sha, part.height).name
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(body)
+        self.written.append(path)
+        return sha
 
 
 def _freeze_probes(probes: ProbeEvidence, directory: Path) -> list[Path]:
@@ -88,8 +234,9 @@ def _freeze_probes(probes: ProbeEvidence, directory: Path) -> list[Path]:
     return sorted(path for path in root.rglob("*") if path.is_file())
 
 
-def _trials_meta(trials: TrialTables) -> dict[str, Any]:
+def _trials_meta(trials: TrialTables, freezer: _Freezer) -> dict[str, Any]:
     return {
+        "parts": freezer.table(_TRIALS, trials.trials),
         "directory": trials.directory,
         "sync_selection": trials.sync_selection,
         "skipped_objects": list(trials.skipped_objects),
@@ -105,34 +252,101 @@ def _summary(summary: ParseSummary) -> dict[str, Any]:
     return data
 
 
-def _document(evidence: Evidence) -> dict[str, Any]:
+def _document(evidence: Evidence, freezer: _Freezer, parts_at: str | None) -> dict[str, Any]:
     logs, trials, probes = evidence.logs, evidence.trials, evidence.probes
     return {
         "format": FORMAT,
+        "parts_at": parts_at,
         "job_dir": evidence.job_dir,
         "now": evidence.now.isoformat(),
         "thresholds": evidence.thresholds.model_dump(mode="json"),
         "mode": evidence.mode.model_dump(mode="json"),
         "bundle": evidence.bundle.model_dump(mode="json"),
         "discrepancies": list(evidence.discrepancies),
-        "logs": None if logs is None else {"summary": _summary(logs.summary)},
-        "trials": None if trials is None else _trials_meta(trials),
+        "logs": None if logs is None else _logs_meta(logs, freezer),
+        "trials": None if trials is None else _trials_meta(trials, freezer),
         "probes": None if probes is None else probes.model_dump(mode="json"),
     }
 
 
-def freeze(evidence: Evidence, directory: Path) -> list[Path]:
-    """Write `evidence` under `directory`; returns the files written, `evidence.json` last."""
+def _logs_meta(logs: LogTables, freezer: _Freezer) -> dict[str, Any]:
+    tables = {name: freezer.table(name, getattr(logs, name)) for name in _LOG_FRAMES}
+    return {"summary": _summary(logs.summary), "tables": tables}
+
+
+def freeze(
+    evidence: Evidence,
+    directory: Path,
+    *,
+    parts_at: str | None = None,
+    stored: Mapping[str, str] | None = None,
+) -> list[Path]:
+    """Write `evidence` under `directory`; returns the files written: the new parts first,
+    `evidence.json` last. `stored` maps the digest of each part kept at `parts_at` already to
+    its SHA-256 (those are referenced, not written); the parts written go under `parts/`, for
+    the caller to keep at `parts_at` (without `parts_at`, they stay there)."""
     directory.mkdir(parents=True, exist_ok=True)
-    written: list[Path] = []
-    if evidence.logs is not None:
-        written += _freeze_logs(evidence.logs, directory)
-    if evidence.trials is not None:
-        written += _freeze_trials(evidence.trials, directory)
+    freezer = _Freezer(directory, stored if parts_at is not None and stored else {})
+    document = _document(evidence, freezer, parts_at)
+    written = list(freezer.written)
     if evidence.probes is not None:
         written += _freeze_probes(evidence.probes, directory)
-    written.append(_write_json(directory / MARKER, _document(evidence)))
+    written.append(_write_json(directory / MARKER, document))
     return written
+
+
+# --- thawing --------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class _Thawer:
+    """Reads the parts a document lists: from `directory/parts/`, else through `fetch`."""
+
+    directory: Path
+    parts_at: str | None
+    fetch: Fetch | None
+    cache: PartCache | None
+
+    def table(self, refs: Any, name: str) -> pl.DataFrame:
+        if not isinstance(refs, list) or not refs:
+            raise FrozenEvidenceError(f"frozen evidence lists no parts for {name}")
+        frames = [self.part(PartRef.from_json(ref)) for ref in refs]
+        if len(frames) == 1:
+            return frames[0]
+        try:
+            return pl.concat(frames, how="vertical", rechunk=False)
+        except pl.exceptions.PolarsError as exc:
+            raise FrozenEvidenceError(f"the parts of {name} do not have one schema") from exc
+
+    def part(self, ref: PartRef) -> pl.DataFrame:
+        cached = self.cache.get(ref.name) if self.cache is not None else None
+        if cached is not None:
+            return cached
+        body = self._bytes(ref)
+        if hashlib.sha256(body).hexdigest() != ref.sha256:
+            raise FrozenEvidenceError(f"the part {ref.name} does not match its SHA-256")
+        try:
+            frame = pl.read_parquet(io.BytesIO(body))
+        except (pl.exceptions.PolarsError, OSError, ValueError) as exc:
+            raise FrozenEvidenceError(f"the part {ref.name} does not read: {exc}") from exc
+        if frame.height != ref.rows:
+            raise FrozenEvidenceError(
+                f"the part {ref.name} holds {frame.height} rows, not {ref.rows}"
+            )
+        if self.cache is not None:
+            self.cache.put(ref.name, frame)
+        return frame
+
+    def _bytes(self, ref: PartRef) -> bytes:
+        local = self.directory / PARTS / ref.name
+        if local.is_file():
+            return local.read_bytes()
+        if self.parts_at is None or self.fetch is None:
+            raise FrozenEvidenceError(f"frozen evidence lacks its part {ref.name}")
+        try:
+            return self.fetch(self.parts_at, ref.name)
+        except (KeyError, FileNotFoundError) as exc:
+            raise FrozenEvidenceError(f"the part {ref.name} is gone from {self.parts_at}") from exc
 
 
 def _read_frame(path: Path) -> pl.DataFrame:
@@ -147,21 +361,37 @@ def _with_new_columns(name: str, frame: pl.DataFrame) -> pl.DataFrame:
     return frame.with_columns(missing) if missing else frame
 
 
-def _thaw_logs(meta: dict[str, Any] | None, directory: Path) -> LogTables | None:
-    if meta is None:
-        return None
-    frames = {
-        name: _with_new_columns(name, _read_frame(directory / "logs" / f"{name}.parquet"))
-        for name in _LOG_FRAMES
-    }
-    return LogTables(summary=ParseSummary.model_validate(meta["summary"]), **frames)
+def _log_frames(meta: dict[str, Any], directory: Path, thawer: _Thawer | None) -> dict[str, Any]:
+    """The frames of `LogTables`: from the parts listed (format 2) or one file each (format 1)."""
+    if thawer is None:
+        return {name: _read_frame(directory / "logs" / f"{name}.parquet") for name in _LOG_FRAMES}
+    tables = meta.get("tables")
+    if not isinstance(tables, dict):
+        raise FrozenEvidenceError("frozen evidence lists no log tables")
+    return {name: thawer.table(tables.get(name), name) for name in _LOG_FRAMES}
 
 
-def _thaw_trials(meta: dict[str, Any] | None, directory: Path) -> TrialTables | None:
+def _thaw_logs(
+    meta: dict[str, Any] | None, directory: Path, thawer: _Thawer | None
+) -> LogTables | None:
     if meta is None:
         return None
+    frames = _log_frames(meta, directory, thawer)
+    grown = {name: _with_new_columns(name, frame) for name, frame in frames.items()}
+    return LogTables(summary=ParseSummary.model_validate(meta["summary"]), **grown)
+
+
+def _thaw_trials(
+    meta: dict[str, Any] | None, directory: Path, thawer: _Thawer | None
+) -> TrialTables | None:
+    if meta is None:
+        return None
+    if thawer is None:
+        trials = _read_frame(directory / "trials" / "trials.parquet")
+    else:
+        trials = thawer.table(meta.get("parts"), _TRIALS)
     return TrialTables(
-        trials=_read_frame(directory / "trials" / "trials.parquet"),
+        trials=trials,
         directory=meta["directory"],
         sync_selection=meta["sync_selection"],
         skipped_objects=tuple(meta["skipped_objects"]),
@@ -179,14 +409,27 @@ def _read_document(directory: Path) -> dict[str, Any]:
         raise FrozenEvidenceError(f"{directory}/{MARKER} does not parse: {exc}") from exc
     if not isinstance(document, dict):
         raise FrozenEvidenceError(f"{directory}/{MARKER} is not a JSON object")
-    if document.get("format") != FORMAT:
+    if document.get("format") not in _THAWED_FORMATS:
         raise FrozenEvidenceError(f"{directory}: frozen format {document.get('format')!r}")
     return document
 
 
-def thaw(directory: Path) -> Evidence:
-    """The Evidence `freeze` wrote under `directory`."""
+def parts_at(directory: Path) -> str | None:
+    """Where the parts of the freeze in `directory` are kept (None: in its own `parts/`)."""
+    place = _read_document(directory).get("parts_at")
+    return place if isinstance(place, str) else None
+
+
+def thaw(
+    directory: Path, *, fetch: Fetch | None = None, cache: PartCache | None = None
+) -> Evidence:
+    """The Evidence `freeze` wrote under `directory`; parts kept elsewhere are read through
+    `fetch`, and through `cache` when one is given."""
     document = _read_document(directory)
+    thawer = None
+    if document["format"] >= 2:
+        place = document.get("parts_at")
+        thawer = _Thawer(directory, place if isinstance(place, str) else None, fetch, cache)
     probes = document["probes"]
     return Evidence(
         job_dir=document["job_dir"],
@@ -195,8 +438,8 @@ def thaw(directory: Path) -> Evidence:
         thresholds=Thresholds.model_validate(document["thresholds"]),
         mode=ModeDecision.model_validate(document["mode"]),
         bundle=BundleInfo.model_validate(document["bundle"]),
-        logs=_thaw_logs(document["logs"], directory),
-        trials=_thaw_trials(document["trials"], directory),
+        logs=_thaw_logs(document["logs"], directory, thawer),
+        trials=_thaw_trials(document["trials"], directory, thawer),
         probes=None if probes is None else ProbeEvidence.model_validate(probes),
         discrepancies=tuple(document["discrepancies"]),
     )
