@@ -50,7 +50,7 @@ from shared.redact import redact_data, redact_text
 from shared.settings import Settings
 from shared.streams import StreamNames
 from worker.diagnosis import GATE_NAMES, collect_evidence, run_gate
-from worker.evidence.frozen import MARKER, freeze, thaw
+from worker.evidence.frozen import MARKER, PARTS, PartCache, freeze, thaw
 from worker.evidence.model import Evidence
 from worker.pipeline.capture import BackendChoiceError, LiveCapture, LiveProbes, choose_backend
 from worker.pipeline.claim import CaptureClaim
@@ -71,6 +71,7 @@ from worker.pipeline.failures import (
 from worker.pipeline.lease import Leases
 from worker.pipeline.logcache import collect_cached
 from worker.pipeline.metrics import dead_lettered
+from worker.pipeline.parts import THAW_CACHE_BYTES, SharedParts, job_parts, stored_parts
 from worker.pipeline.second_look import (
     LOOK_DIR,
     Live,
@@ -138,6 +139,8 @@ class Pipeline:
         self.names = StreamNames(settings.stream_prefix)
         root = settings.cache_dir or Path(tempfile.gettempdir()) / "rlhealth-cache"
         self.cache_root = root / "evidence"
+        self.parts = SharedParts(store, root / "parts")
+        self.part_cache = PartCache(THAW_CACHE_BYTES)
         self._thawed: OrderedDict[str, Evidence] = OrderedDict()
 
     @cached_property
@@ -236,11 +239,16 @@ class Pipeline:
             live = directory / "live"
             evidence = self._probed(event, label, self._collect(event, label), live)
             frozen = directory / "frozen"
-            for path in _frozen_files(evidence, live, frozen):  # the marker comes last
+            parts_at = job_parts(self.settings.bundle_root, event.job_dir)
+            stored = stored_parts(self.store, parts_at)
+            for path in _frozen_files(evidence, live, frozen, parts_at, stored):  # marker last
                 if not holder.held():
                     raise CaptureBusyError(f"lost the capture claim on {prefix} (too slow)")
-                key = prefix + path.relative_to(frozen).as_posix()
-                self.store.put_once(key, path.read_bytes())
+                relative = path.relative_to(frozen)
+                if relative.parts[0] == PARTS:  # a new part of the job's tables
+                    self.parts.keep(parts_at, path)
+                    continue
+                self.store.put_once(prefix + relative.as_posix(), path.read_bytes())
 
     # --- live capture -----------------------------------------------------------------------
 
@@ -279,7 +287,7 @@ class Pipeline:
             return self._thawed[evidence_id]
         directory = self._local_copy(evidence_id)
         try:
-            evidence = thaw(directory)
+            evidence = thaw(directory, fetch=self.parts.fetch, cache=self.part_cache)
         except Exception as exc:
             if _must_propagate(exc):
                 raise
@@ -313,6 +321,7 @@ class Pipeline:
         return target
 
     def _prune_cache(self) -> None:
+        self.parts.prune()
         if not self.cache_root.is_dir():
             return
         cutoff = time.time() - _CACHE_MAX_AGE_S
@@ -553,11 +562,14 @@ def _unread(evidence: Evidence) -> bool:
     return any(note.startswith(FAILED_NOTE) for note in evidence.discrepancies)
 
 
-def _frozen_files(evidence: Evidence, live: Path, directory: Path) -> list[Path]:
-    """Freeze `evidence` under `directory`, with the raw outputs the live probes left in `live`
-    (the commands' outputs that `probes.json` names) beside the probe files the freeze writes
-    from the model, so `probes/` is the whole recorded layout; the marker stays last."""
-    written = freeze(evidence, directory)
+def _frozen_files(
+    evidence: Evidence, live: Path, directory: Path, parts_at: str, stored: dict[str, str]
+) -> list[Path]:
+    """Freeze `evidence` under `directory` (its tables' parts kept at `parts_at`, those
+    `stored` there already not written again), with the raw outputs the live probes left in
+    `live` (the commands' outputs that `probes.json` names) beside the probe files the freeze
+    writes from the model, so `probes/` is the whole recorded layout; the marker stays last."""
+    written = freeze(evidence, directory, parts_at=parts_at, stored=stored)
     if evidence.probes is None or not live.is_dir():
         return written
     marker, extra = written[-1], []
