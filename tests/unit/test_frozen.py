@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import dataclasses
+import json
+import shutil
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -14,7 +16,18 @@ from shared.settings import Thresholds
 from tests import factories
 from tests.integration.bundles import write_job_bundle
 from worker.diagnosis import collect_evidence, judge
-from worker.evidence.frozen import MARKER, FrozenEvidenceError, freeze, thaw
+from worker.evidence import frozen
+from worker.evidence.frozen import (
+    MARKER,
+    PART_ROWS,
+    PARTS,
+    FrozenEvidenceError,
+    PartCache,
+    PartRef,
+    freeze,
+    thaw,
+)
+from worker.evidence.logs import LogCache
 from worker.evidence.model import (
     AttemptRecord,
     ControllerView,
@@ -148,3 +161,256 @@ def test_thaw_refuses_an_incomplete_directory(tmp_path: Path) -> None:
     """A directory without the marker is not frozen evidence."""
     with pytest.raises(FrozenEvidenceError):
         thaw(tmp_path)
+
+
+# --- format 2: tables in content-addressed parts ------------------------------------------------
+
+
+def _grown(evidence: Evidence, rows: int) -> Evidence:
+    """`evidence` with `rows` more metric rows at the end of its metrics table."""
+    assert evidence.logs is not None
+    metrics = evidence.logs.metrics
+    extra = metrics.tail(1).select(pl.all().repeat_by(rows).explode())
+    extra = extra.with_columns(pl.col("step") + pl.int_range(1, rows + 1, dtype=pl.Int64))
+    logs = dataclasses.replace(evidence.logs, metrics=pl.concat([metrics, extra]))
+    return dataclasses.replace(evidence, logs=logs)
+
+
+def _long(rows: int) -> Evidence:
+    """Handmade evidence whose metrics table has `rows` rows."""
+    values = {"reward/avg_raw_reward": [float(i % 7) for i in range(rows)]}
+    logs = factories.logs(metrics=factories.metric_rows(values))
+    return dataclasses.replace(_handmade(), logs=logs)
+
+
+def _part_files(written: list[Path]) -> list[Path]:
+    return [path for path in written if path.parent.name == PARTS]
+
+
+def _stored(directories: list[Path]) -> dict[str, str]:
+    """digest -> SHA-256 of every part written under the directories (what S3 would hold)."""
+    found: dict[str, str] = {}
+    for directory in directories:
+        for path in (directory / PARTS).glob("*.parquet"):
+            digest, sha = path.stem.split("-")
+            found[digest] = sha
+    return found
+
+
+class _Shelf:
+    """The parts of several freezes, as `fetch` finds them; counts what it is asked for."""
+
+    def __init__(self, *directories: Path) -> None:
+        self.directories = directories
+        self.asked: list[str] = []
+
+    def __call__(self, place: str, name: str) -> bytes:
+        assert place == "shelf/"
+        self.asked.append(name)
+        for directory in self.directories:  # a freeze's directory, or a shelf of parts
+            for path in (directory / PARTS / name, directory / name):
+                if path.is_file():
+                    return path.read_bytes()
+        raise KeyError(name)
+
+
+def test_a_table_is_cut_into_parts_of_part_rows(tmp_path: Path) -> None:
+    """Just past PART_ROWS rows a table has two parts; at PART_ROWS, one."""
+    for rows, parts in ((PART_ROWS, 1), (PART_ROWS + 1, 2)):
+        freeze(_long(rows), tmp_path / str(rows))
+        document = json.loads((tmp_path / str(rows) / MARKER).read_text())
+        refs = document["logs"]["tables"]["metrics"]
+        assert [ref[2] for ref in refs] == [PART_ROWS, rows - PART_ROWS][:parts]
+        assert_same(thaw(tmp_path / str(rows)), _long(rows))
+
+
+def test_a_grown_table_writes_only_its_new_parts(tmp_path: Path) -> None:
+    """The freeze after growth, given the parts stored, writes the last part of the grown table
+    only; the thaw through the earlier freeze's parts equals the grown evidence."""
+    first, second = _long(PART_ROWS + 10), _grown(_long(PART_ROWS + 10), 500)
+    written = freeze(first, tmp_path / "1", parts_at="shelf/")
+    before = _stored([tmp_path / "1"])
+    again = freeze(second, tmp_path / "2", parts_at="shelf/", stored=before)
+    new = _part_files(again)
+    assert len(new) == 1 and len(_part_files(written)) > 3
+    document = json.loads((tmp_path / "2" / MARKER).read_text())
+    metrics = document["logs"]["tables"]["metrics"]
+    assert metrics[0][0] in before and new[0].name.startswith(metrics[-1][0])
+    assert metrics[-1][2] == 510
+    shelf = _Shelf(tmp_path / "1")
+    assert_same(thaw(tmp_path / "2", fetch=shelf), second)
+    assert shelf.asked and new[0].name not in shelf.asked  # its own part was read from disk
+
+
+def test_a_changed_early_row_writes_its_part_again(tmp_path: Path) -> None:
+    """A table whose early row changed, though it is as long as before, has that part written
+    again (its digest changed); the unchanged part after it is referenced."""
+    first = _long(PART_ROWS + 10)
+    freeze(first, tmp_path / "1", parts_at="shelf/")
+    assert first.logs is not None
+    metrics = first.logs.metrics.with_columns(
+        pl.when(pl.int_range(pl.len()) == 3).then(99.0).otherwise(pl.col("value")).alias("value")
+    )
+    second = dataclasses.replace(first, logs=dataclasses.replace(first.logs, metrics=metrics))
+    stored = _stored([tmp_path / "1"])
+    new = _part_files(freeze(second, tmp_path / "2", parts_at="shelf/", stored=stored))
+    document = json.loads((tmp_path / "2" / MARKER).read_text())
+    refs = document["logs"]["tables"]["metrics"]
+    assert {path.name.split("-")[0] for path in new} == {refs[0][0]}
+    assert refs[0][0] not in stored and refs[1][0] in stored
+    assert_same(thaw(tmp_path / "2", fetch=_Shelf(tmp_path / "1")), second)
+
+
+def test_a_rewritten_log_is_frozen_whole_and_a_grown_one_in_part(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Through the real parser and its cache: a finelog that grew freezes only the parts after
+    its unchanged rows; the same log rewritten (other lines first) freezes every part again."""
+    monkeypatch.setattr(frozen, "PART_ROWS", 4)
+    job_dir = write_job_bundle(tmp_path / "bundles", steps=40)
+    log = job_dir / "finelog.log"
+    lines = log.read_bytes().splitlines(keepends=True)
+    log.write_bytes(b"".join(lines[:-6]))
+    cache = LogCache(directory=tmp_path / "cache")
+    written = freeze(collect_evidence(job_dir, now=NOW, log_cache=cache), tmp_path / "1")
+    stored = _stored([tmp_path / "1"])
+    with log.open("ab") as handle:
+        handle.write(b"".join(lines[-6:]))
+    grown = collect_evidence(job_dir, now=NOW, log_cache=cache)
+    new = _part_files(freeze(grown, tmp_path / "2", parts_at="shelf/", stored=stored))
+    assert 0 < len(new) < len(_part_files(written)) // 2
+    assert_same(thaw(tmp_path / "2", fetch=_Shelf(tmp_path / "1")), grown)
+
+    log.write_bytes(b"".join(lines[6:]) + b"".join(lines[:6]))  # rotated: other first lines
+    rewritten = collect_evidence(job_dir, now=NOW, log_cache=cache)
+    both = _stored([tmp_path / "1", tmp_path / "2"])
+    new = _part_files(freeze(rewritten, tmp_path / "3", parts_at="shelf/", stored=both))
+    document = json.loads((tmp_path / "3" / MARKER).read_text())
+    metrics = document["logs"]["tables"]["metrics"]
+    assert {ref[0] for ref in metrics} <= {path.name.split("-")[0] for path in new}
+    assert_same(thaw(tmp_path / "3", fetch=_Shelf(tmp_path / "1")), rewritten)
+
+
+def _shelve(directory: Path, shelf: Path) -> dict[str, str]:
+    """Move the parts a freeze wrote to `shelf` (as the pipeline moves them to S3); returns
+    what the shelf holds then."""
+    shelf.mkdir(exist_ok=True)
+    for path in (directory / PARTS).glob("*.parquet"):
+        path.rename(shelf / path.name)
+    return {path.stem.split("-")[0]: path.stem.split("-")[1] for path in shelf.iterdir()}
+
+
+def test_a_part_cache_reads_only_the_new_parts(tmp_path: Path) -> None:
+    """A process that thawed the first freeze thaws the grown one reading only its new part;
+    without the cache it reads every part again."""
+    first, second = _long(3 * PART_ROWS), _grown(_long(3 * PART_ROWS), 10)
+    shelf_dir = tmp_path / "shelf"
+    freeze(first, tmp_path / "1", parts_at="shelf/")
+    stored = _shelve(tmp_path / "1", shelf_dir)
+    freeze(second, tmp_path / "2", parts_at="shelf/", stored=stored)
+    assert len(_shelve(tmp_path / "2", shelf_dir)) == len(stored) + 1
+    shelf, cache = _Shelf(shelf_dir), PartCache(2**30)
+    assert_same(thaw(tmp_path / "1", fetch=shelf, cache=cache), first)
+    asked = len(shelf.asked)
+    assert asked == len(stored)
+    assert_same(thaw(tmp_path / "2", fetch=shelf, cache=cache), second)
+    assert len(shelf.asked) == asked + 1
+    assert_same(thaw(tmp_path / "2", fetch=shelf), second)
+    assert len(shelf.asked) == 2 * asked + 2
+
+
+def test_the_part_cache_is_bounded_by_bytes() -> None:
+    """The least recently used parts go once the cache holds more than its bytes; a part larger
+    than the whole cache is not kept."""
+    frame = pl.DataFrame({"x": list(range(1000))})
+    size = int(frame.estimated_size())
+    cache = PartCache(2 * size)
+    cache.put("a", frame)
+    cache.put("b", frame)
+    assert cache.get("a") is frame  # a is now the most recently used
+    cache.put("c", frame)
+    assert cache.get("b") is None and cache.get("a") is frame and cache.get("c") is frame
+    assert cache.bytes == 2 * size
+    small = PartCache(size - 1)
+    small.put("a", frame)
+    assert len(small) == 0
+
+
+@pytest.mark.parametrize("damage", ["missing", "corrupt", "truncated", "other part"])
+def test_a_damaged_part_is_a_frozen_evidence_error(tmp_path: Path, damage: str) -> None:
+    """A referenced part that is gone, altered, cut or swapped for another never thaws into a
+    shorter table: FrozenEvidenceError."""
+    freeze(_long(PART_ROWS + 10), tmp_path / "1", parts_at="shelf/")
+    stored = _shelve(tmp_path / "1", tmp_path / "shelf")
+    document = json.loads((tmp_path / "1" / MARKER).read_text())
+    last = tmp_path / "shelf" / PartRef(*document["logs"]["tables"]["metrics"][-1]).name
+    other = tmp_path / "shelf" / PartRef(*document["logs"]["tables"]["metrics"][0]).name
+    if damage == "missing":
+        last.unlink()
+    elif damage == "corrupt":
+        body = bytearray(last.read_bytes())
+        body[len(body) // 2] ^= 0xFF
+        last.write_bytes(bytes(body))
+    elif damage == "truncated":
+        last.write_bytes(last.read_bytes()[:100])
+    else:
+        last.write_bytes(other.read_bytes())
+    assert len(stored) > 2
+    with pytest.raises(FrozenEvidenceError, match="part"):
+        thaw(tmp_path / "1", fetch=_Shelf(tmp_path / "shelf"))
+
+
+def test_parts_kept_elsewhere_need_a_fetch(tmp_path: Path) -> None:
+    """A freeze whose parts are kept elsewhere does not thaw without a way to fetch them."""
+    freeze(_long(10), tmp_path / "1", parts_at="shelf/")
+    _shelve(tmp_path / "1", tmp_path / "shelf")
+    with pytest.raises(FrozenEvidenceError, match="lacks its part"):
+        thaw(tmp_path / "1")
+
+
+def test_a_part_is_redacted_before_it_is_written(tmp_path: Path) -> None:
+    """A token in a table never reaches a part file; the thawed table holds the redacted text."""
+    token = "hf_" + "a1B2c3D4e5F6g7H8i9J0k1L2m3N4o5P6q7"
+    evidence = _handmade()
+    assert evidence.logs is not None
+    errors = pl.DataFrame(
+        {"text": [f"login failed with {token}"]}, schema_overrides={"text": pl.String}
+    )
+    errors = pl.concat([evidence.logs.errors, errors], how="diagonal_relaxed")
+    leaky = dataclasses.replace(evidence, logs=dataclasses.replace(evidence.logs, errors=errors))
+    written = freeze(leaky, tmp_path, parts_at="shelf/")
+    assert not any(token.encode() in path.read_bytes() for path in written)
+    thawed = thaw(tmp_path)
+    assert thawed.logs is not None
+    assert token not in str(thawed.logs.errors.get_column("text").to_list())
+
+
+def _as_format_1(directory: Path) -> None:
+    """Rewrite a self-contained format-2 freeze in the layout format 1 wrote: one Parquet file a
+    table under logs/ and trials/, no parts."""
+    evidence = thaw(directory)
+    document = json.loads((directory / MARKER).read_text())
+    if evidence.logs is not None:
+        for name in document["logs"].pop("tables"):
+            (directory / "logs").mkdir(exist_ok=True)
+            getattr(evidence.logs, name).write_parquet(directory / "logs" / f"{name}.parquet")
+    if evidence.trials is not None:
+        document["trials"].pop("parts")
+        (directory / "trials").mkdir(exist_ok=True)
+        evidence.trials.trials.write_parquet(directory / "trials" / "trials.parquet")
+    del document["parts_at"]
+    document["format"] = 1
+    shutil.rmtree(directory / PARTS)
+    (directory / MARKER).write_text(json.dumps(document))
+
+
+def test_a_format_1_freeze_still_thaws_to_the_same_verdict(tmp_path: Path) -> None:
+    """Evidence frozen before parts (format 1) thaws equal and is judged the same."""
+    evidence = collect_evidence(write_job_bundle(tmp_path / "bundles"), now=NOW)
+    freeze(evidence, tmp_path / "frozen")
+    _as_format_1(tmp_path / "frozen")
+    assert not (tmp_path / "frozen" / PARTS).exists()
+    thawed = thaw(tmp_path / "frozen")
+    assert_same(thawed, evidence)
+    again = judge(thawed, event_id="e1")
+    assert again.contract_dict() == judge(evidence, event_id="e1").contract_dict()
