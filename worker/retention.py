@@ -1,13 +1,21 @@
-"""The artifact-retention threshold and its consequence: which evidence expires when.
+"""Retention: which evidence expires when.
 
-The campaign's `artifact_retention_days` wins; otherwise a `ttl=<n><unit>` segment of the
-manifest's `trials_uri` (e.g. `s3://bucket/tmp/ttl=14d/...`) is read. The note never changes a
-verdict; it tells the operator what to preserve before it disappears.
+The job's trial artifacts: the campaign's `artifact_retention_days` wins; otherwise a
+`ttl=<n><unit>` segment of the manifest's `trials_uri` (e.g. `s3://bucket/tmp/ttl=14d/...`) is
+read. The note never changes a verdict; it tells the operator what to preserve before it
+disappears.
+
+Our own frozen evidence (`worker.pipeline.parts.sweep` applies this): a diagnosis whose
+`evidence.json` was written more than `keep_s` ago expires; a table part (shared by the
+diagnoses of a job) goes only when no kept diagnosis references it and it is older than
+`grace_s` (a younger one may belong to a capture whose `evidence.json` is not written yet).
 """
 
 from __future__ import annotations
 
 import re
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Final
 
@@ -16,7 +24,13 @@ import polars as pl
 from shared.models import iso_utc
 from worker.evidence.model import Evidence
 
-__all__ = ["retention_note", "retention_period"]
+__all__ = [
+    "FrozenRecord",
+    "expired_evidence",
+    "retention_note",
+    "retention_period",
+    "unreferenced_parts",
+]
 
 _TTL: Final = re.compile(r"(?:^|/)ttl=(\d+(?:\.\d+)?)([smhdw])(?:/|$)", re.IGNORECASE)
 _UNIT_S: Final = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
@@ -62,4 +76,35 @@ def retention_note(evidence: Evidence) -> str | None:
         f"Retention: trial artifacts under {where} are kept {days:g} days ({origin}); the oldest "
         f"({iso_utc(oldest)}) {state} at {iso_utc(expires)} — preserve quoted trial evidence "
         "before then."
+    )
+
+
+# --- frozen evidence ------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class FrozenRecord:
+    """One diagnosis's frozen evidence as retention sees it: its id, when its `evidence.json`
+    was written (seconds since the epoch), and the keys of the table parts it references."""
+
+    evidence_id: str
+    written_at: float
+    parts: frozenset[str]
+
+
+def expired_evidence(records: Iterable[FrozenRecord], now: float, keep_s: float) -> list[str]:
+    """The ids of the frozen evidence written more than `keep_s` before `now`."""
+    return sorted(r.evidence_id for r in records if now - r.written_at > keep_s)
+
+
+def unreferenced_parts(
+    parts: Mapping[str, float], kept: Iterable[FrozenRecord], now: float, grace_s: float
+) -> list[str]:
+    """The part keys (with when each was written) that no kept record references and that are
+    older than `grace_s`: those may be deleted."""
+    referenced = frozenset().union(*(record.parts for record in kept))
+    return sorted(
+        key
+        for key, written_at in parts.items()
+        if key not in referenced and now - written_at > grace_s
     )

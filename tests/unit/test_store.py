@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import socket
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -176,3 +177,13 @@ def test_unreachable_s3_is_an_infrastructure_fault(monkeypatch: pytest.MonkeyPat
     )
     with pytest.raises(InfrastructureError):
         S3Store(client, "bucket", "").get("x")
+
+
+def test_modified_says_when_an_object_was_written(store: ObjectStore) -> None:
+    """modified() is the time of the write (to the second S3 keeps), and ObjectMissingError for a
+    key that is not there (the evidence sweep ages parts by it)."""
+    before = time.time()
+    store.put_once("evidence-parts/j/p", b"x")
+    assert before - 2 <= store.modified("evidence-parts/j/p") <= time.time() + 2
+    with pytest.raises(ObjectMissingError):
+        store.modified("evidence-parts/j/none")

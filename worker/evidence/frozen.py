@@ -75,7 +75,7 @@ __all__ = [
     "PartCache",
     "PartRef",
     "freeze",
-    "parts_at",
+    "referenced_parts",
     "thaw",
 ]
 
@@ -414,10 +414,22 @@ def _read_document(directory: Path) -> dict[str, Any]:
     return document
 
 
-def parts_at(directory: Path) -> str | None:
-    """Where the parts of the freeze in `directory` are kept (None: in its own `parts/`)."""
-    place = _read_document(directory).get("parts_at")
-    return place if isinstance(place, str) else None
+def referenced_parts(body: bytes) -> frozenset[str]:
+    """The parts an `evidence.json` references kept elsewhere, as `parts_at` + part file name
+    (none for format 1, or for a freeze that keeps its parts in its own `parts/`); raises
+    `FrozenEvidenceError` for a document that does not read."""
+    try:
+        document = loads_json(body, 2 * JSON_MAX_DEPTH)
+    except ValueError as exc:
+        raise FrozenEvidenceError(f"{MARKER} does not parse: {exc}") from exc
+    if not isinstance(document, dict) or document.get("format") not in _THAWED_FORMATS:
+        raise FrozenEvidenceError(f"{MARKER} is not a frozen evidence of a known format")
+    place = document.get("parts_at")
+    if document["format"] < 2 or not isinstance(place, str):
+        return frozenset()
+    logs, trials = document.get("logs") or {}, document.get("trials") or {}
+    lists = [*(logs.get("tables") or {}).values(), trials.get("parts") or []]
+    return frozenset(place + PartRef.from_json(ref).name for refs in lists for ref in refs)
 
 
 def thaw(

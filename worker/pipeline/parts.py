@@ -15,25 +15,40 @@ never a table cut short.
 
 from __future__ import annotations
 
+import logging
 import os
 import re
 import tempfile
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Final
 
 from shared.alerts import OutsideBundleRootError, confine
-from worker.evidence.frozen import FrozenEvidenceError
+from worker.evidence.frozen import MARKER, FrozenEvidenceError, referenced_parts
 from worker.pipeline.logcache import job_id
-from worker.pipeline.store import ObjectStore
+from worker.pipeline.store import ObjectMissingError, ObjectStore
+from worker.retention import FrozenRecord, expired_evidence, unreferenced_parts
 
-__all__ = ["PARTS_PREFIX", "THAW_CACHE_BYTES", "SharedParts", "job_parts", "stored_parts"]
+__all__ = [
+    "PARTS_PREFIX",
+    "THAW_CACHE_BYTES",
+    "SharedParts",
+    "Swept",
+    "job_parts",
+    "stored_parts",
+    "sweep",
+]
+
+log = logging.getLogger(__name__)
 
 PARTS_PREFIX: Final = "evidence-parts/"
 THAW_CACHE_BYTES: Final = 1024 * 2**20
 """The bytes of thawed parts (polars' estimate) one worker process keeps for later thaws."""
 _PART_NAME: Final = re.compile(r"^([0-9a-f]{32})-([0-9a-f]{64})\.parquet$")
 _DISK_MAX_AGE_S: Final = 3600
+_EVIDENCE: Final = "evidence/"
+GRACE_S: Final = 6 * 3600
 
 
 def job_parts(bundle_root: Path, job_dir: str) -> str:
@@ -108,3 +123,66 @@ class SharedParts:
                     path.unlink()
             except OSError:
                 continue
+
+
+# --- retention ------------------------------------------------------------------------------------
+
+
+@dataclass
+class Swept:
+    """What one sweep removed, and why it kept every part when it did."""
+
+    evidence: list[str] = field(default_factory=list)
+    parts: list[str] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+
+
+def _records(store: ObjectStore, swept: Swept) -> list[FrozenRecord] | None:
+    """Every frozen evidence under `evidence/` (marked whole), with the parts it references;
+    None when one of them does not read (its parts are unknown, so none may go)."""
+    records = []
+    for key in store.keys(_EVIDENCE):
+        segments = key[len(_EVIDENCE) :].split("/")
+        if len(segments) != 2 or segments[1] != MARKER:
+            continue
+        try:
+            parts = referenced_parts(store.get(key))
+            records.append(FrozenRecord(segments[0], store.modified(key), parts))
+        except ObjectMissingError:
+            continue  # deleted meanwhile
+        except FrozenEvidenceError as exc:
+            swept.notes.append(f"kept every part: {key} does not read ({exc})")
+            return None
+    return records
+
+
+def sweep(
+    store: ObjectStore, *, keep_s: float, grace_s: float = GRACE_S, now: float | None = None
+) -> Swept:
+    """Delete the frozen evidence written more than `keep_s` ago (its `evidence.json` first, so
+    what is left is an unmarked freeze), then the table parts no kept evidence references that
+    are older than `grace_s` (worker.retention has the rule)."""
+    now = time.time() if now is None else now
+    swept = Swept()
+    records = _records(store, swept)
+    if records is None:
+        return swept
+    expired = set(expired_evidence(records, now, keep_s))
+    for evidence_id in sorted(expired):
+        prefix = f"{_EVIDENCE}{evidence_id}/"
+        store.delete(prefix + MARKER)
+        for key in store.keys(prefix):
+            store.delete(key)
+        swept.evidence.append(evidence_id)
+    kept = [record for record in records if record.evidence_id not in expired]
+    written = {}
+    for key in store.keys(PARTS_PREFIX):
+        try:
+            written[key] = store.modified(key)
+        except ObjectMissingError:
+            continue
+    for key in unreferenced_parts(written, kept, now, grace_s):
+        store.delete(key)
+        swept.parts.append(key)
+    log.info("evidence sweep: %d expired, %d parts removed", len(swept.evidence), len(swept.parts))
+    return swept

@@ -2,9 +2,11 @@
 
 Everything the pipeline stores is written once. `put_once` sends `If-None-Match: *`, so S3 itself
 refuses to overwrite (412 PreconditionFailed means the object is already there, which for a task
-that runs twice is success). Two things delete: a capture taking over from a dead one removes the
-partial objects of a freeze that never got its marker, and the log cache
-(`worker.pipeline.logcache`) removes a job's archives older than its newest two. Transient faults
+that runs twice is success). Three things delete: a capture taking over from a dead one removes the
+partial objects of a freeze that never got its marker, the log cache
+(`worker.pipeline.logcache`) removes a job's archives older than its newest two, and the evidence
+sweep (`worker.pipeline.parts.sweep`) removes expired frozen evidence and the table parts no kept
+evidence references. Transient faults
 are retried inside the adapter with tenacity; what still fails is raised as `InfrastructureError`.
 
 Keys are checked before any request: a key with an empty, `.` or `..` segment, or a control
@@ -16,6 +18,7 @@ from __future__ import annotations
 
 import string
 import threading
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Final, Protocol, TypeVar, runtime_checkable
@@ -108,6 +111,10 @@ class ObjectStore(Protocol):
         """Remove the object (no error when it is not there)."""
         ...
 
+    def modified(self, key: str) -> float:
+        """When the object was written (seconds since the epoch); raises `ObjectMissingError`."""
+        ...
+
     def keys(self, prefix: str) -> list[str]:
         """Keys under `prefix` (relative to the store's own prefix), sorted."""
         ...
@@ -124,6 +131,7 @@ class MemoryStore:
         self.bucket = bucket
         self.prefix = prefix.strip("/")
         self.objects: dict[str, bytes] = {}
+        self.written_at: dict[str, float] = {}
         self._lock = threading.Lock()
 
     def put_once(self, key: str, body: bytes, content_type: str = BINARY) -> bool:
@@ -132,6 +140,7 @@ class MemoryStore:
             if key in self.objects:
                 return False
             self.objects[key] = bytes(body)
+            self.written_at[key] = time.time()
             return True
 
     def get(self, key: str) -> bytes:
@@ -146,9 +155,14 @@ class MemoryStore:
     def size(self, key: str) -> int:
         return len(self.get(key))
 
+    def modified(self, key: str) -> float:
+        self.get(key)
+        return self.written_at.get(key, 0.0)  # 0: set in `objects` by hand, as old as can be
+
     def delete(self, key: str) -> None:
         with self._lock:
             self.objects.pop(check_key(key), None)
+            self.written_at.pop(key, None)
 
     def keys(self, prefix: str) -> list[str]:
         return sorted(key for key in self.objects if key.startswith(prefix))
@@ -245,6 +259,18 @@ class S3Store:
                     raise ObjectMissingError(key) from exc
                 raise
             return int(response["ContentLength"])
+
+        return _retrying(head)
+
+    def modified(self, key: str) -> float:
+        def head() -> float:
+            try:
+                response = self.client.head_object(Bucket=self.bucket, Key=self._key(key))
+            except botocore.exceptions.ClientError as exc:
+                if _error_code(exc) in {"NoSuchKey", "404", "NotFound"}:
+                    raise ObjectMissingError(key) from exc
+                raise
+            return float(response["LastModified"].timestamp())
 
         return _retrying(head)
 
