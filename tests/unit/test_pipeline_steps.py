@@ -4,6 +4,7 @@ time limits and safe keys."""
 from __future__ import annotations
 
 import json
+import shutil
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -15,9 +16,13 @@ from celery.exceptions import SoftTimeLimitExceeded
 from shared.models import Event, VerdictEntry
 from shared.settings import Settings
 from tests.integration.bundles import write_job_bundle
+from tests.unit.test_frozen import assert_same
+from worker.diagnosis import collect_evidence
+from worker.evidence import frozen
 from worker.pipeline import steps
 from worker.pipeline.claim import CaptureClaim
 from worker.pipeline.failures import EvidenceLostError, StageTimeoutError
+from worker.pipeline.parts import PARTS_PREFIX
 from worker.pipeline.steps import CaptureBusyError, Pipeline
 from worker.pipeline.store import MemoryStore
 
@@ -240,3 +245,71 @@ def test_a_plain_cluster_keeps_its_name(pipeline: Pipeline) -> None:
     """An ordinary cluster, user and job name appear unchanged in the key."""
     _admit(pipeline)
     assert "/reports/cw/ops/rl-job/" in _diagnose(pipeline).report_uri
+
+
+# --- frozen evidence in parts: a grown log ------------------------------------------------------
+
+
+def _finelog(pipeline: Pipeline) -> Path:
+    return pipeline.settings.bundle_root / JOB / "finelog.log"
+
+
+def _part_keys(pipeline: Pipeline) -> set[str]:
+    return {key for key in _objects(pipeline) if key.startswith(PARTS_PREFIX)}
+
+
+def test_a_grown_log_stores_and_thaws_only_its_new_parts(
+    pipeline: Pipeline, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The second diagnosis after the log grew uploads only the parts after the unchanged rows;
+    a process that thawed the first reads only those, and thaws what a full read gives."""
+    monkeypatch.setattr(frozen, "PART_ROWS", 4)
+    log = _finelog(pipeline)
+    lines = log.read_bytes().splitlines(keepends=True)
+    log.write_bytes(b"".join(lines[:-4]))
+    _admit(pipeline, "e1")
+    _diagnose(pipeline, "e1")
+    first = _part_keys(pipeline)
+    gates = Pipeline(pipeline.settings, pipeline.store, pipeline.redis)  # another process
+    gates.evidence("e1")
+    read_before = gates.part_cache.misses
+    with log.open("ab") as handle:
+        handle.write(b"".join(lines[-4:]))
+    pipeline.redis.delete(pipeline.names.cooldown(JOB))
+    _admit(pipeline, "e2")
+    pipeline.capture("e2", "e2", claim="t2")
+    new = _part_keys(pipeline) - first
+    assert 0 < len(new) < len(first) // 2
+    thawed = gates.evidence("e2")
+    assert gates.part_cache.misses - read_before == len(new)
+    full = collect_evidence(pipeline.settings.bundle_root / JOB, now=NOW)
+    assert thawed.logs is not None and full.logs is not None
+    assert_same(thawed.logs, full.logs)
+
+
+@pytest.mark.parametrize("damage", ["missing", "corrupt"])
+def test_a_damaged_part_is_lost_evidence_answered_error(pipeline: Pipeline, damage: str) -> None:
+    """A part the frozen evidence references that is gone or altered (in S3 and on the worker's
+    disk) never thaws into a shorter table: the gate raises EvidenceLostError naming the part,
+    and the diagnosis is answered ERROR."""
+    _admit(pipeline)
+    pipeline.capture("e1", "e1", claim="t1")
+    shutil.rmtree(pipeline.settings.cache_dir / "parts")  # type: ignore[operator]
+    key = sorted(_part_keys(pipeline))[0]
+    if damage == "missing":
+        del _objects(pipeline)[key]
+    else:
+        _objects(pipeline)[key] = _objects(pipeline)[key][:-20] + b"\0" * 20
+    with pytest.raises(EvidenceLostError, match="part"):
+        pipeline.gate("e1", "liveness")
+    entry = pipeline.fail("e1", JOB, "the frozen evidence of e1 cannot be read")
+    assert entry is not None and entry.verdict.value == "ERROR"
+
+
+def test_a_damaged_disk_copy_of_a_part_is_read_from_s3(pipeline: Pipeline) -> None:
+    """A part whose copy on the worker's disk was altered is read from S3 instead."""
+    _admit(pipeline)
+    pipeline.capture("e1", "e1", claim="t1")
+    for path in (pipeline.settings.cache_dir / "parts").iterdir():  # type: ignore[operator]
+        path.write_bytes(b"damaged")
+    assert pipeline.gate("e1", "liveness")["result"]["status"] != "ERROR"

@@ -15,6 +15,7 @@ never a table cut short.
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import os
 import re
@@ -60,6 +61,11 @@ def job_parts(bundle_root: Path, job_dir: str) -> str:
     return f"{PARTS_PREFIX}{job_id(job)}/"
 
 
+def _matches(name: str, body: bytes) -> bool:
+    match = _PART_NAME.match(name)
+    return match is not None and hashlib.sha256(body).hexdigest() == match.group(2)
+
+
 def stored_parts(store: ObjectStore, prefix: str) -> dict[str, str]:
     """The digest and SHA-256 of every part stored under `prefix`."""
     found: dict[str, str] = {}
@@ -91,7 +97,8 @@ class SharedParts:
         try:
             body = local.read_bytes()
             os.utime(local)
-            return body
+            if _matches(name, body):  # else a damaged copy: S3's is read instead
+                return body
         except OSError:
             pass
         body = self.store.get(prefix + name)
