@@ -12,9 +12,11 @@ evidence.json            everything else as JSON, written last: its presence mar
 
 Each table (every LogTables frame, empty ones included, and the trial table) is cut into parts of
 PART_ROWS rows from its first row (an empty table is one part of no rows). A part is named by
-`<digest>-<sha256>`: the digest (32 hex) is a SHA-256 of the table's name, its schema and two
-64-bit hashes of every row (`DataFrame.hash_rows`, two seeds), so a part holding the same rows has
-the same digest; the SHA-256 is that of the Parquet file as written (redacted), checked when it is
+`<digest>-<sha256>`: the digest (32 hex) is a SHA-256 of the table's name, its schema and the
+64-bit hash of every row (`DataFrame.hash_rows`; a changed row keeps its part's digest only if its
+hash collides with the old row's, about 1 in 2^64), so a part holding the same rows has the same
+digest (within one polars version: another one may hash differently, and then writes every part
+again); the SHA-256 is that of the Parquet file as written (redacted), checked when it is
 read back. When a job's log grows, its tables grow at the end: every full part before the new rows
 keeps its digest, and a freeze given the parts stored already (`stored`) writes only the others —
 the last, partial part and the new ones. `parts_at` says where the parts are kept (the pipeline:
@@ -86,7 +88,7 @@ PARTS: Final = "parts"
 PART_ROWS: Final = 65536
 LINE_MAX_BYTES: Final = 16 * 1024
 _PART_TAG: Final = b"rlhealth frozen part 1\0"
-_SEEDS: Final = (0, 7919)
+_SEED: Final = 0
 _LOG_FRAMES: Final = tuple(f.name for f in dataclasses.fields(LogTables) if f.name != "summary")
 _TRIALS: Final = "trials"
 # Tables that gained columns since format 1 was written: an older freeze thaws with them as nulls.
@@ -186,7 +188,7 @@ def _spans(height: int) -> list[tuple[int, int]]:
 
 def _digests(name: str, frame: pl.DataFrame) -> list[str]:
     """The digest of each part of `frame`: its rows' hashes under the table's name and schema."""
-    hashes = [frame.hash_rows(seed).to_numpy() for seed in _SEEDS] if frame.width else []
+    hashes = [frame.hash_rows(_SEED).to_numpy()] if frame.width else []
     head = _PART_TAG + f"{name}\0{list(frame.schema.items())!r}\0".encode()
     digests = []
     for start, length in _spans(frame.height):
