@@ -14,12 +14,17 @@ from typing import Any
 import pytest
 
 from shared.alerts import publish_alert
+from shared.models import VerdictEntry
 from tests.integration.bundles import write_job_bundle
 from tests.integration.conftest import Services
 from tests.integration.test_observability import Samples, _delta, _scrape
-from tests.integration.test_pipeline import NOW, _verdicts_for
-from worker.diagnosis import collect_evidence
+from tests.integration.test_pipeline import NOW, _judgement, _key, _verdicts_for
+from tests.unit.test_frozen import assert_same
+from worker.diagnosis import collect_evidence, judge
+from worker.evidence.frozen import PART_ROWS
 from worker.pipeline.logcache import PREFIX, job_id
+from worker.pipeline.parts import PARTS_PREFIX
+from worker.pipeline.steps import Pipeline
 
 pytestmark = pytest.mark.integration
 
@@ -27,11 +32,11 @@ TAIL_SLACK = 64 * 1024  # the open tail after the last committed line is read ag
 _SUMMARY_FIELDS = ("lines", "bytes", "records", "malformed", "first_timestamp", "last_timestamp")
 
 
-def _log_bytes() -> bytes:
+def _log_bytes(megabytes: float = 2.0) -> bytes:
     from bench.gen_finelog import generate
 
     with tempfile.TemporaryDirectory() as tmp:
-        return generate(Path(tmp) / "f.log", 2.0).read_bytes()
+        return generate(Path(tmp) / "f.log", megabytes).read_bytes()
 
 
 def _bytes(before: Samples, after: Samples, kind: str) -> float:
@@ -103,3 +108,67 @@ def test_a_repeated_alert_for_a_grown_log_parses_only_the_new_bytes(
     assert second_part - TAIL_SLACK < reused <= second_part
     assert reused + _bytes(after_second, after_third, "parsed") == len(data)
     assert _frozen_summary(services, third) == _full_read_summary(job_dir)
+
+
+def _parts(services: Services, job: str) -> dict[str, int]:
+    """The job's table parts in S3, with their sizes."""
+    prefix = f"{PARTS_PREFIX}{job_id(job)}/"
+    return {key: services.store.size(key) for key in services.store.keys(prefix)}
+
+
+def _offline(services: Services, evidence_id: str, cache: Path) -> Pipeline:
+    """A pipeline on another machine: its own empty disk, S3 alone (no worker's part cache)."""
+    settings = services.settings.model_copy(update={"cache_dir": cache})
+    pipeline = Pipeline(settings, services.store, services.redis)
+    pipeline.evidence(evidence_id)
+    return pipeline
+
+
+def test_a_grown_logs_diagnosis_uploads_only_new_parts_and_replays_from_s3(
+    pipeline_services: Services, tmp_path: Path
+) -> None:
+    """A finelog with tables longer than one part (PART_ROWS): the diagnosis after it grew
+    uploads only the parts past its unchanged rows (fewer bytes than the parts it re-uses); its
+    frozen evidence, thawed from S3 alone on an empty disk, equals a full read of the log and
+    is judged the same as the published verdict; `rl-health replay` answers the same."""
+    services = pipeline_services
+    job_dir = write_job_bundle(services.bundle_root, "grown-parts")
+    job = job_dir.relative_to(services.bundle_root).as_posix()
+    data = _log_bytes(60.0)
+    cut = data.index(b"\n", len(data) * 98 // 100) + 1
+    (job_dir / "finelog.log").write_bytes(data[:cut])
+    first, _ = _diagnose(services, job)
+    before = _parts(services, job)
+    document = json.loads(services.store.get(f"evidence/{first}/evidence.json"))
+    metrics = document["logs"]["tables"]["metrics"]
+    assert len(metrics) >= 2 and metrics[0][2] == PART_ROWS  # a full part, then the rest
+
+    with (job_dir / "finelog.log").open("ab") as handle:
+        handle.write(data[cut:])
+    second, _ = _diagnose(services, job)
+    after = _parts(services, job)
+    new = {key: size for key, size in after.items() if key not in before}
+    document = json.loads(services.store.get(f"evidence/{second}/evidence.json"))
+    referenced = {ref[0] for refs in document["logs"]["tables"].values() for ref in refs}
+    reused = {key: size for key, size in before.items() if key.split("/")[-1][:32] in referenced}
+    assert new and reused
+    assert sum(new.values()) < sum(reused.values())
+    assert {key.split("/")[-1][:32] for key in new} <= referenced
+
+    offline = _offline(services, second, tmp_path / "elsewhere")
+    thawed = offline.evidence(second)
+    assert thawed.logs is not None
+    full = collect_evidence(job_dir, now=NOW).logs
+    assert full is not None
+    assert_same(thawed.logs.metrics, full.metrics)
+    assert_same(thawed.logs.engines, full.engines)
+    (published,) = [e for e in _verdicts_for(services, {second}) if second in e.event_ids]
+    again = judge(thawed, event_id=second)
+    assert (again.verdict, again.confidence) == (published.verdict, published.confidence)
+
+    result = services.run("replay", second, "--json", "--timeout", "120", timeout=180)
+    assert result.returncode == 0, result.stderr
+    replay = VerdictEntry.model_validate_json(result.stdout)
+    stored = json.loads(services.store.get(_key(services, published.report_uri)))
+    replayed = json.loads(services.store.get(_key(services, replay.report_uri)))
+    assert _judgement(stored) == _judgement(replayed)
