@@ -14,6 +14,7 @@ from tests.integration.test_pipeline import _verdicts_for
 from tests.security.bundles import NOW
 from tests.security.corpus import leaks
 from tests.security.test_leaks import secret_bundle, secret_probes
+from worker.evidence.frozen import MARKER, referenced_parts
 
 pytestmark = pytest.mark.integration
 
@@ -26,7 +27,8 @@ def _readable(key: str, body: bytes) -> str:
 
 def test_no_secret_in_any_object_the_pipeline_stores(pipeline_services: Services) -> None:
     """Alert → capture → gates → report on a bundle carrying the corpus: every S3 object (event,
-    frozen evidence, probe files, Parquet tables, both reports) read back has zero leaks."""
+    frozen evidence, probe files, the Parquet parts of its tables, both reports) read back has
+    zero leaks."""
     services = pipeline_services
     job_dir = secret_bundle(services.bundle_root, "rl-secrets")
     probes = secret_probes(services.bundle_root / "probes-secrets")
@@ -38,6 +40,8 @@ def test_no_secret_in_any_object_the_pipeline_stores(pipeline_services: Services
     )
     _verdicts_for(services, {event_id}, timeout=120)
     keys = [k for k in services.store.keys("") if event_id in k]
+    frozen = services.store.get(f"evidence/{event_id}/{MARKER}")
+    keys += sorted(referenced_parts(frozen))  # the tables' parts, kept per job
     assert any(k.startswith("reports/") for k in keys) and any(k.endswith(".parquet") for k in keys)
     texts = {key: _readable(key, services.store.get(key)) for key in keys}
     assert {key: leaks(text) for key, text in texts.items() if leaks(text)} == {}
