@@ -385,7 +385,7 @@ def test_a_part_is_redacted_before_it_is_written(tmp_path: Path) -> None:
     assert token not in str(thawed.logs.errors.get_column("text").to_list())
 
 
-def _as_format_1(directory: Path) -> None:
+def as_format_1(directory: Path) -> None:
     """Rewrite a self-contained format-2 freeze in the layout format 1 wrote: one Parquet file a
     table under logs/ and trials/, no parts."""
     evidence = thaw(directory)
@@ -408,7 +408,7 @@ def test_a_format_1_freeze_still_thaws_to_the_same_verdict(tmp_path: Path) -> No
     """Evidence frozen before parts (format 1) thaws equal and is judged the same."""
     evidence = collect_evidence(write_job_bundle(tmp_path / "bundles"), now=NOW)
     freeze(evidence, tmp_path / "frozen")
-    _as_format_1(tmp_path / "frozen")
+    as_format_1(tmp_path / "frozen")
     assert not (tmp_path / "frozen" / PARTS).exists()
     thawed = thaw(tmp_path / "frozen")
     assert_same(thawed, evidence)

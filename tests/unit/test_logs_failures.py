@@ -9,6 +9,7 @@ import polars as pl
 import pytest
 
 from tests import factories
+from tests.unit.test_frozen import as_format_1
 from worker.evidence import schema
 from worker.evidence.frozen import freeze, thaw
 from worker.evidence.logs import LogCache, parse_job_logs, parse_log_file, write_tables
@@ -267,6 +268,7 @@ def test_an_older_freeze_thaws_with_null_failure_columns(tmp_path: Path) -> None
     """A freeze written before the failure columns existed thaws with them as typed nulls."""
     errors = _errors(tmp_path, ["ValueError: x"])
     freeze(_evidence_with(errors), tmp_path / "frozen")
+    as_format_1(tmp_path / "frozen")  # the layout of that time: one Parquet file a table
     old = errors.select("source", "line", "timestamp", "kind", "text", "attempt")
     old.write_parquet(tmp_path / "frozen" / "logs" / "errors.parquet")
     thawed = thaw(tmp_path / "frozen").logs
