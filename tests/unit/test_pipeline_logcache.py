@@ -501,3 +501,39 @@ def test_the_capture_step_reads_through_the_jobs_cache(world: World, starts: lis
     for name in TABLES:
         assert getattr(frozen.logs, name).height == getattr(fresh.logs, name).height, name
     assert frozen.logs.summary.bytes == world.log.stat().st_size
+
+
+# --- the entries a process keeps between captures ----------------------------------------------
+
+
+def _entry_reads(monkeypatch: pytest.MonkeyPatch) -> list[Path]:
+    """The entry folders read back from disk (each read checks and loads every file)."""
+    found: list[Path] = []
+    original = incremental._read_entry
+
+    def recording(folder: Path, key: str) -> incremental.CacheEntry:
+        found.append(folder)
+        return original(folder, key)
+
+    monkeypatch.setattr(incremental, "_read_entry", recording)
+    return found
+
+
+def test_a_process_takes_the_entry_it_wrote_unless_its_folder_changed(
+    world: World, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The second capture in the same process, its folder unchanged since the first wrote it,
+    reads no entry from disk and still resumes and gives what a full read gives; once the
+    folder's `meta.json` is another (another worker's archive replaced it, say), the entry is
+    read from disk and checked again."""
+    reads = _entry_reads(monkeypatch)
+    world.capture()
+    world.grow()
+    evidence, run = world.capture()
+    assert reads == []
+    assert run.reused_bytes > 0
+    _same_logs(evidence.logs, world.read(None).logs)
+    meta = next((world.tmp / "w1" / "logs" / job_id(JOB)).glob("*/meta.json"))
+    meta.write_text(meta.read_text().replace('"size": ', '"size":  '))  # another meta.json
+    _, run = world.capture()
+    assert len(reads) == 1 and run.reused_bytes > 0

@@ -57,6 +57,7 @@ import shutil
 import tempfile
 import time
 import zipfile
+from collections import OrderedDict
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -95,6 +96,8 @@ _MEMBER: Final = re.compile(
 _MAX_MEMBERS: Final = 4096
 _MAX_JSON_BYTES: Final = 16 * 2**20
 _LEFTOVER_S: Final = 3600  # a staging folder this old belongs to a process that died
+KEPT_BYTES: Final = 512 * 2**20
+"""The parsed rows (polars' estimate) of the entries one process keeps between captures."""
 
 
 @dataclass(frozen=True)
@@ -164,8 +167,60 @@ class _RefusedError(ValueError):
     """A downloaded archive that is not used."""
 
 
+class _Kept:
+    """The entries this process read or wrote last, each with the `meta.json` it was read or
+    written with: a later capture of the same job in this process whose folder still holds that
+    `meta.json` (which lists every file's SHA-256) takes the entry as it is, instead of reading
+    and checking every file again. At most `max_bytes` of rows; least recently used go first."""
+
+    def __init__(self, max_bytes: int) -> None:
+        self.max_bytes = max_bytes
+        self._items: OrderedDict[Path, tuple[bytes, CacheEntry, int]] = OrderedDict()
+
+    def get(self, folder: Path) -> CacheEntry | None:
+        found = self._items.get(folder)
+        if found is None:
+            return None
+        if _meta_bytes(folder) != found[0]:
+            del self._items[folder]
+            return None
+        self._items.move_to_end(folder)
+        return found[1]
+
+    def put(self, folder: Path, entry: CacheEntry) -> None:
+        self._items.pop(folder, None)
+        meta = _meta_bytes(folder)
+        size = _entry_bytes(entry)
+        if meta is None or size > self.max_bytes:
+            return
+        self._items[folder] = (meta, entry, size)
+        while sum(item[2] for item in self._items.values()) > self.max_bytes:
+            self._items.popitem(last=False)
+
+    def forget(self, folder: Path) -> None:
+        self._items.pop(folder, None)
+
+
+def _meta_bytes(folder: Path) -> bytes | None:
+    try:
+        return (folder / "meta.json").read_bytes()
+    except OSError:
+        return None
+
+
+def _entry_bytes(entry: CacheEntry) -> int:
+    frames = list(entry.rows.values())
+    if entry.stitched is not None:
+        frames += [entry.stitched.metrics, entry.stitched.phases]
+    return sum(int(frame.estimated_size()) for frame in frames)
+
+
+_KEPT: Final = _Kept(KEPT_BYTES)
+
+
 class _WatchedCache(LogCache):
-    """A `LogCache` that remembers each lookup (the bytes a read reuses)."""
+    """A `LogCache` that remembers each lookup (the bytes a read reuses), and takes the entries
+    this process kept (`_Kept`) when their folder did not change since."""
 
     def __init__(self, directory: Path) -> None:
         super().__init__(max_entries=1024, directory=directory)
@@ -179,6 +234,26 @@ class _WatchedCache(LogCache):
         stale = had and entry is None and len(self.notes) == notes  # not damaged: outdated
         self.reads[key] = FileRead(source, path.stat().st_size, reused, stale)
         return entry
+
+    def _load(self, key: str) -> CacheEntry | None:
+        folder = self._folder(key)
+        kept = _KEPT.get(folder)
+        if kept is not None:
+            return kept
+        entry = super()._load(key)
+        if entry is not None:
+            _KEPT.put(folder, entry)
+        return entry
+
+    def store(self, key: str, entry: CacheEntry) -> None:
+        notes = len(self.notes)
+        super().store(key, entry)
+        folder = self._folder(key)
+        saved = self._entries.get(key)
+        if saved is not None and len(self.notes) == notes and self.stored(key):
+            _KEPT.put(folder, saved)  # with its parts and hashes, as its meta.json says
+        else:
+            _KEPT.forget(folder)
 
 
 def job_id(job: str) -> str:
