@@ -313,3 +313,18 @@ def test_a_damaged_disk_copy_of_a_part_is_read_from_s3(pipeline: Pipeline) -> No
     for path in (pipeline.settings.cache_dir / "parts").iterdir():  # type: ignore[operator]
         path.write_bytes(b"damaged")
     assert pipeline.gate("e1", "liveness")["result"]["status"] != "ERROR"
+
+
+def test_a_lead_whose_part_is_gone_is_captured_again(pipeline: Pipeline) -> None:
+    """The diagnosis sent again after a part went missing captures afresh (as for a freeze gone
+    whole), and its gates then judge it; a replay of it says the evidence is gone."""
+    _admit(pipeline)
+    pipeline.capture("e1", "e1", claim="t1")
+    key = sorted(_part_keys(pipeline))[0]
+    del _objects(pipeline)[key]
+    shutil.rmtree(pipeline.settings.cache_dir / "parts")  # type: ignore[operator]
+    with pytest.raises(EvidenceLostError, match="replay --fresh"):
+        pipeline.capture("e2", "e1", claim="t2")
+    pipeline.capture("e1", "e1", claim="t3")
+    assert key in _objects(pipeline)
+    assert pipeline.gate("e1", "liveness")["name"] == "liveness"

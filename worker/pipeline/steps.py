@@ -50,7 +50,15 @@ from shared.redact import redact_data, redact_text
 from shared.settings import Settings
 from shared.streams import StreamNames
 from worker.diagnosis import GATE_NAMES, collect_evidence, run_gate
-from worker.evidence.frozen import MARKER, PARTS, PartCache, freeze, thaw
+from worker.evidence.frozen import (
+    MARKER,
+    PARTS,
+    FrozenEvidenceError,
+    PartCache,
+    freeze,
+    referenced_parts,
+    thaw,
+)
 from worker.evidence.model import Evidence
 from worker.pipeline.capture import BackendChoiceError, LiveCapture, LiveProbes, choose_backend
 from worker.pipeline.claim import CaptureClaim
@@ -183,7 +191,7 @@ class Pipeline:
         process is gone (see `worker.pipeline.claim`).
         """
         prefix = evidence_prefix(evidence_id)
-        if self.store.exists(prefix + MARKER):
+        if self._frozen_whole(prefix):
             return evidence_id
         if evidence_id != event_id:
             raise EvidenceLostError(
@@ -196,14 +204,28 @@ class Pipeline:
         if not holder.acquire():
             raise CaptureBusyError(f"another capture of {event_id} is under way")
         with holder.kept():
-            if not self.store.exists(prefix + MARKER):  # finished while we waited for the claim
+            if not self._frozen_whole(prefix):  # finished while we waited for the claim?
                 self._clear(prefix)
                 self._capture_fresh(event, prefix, holder)
         holder.release()
         return evidence_id
 
+    def _frozen_whole(self, prefix: str) -> bool:
+        """Whether `prefix` holds a marked freeze whose every referenced table part is in S3 (a
+        part gone makes it lost evidence, captured again like a freeze gone whole)."""
+        try:
+            referenced = referenced_parts(self.store.get(prefix + MARKER))
+        except ObjectMissingError:
+            return False
+        except FrozenEvidenceError:
+            return True  # not ours to remove (another format?): the gates say what is wrong
+        return all(self.store.exists(key) for key in sorted(referenced))
+
     def _clear(self, prefix: str) -> None:
-        """Remove what a capture that died left under `prefix` (never a marked freeze)."""
+        """Remove what a capture that died left under `prefix`, or a freeze whose parts are
+        gone (its marker first)."""
+        if self.store.exists(prefix + MARKER):
+            self.store.delete(prefix + MARKER)
         for key in self.store.keys(prefix):
             self.store.delete(key)
 
