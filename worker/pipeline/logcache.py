@@ -39,7 +39,9 @@ line, say) is withheld from the archive (`outcome="withheld"`) and its log is re
 next worker.
 
 The disk is bounded: job folders unused for `max_age_s` are removed, then the least recently used
-until all fit in `disk_bytes`.
+until all fit in `disk_bytes`. In memory, each worker process keeps the entries it read or wrote
+last (at most KEPT_BYTES of rows) with the `meta.json` they match: the next capture of the job in
+that process, its folder unchanged, takes the entry without reading its rows back from disk.
 
 Every capture logs one line saying how many bytes it parsed and reused, and counts them in
 `rlhealth_log_cache_files` / `rlhealth_log_cache_bytes`.

@@ -9,8 +9,11 @@
 already and freezes only the others (a grown log: its tables' last part and the new ones); each
 diagnosis's `evidence.json` lists the parts of each table in order. A gate thaws through the
 process's `PartCache` (THAW_CACHE_BYTES), then the disk copy, then S3; every part is checked
-against its SHA-256 when it is read. A referenced part that is gone is a `FrozenEvidenceError`,
-never a table cut short.
+against its SHA-256 when it is read (a damaged disk copy is read from S3 instead). A referenced
+part that is gone is a `FrozenEvidenceError`, never a table cut short.
+
+`sweep` applies worker.retention's rule: expired frozen evidence goes, and a part only when no
+kept evidence references it and it is older than a grace (GRACE_S).
 """
 
 from __future__ import annotations
