@@ -17,7 +17,8 @@ cold     after it grew by as much again, with the worker's disk cache removed: t
 alert is diagnosed (RLHEALTH_COALESCE_S=0); the capture time limit is raised so a slow machine
 does not cut the first capture. `stages_s` splits each diagnosis into its task times from the
 worker's log (capture, the slowest gate and all gates, verdict), `cache` quotes the worker's log
-cache line of each capture (bytes parsed and reused).
+cache line of each capture (bytes parsed and reused), `thaws` each worker process's thaw of each
+frozen evidence (its time, the table parts taken from the process's part cache and those read).
 """
 
 from __future__ import annotations
@@ -97,6 +98,12 @@ def _cache_lines(log: str) -> list[str]:
     return [line.split("] ", 1)[-1] for line in log.splitlines() if "log cache (" in line][1:]
 
 
+def _thaw_lines(log: str) -> list[str]:
+    """Each worker process's thaw of each frozen evidence (the warm-up's first): its time and
+    the parts it took from the process's part cache or read."""
+    return [line.split("] ", 1)[-1] for line in log.splitlines() if "] thawed " in line]
+
+
 def _verdicts(watcher: Watcher) -> list[str]:
     return [entry.verdict.value for entry in watcher.entries]
 
@@ -135,6 +142,7 @@ def growth(base: Path, megabytes: float, grow_pct: float) -> dict[str, Any]:
         "verdicts": verdicts,
         "stages_s": dict(zip(("first", "second", "cold"), stages, strict=False)),
         "cache": _cache_lines((base / "worker.log").read_text(errors="replace")),
+        "thaws": _thaw_lines((base / "worker.log").read_text(errors="replace")),
     }
 
 

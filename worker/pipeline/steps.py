@@ -308,8 +308,10 @@ class Pipeline:
             self._thawed.move_to_end(evidence_id)
             return self._thawed[evidence_id]
         directory = self._local_copy(evidence_id)
+        cache, started = self.part_cache, time.perf_counter()
+        hits, misses = cache.hits, cache.misses
         try:
-            evidence = thaw(directory, fetch=self.parts.fetch, cache=self.part_cache)
+            evidence = thaw(directory, fetch=self.parts.fetch, cache=cache)
         except Exception as exc:
             if _must_propagate(exc):
                 raise
@@ -317,6 +319,13 @@ class Pipeline:
             raise EvidenceLostError(
                 f"the frozen evidence of {evidence_id} cannot be read: {describe(exc)}"
             ) from exc
+        log.info(
+            "thawed %s in %.2fs: %d parts from this process's cache, %d read",
+            evidence_id,
+            time.perf_counter() - started,
+            cache.hits - hits,
+            cache.misses - misses,
+        )
         self._thawed[evidence_id] = evidence
         while len(self._thawed) > _THAWED_KEPT:
             self._thawed.popitem(last=False)
