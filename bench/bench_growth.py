@@ -10,8 +10,9 @@ times from publishing an alert to its verdict on the stream:
 first    the whole log parsed (the job's log cache is empty)
 second   after the log grew by `--grow-pct` %: only the appended bytes are parsed (the worker's
          disk holds the job's log cache)
-cold     after it grew by as much again, with the worker's disk cache removed: the job's archive
-         comes from S3
+cold     after it grew by as much again, with the worker's disk cache removed (log cache, frozen
+         evidence copies, table parts): the job's log cache archive and the evidence's new parts
+         come from S3 (the worker processes still hold the parts they thawed in memory)
 
 `second_ratio` is second / first (issue 12's target: at most 0.15); `cold_ratio` likewise. Every
 alert is diagnosed (RLHEALTH_COALESCE_S=0); the capture time limit is raised so a slow machine
@@ -128,7 +129,8 @@ def growth(base: Path, megabytes: float, grow_pct: float) -> dict[str, Any]:
                 handle.write(extra_bytes)
             sizes.append(log.stat().st_size)
             if label == "cold":
-                shutil.rmtree(base / "cache" / "logs", ignore_errors=True)
+                for folder in ("logs", "evidence", "parts"):  # the worker's whole disk cache
+                    shutil.rmtree(base / "cache" / folder, ignore_errors=True)
             times[label] = _timed(stack, watcher, job, _last_time(log))
         verdicts = _verdicts(watcher)
     stages = _stages((base / "worker.log").read_text(errors="replace"))[1:]  # not the warm-up
