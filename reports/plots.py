@@ -47,7 +47,17 @@ from worker.gates.duty_cycle import duty_shares
 from worker.gates.progress import finished_steps
 from worker.gates.rollouts import cause_expr
 
-__all__ = ["MAX_POINTS", "Marker", "MarkerKind", "Plot", "markers", "plan", "render_plots"]
+__all__ = [
+    "ENGINE_BUCKETS",
+    "MARKED_POINTS",
+    "MAX_POINTS",
+    "Marker",
+    "MarkerKind",
+    "Plot",
+    "markers",
+    "plan",
+    "render_plots",
+]
 
 MAX_POINTS: Final = 1200
 """At most this many rows of one frame are drawn: a longer series (or phase table) is downsampled
@@ -570,24 +580,31 @@ def _phases(ctx: _Context) -> Plot:
 # --- engines --------------------------------------------------------------------------------------
 
 
-def _engine_buckets(engines: pl.DataFrame, now: datetime) -> pl.DataFrame:
-    """`timestamp` (bucket start), `running`, `waiting` (summed over engines), `kv` (mean)."""
-    rows = engines.filter(pl.col("timestamp").is_not_null() & (pl.col("timestamp") <= now))
-    if rows.is_empty():
-        return rows
+_ENGINE_COLUMNS: Final = {"running": "running", "waiting": "waiting", "kv": "kv_cache_pct"}
+
+
+def _engine_buckets(rows: pl.DataFrame) -> pl.DataFrame:
+    """`timestamp` (bucket start) and, for `running` and `waiting` (summed over engines) and `kv`
+    (mean over engines): the bucket's mean and its `<name>_lo` / `<name>_hi` band, each engine's
+    lowest and highest sample in the bucket (summed, or for `kv` the extremes over engines), so a
+    short spike inside a bucket still shows."""
     lo, hi = rows["timestamp"].min(), rows["timestamp"].max()
     assert isinstance(lo, datetime) and isinstance(hi, datetime)
     seconds = max(10, math.ceil((hi - lo).total_seconds() / ENGINE_BUCKETS))
     bucketed = rows.with_columns(pl.col("timestamp").dt.truncate(f"{seconds}s"))
     per_engine = bucketed.group_by("timestamp", "engine").agg(
-        pl.col("running", "waiting", "kv_cache_pct").mean()
+        *(pl.col(src).mean().alias(name) for name, src in _ENGINE_COLUMNS.items()),
+        *(pl.col(src).min().alias(f"{name}_lo") for name, src in _ENGINE_COLUMNS.items()),
+        *(pl.col(src).max().alias(f"{name}_hi") for name, src in _ENGINE_COLUMNS.items()),
     )
+    summed = [f"{n}{end}" for n in ("running", "waiting") for end in ("", "_lo", "_hi")]
     return (
         per_engine.group_by("timestamp")
         .agg(
-            running=pl.col("running").sum(),
-            waiting=pl.col("waiting").sum(),
-            kv=pl.col("kv_cache_pct").mean(),
+            *(pl.col(name).sum() for name in summed),
+            pl.col("kv").mean(),
+            pl.col("kv_lo").min(),
+            pl.col("kv_hi").max(),
         )
         .sort("timestamp")
     )
@@ -595,22 +612,35 @@ def _engine_buckets(engines: pl.DataFrame, now: datetime) -> pl.DataFrame:
 
 def _engines(ctx: _Context) -> Plot:
     title = "vLLM engines: running and waiting requests, KV-cache use"
-    buckets = _engine_buckets(ctx.logs.engines, ctx.evidence.now)
-    if buckets.is_empty():
+    now = ctx.evidence.now
+    engines = ctx.logs.engines
+    rows = engines.filter(pl.col("timestamp").is_not_null() & (pl.col("timestamp") <= now))
+    if rows.is_empty():
         return Plot("engines", title, empty="no vLLM engine stat lines with a timestamp logged")
+    buckets = _engine_buckets(rows)
     axis = _Axis(by_time=True, ctx=ctx)
     figure, axes = _figure(rows=3, height=1.5)
     xs = axis.xs(buckets)
-    series = (("running", "running", "#1565c0"), ("waiting", "waiting", "#ef6c00"))
-    for ax, (column, label, colour) in zip(axes[:2], series, strict=True):
-        ax.plot(xs, buckets[column].to_list(), color=colour, drawstyle="steps-post", label=label)
-        ax.set_ylabel(label, fontsize=8)
-    axes[2].plot(xs, buckets["kv"].to_list(), color="#6a1b9a", drawstyle="steps-post", label="KV %")
-    axes[2].set_ylabel("KV cache %", fontsize=8)
+    series = (
+        ("running", "running", "running", "#1565c0"),
+        ("waiting", "waiting", "waiting", "#ef6c00"),
+        ("kv", "KV %", "KV cache %", "#6a1b9a"),
+    )
+    for ax, (column, label, ylabel, colour) in zip(axes, series, strict=True):
+        low, high = _values(buckets, f"{column}_lo"), _values(buckets, f"{column}_hi")
+        ax.fill_between(xs, low, high, step="post", color=colour, alpha=0.18, linewidth=0)
+        ys = _values(buckets, column)
+        ax.plot(xs, ys, color=colour, drawstyle="steps-post", label=label)
+        ax.set_ylabel(ylabel, fontsize=8)
     axis.finish(axes, buckets)
     _legend(axes[0], *axes[1:])
-    n = ctx.logs.engines["engine"].n_unique()
-    return Plot("engines", title, _png(figure), caption=f"{n} engine(s), summed per time bucket")
+    n = engines["engine"].n_unique()
+    caption = (
+        f"{n} engine(s), summed per time bucket: {buckets.height:,} buckets of {rows.height:,} "
+        "samples (line: the bucket's mean; shaded: its lowest to highest sample)"
+    )
+    png = _png(figure)
+    return Plot("engines", title, png, caption=caption, points=buckets.height, rows=rows.height)
 
 
 # --- trials (agentic) -----------------------------------------------------------------------------

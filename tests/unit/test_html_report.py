@@ -11,6 +11,7 @@ import pytest
 
 from reports import html as html_module
 from reports.html import CSP, escape, html_key, render_html, store_html
+from reports.plots import MAX_POINTS
 from shared.models import (
     Confidence,
     GateName,
@@ -153,6 +154,17 @@ def test_a_plot_without_data_says_so_in_the_page() -> None:
     logs = f.logs(metrics=f.metric_rows({"reward/avg_raw_reward": [0.1] * 12}))
     page = render_html(_report(), f.evidence(log_tables=logs))
     assert "No data: no TIS metric logged (looked for policy/tis/imp_ratio_mean" in page
+
+
+def test_a_downsampled_plot_says_so_in_its_caption_and_a_whole_one_does_not() -> None:
+    """MAX_POINTS + 1 steps of reward: the page's caption of that plot says `N of M points
+    drawn`; MAX_POINTS steps: drawn whole, no such note."""
+    for steps, cut in ((MAX_POINTS, False), (MAX_POINTS + 1, True)):
+        logs = f.logs(metrics=f.metric_rows({"reward/avg_raw_reward": [0.5] * steps}))
+        page = render_html(_report(), f.evidence(log_tables=logs))
+        figure = page[page.index('id="plot-reward"') :]
+        caption = figure[: figure.index("</figcaption>")]
+        assert (f"of {steps:,} points drawn" in caption) is cut
 
 
 def test_store_html_writes_once_beside_the_json_report(monkeypatch: pytest.MonkeyPatch) -> None:

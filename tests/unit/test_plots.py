@@ -15,7 +15,7 @@ from matplotlib.collections import PolyCollection
 from matplotlib.figure import Figure
 
 from reports import plots as plots_module
-from reports.plots import MAX_POINTS, Plot, markers, render_plots
+from reports.plots import ENGINE_BUCKETS, MAX_POINTS, Plot, markers, render_plots
 from shared.models import Mode
 from shared.settings import Thresholds
 from tests import factories as f
@@ -270,6 +270,35 @@ def test_a_huge_phase_table_stacks_a_bounded_number_of_steps(
     assert all(len(p.vertices) <= 2 * MAX_POINTS + 3 for c in layers for p in c.get_paths())
     assert f"of {n:,} points drawn" in plot.caption
     assert 600.0 + 60.0 in layers[-1].get_paths()[0].vertices[:, 1]  # the slow step, on top
+
+
+def test_huge_engine_tables_draw_bounded_buckets_whose_band_keeps_a_queue_spike(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """100,000 stat lines of one engine, one of them with 500 requests waiting: at most
+    ENGINE_BUCKETS + 1 buckets are drawn, the waiting band reaches 500 (the mean alone would
+    not), and the caption gives the counts."""
+    n, spike = 100_000, 67_891
+    waiting = np.full(n, 2, dtype=np.int64)
+    waiting[spike] = 500
+    engines = _long_frame(
+        schema.ENGINES,
+        n,
+        engine="1@h/000",
+        running=np.full(n, 40),
+        waiting=waiting,
+        kv_cache_pct=np.full(n, 50.0),
+    )
+    figures = _figures(monkeypatch)
+    evidence = f.evidence(log_tables=LogTables(engines=engines))
+    plot = _by_slug(render_plots(evidence))["engines"]
+    assert plot.png is not None and plot.rows == n and plot.points <= ENGINE_BUCKETS + 1
+    assert f"{plot.points:,} buckets of {n:,} samples" in plot.caption
+    assert all(points == plot.points for points in _line_points(figures[0]))
+    waiting_axes = figures[0].axes[1]
+    (band,) = [c for c in waiting_axes.collections if isinstance(c, PolyCollection)]
+    assert band.get_paths()[0].vertices[:, 1].max() == 500
+    assert max(waiting_axes.get_lines()[0].get_ydata()) < 500  # the mean hides it; the band not
 
 
 def test_phases_engines_and_agentic_plots_draw_from_their_tables() -> None:
