@@ -10,6 +10,10 @@ the text and JSON reports, the whole HTML report, the plots' shared context (win
 lines) and each plot on its own. The last columns divide the largest size's figure by the
 smallest's: a rendering whose cost is bounded stays near 1x however many rows the tables hold.
 
+Run from an older checkout (`PYTHONPATH=<checkout> .venv/bin/python -m bench.bench_report`, this
+file copied there), it times the text, JSON and HTML reports only (and prints 0 points drawn): the
+"before" figures of docs/performance.md were taken that way from main.
+
 Only rendering is timed: not the parse, the gates, the freeze or the store. `--profile` prints the
 cProfile of one HTML rendering at the largest size (the 25 costliest functions, cumulative).
 """
@@ -20,6 +24,7 @@ import argparse
 import cProfile
 import io
 import json
+import os
 import pstats
 import shutil
 import statistics
@@ -66,24 +71,28 @@ def _job(base: Path, megabytes: float) -> tuple[Path, datetime]:
     return job, datetime.fromisoformat(now.replace("Z", "+00:00"))
 
 
-def _median_s(work: Callable[[], object], runs: int) -> float:
-    took = []
+def _median_s(work: Callable[[], object], runs: int) -> dict[str, float]:
+    """Median wall and CPU (user + system, every thread of this process) seconds of `runs`."""
+    walls, cpus = [], []
     for _ in range(runs):
-        started = time.perf_counter()
+        started, cpu = time.perf_counter(), time.process_time()
         work()
-        took.append(time.perf_counter() - started)
-    return statistics.median(took)
+        walls.append(time.perf_counter() - started)
+        cpus.append(time.process_time() - cpu)
+    return {"wall": round(statistics.median(walls), 4), "cpu": round(statistics.median(cpus), 4)}
 
 
 def _pieces(report: Report, evidence: Evidence) -> dict[str, Callable[[], object]]:
     """Every rendering timed: the three reports, the plots' context, then each plot alone."""
-    ctx, draws = plots_module.plan(evidence)
     pieces: dict[str, Callable[[], object]] = {
         "text": lambda: render_text(report),
         "json": lambda: render_json(report),
         "html": lambda: render_html(report, evidence),
-        "plots: context": lambda: plots_module.plan(evidence),
     }
+    if not hasattr(plots_module, "plan"):  # a checkout from before this bench: the whole only
+        return pieces
+    ctx, draws = plots_module.plan(evidence)
+    pieces["plots: context"] = lambda: plots_module.plan(evidence)
     for slug, draw in draws:
         pieces[f"plot {slug}"] = lambda draw=draw: draw(ctx)  # type: ignore[misc]
     return pieces
@@ -92,7 +101,7 @@ def _pieces(report: Report, evidence: Evidence) -> dict[str, Callable[[], object
 def _points(evidence: Evidence) -> dict[str, str]:
     """Each plot's caption note of the points it drew (e.g. `1,000 of 40,000 points`)."""
     plots = plots_module.render_plots(evidence)
-    return {p.slug: f"{getattr(p, 'points', '?')} of {getattr(p, 'rows', '?')}" for p in plots}
+    return {p.slug: f"{getattr(p, 'points', 0):,} of {getattr(p, 'rows', 0):,}" for p in plots}
 
 
 def _profile(report: Report, evidence: Evidence) -> str:
@@ -119,8 +128,7 @@ def measure(base: Path, sizes: list[float], runs: int, profile: bool) -> dict[st
             "verdict": report.verdict.value,
             "rows": {name: getattr(logs, name).height for name in _TABLES},
             "seconds": {
-                name: round(_median_s(work, runs), 4)
-                for name, work in _pieces(report, evidence).items()
+                name: _median_s(work, runs) for name, work in _pieces(report, evidence).items()
             },
             "points": _points(evidence),
             "html_kb": round(len(render_html(report, evidence).encode()) / 1024),
@@ -130,17 +138,20 @@ def measure(base: Path, sizes: list[float], runs: int, profile: bool) -> dict[st
         shutil.rmtree(job)
     small, large = (found["sizes"][f"{m:g}"]["seconds"] for m in (min(sizes), max(sizes)))
     found["ratio_largest_to_smallest"] = {
-        name: round(large[name] / small[name], 2) if small[name] else None for name in small
+        name: round(large[name]["wall"] / small[name]["wall"], 2) if small[name]["wall"] else None
+        for name in small
     }
+    found["load_average"] = [round(x, 2) for x in os.getloadavg()]
     return found
 
 
 def _table(found: dict[str, Any]) -> str:
     sizes = list(found["sizes"])
-    head = ["rendering", *(f"{s} MB (s)" for s in sizes), "ratio"]
+    head = ["rendering", *(f"{s} MB wall / cpu (s)" for s in sizes), "wall ratio"]
     lines = [" | ".join(head)]
     for name, ratio in found["ratio_largest_to_smallest"].items():
-        cells = [f"{found['sizes'][s]['seconds'][name]:.4f}" for s in sizes]
+        times = [found["sizes"][s]["seconds"][name] for s in sizes]
+        cells = [f"{t['wall']:.3f} / {t['cpu']:.3f}" for t in times]
         lines.append(" | ".join([name, *cells, f"{ratio}x"]))
     for size in sizes:
         entry = found["sizes"][size]
@@ -148,6 +159,7 @@ def _table(found: dict[str, Any]) -> str:
             f"{size} MB: log {entry['log_mb']} MB, verdict {entry['verdict']}, rows "
             f"{entry['rows']}, html {entry['html_kb']} KiB, points drawn {entry['points']}"
         )
+    lines.append(f"load average at the end: {found['load_average']}")
     return "\n".join(lines)
 
 
