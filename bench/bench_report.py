@@ -16,6 +16,8 @@ file copied there), it times the text, JSON and HTML reports only (and prints 0 
 
 Only rendering is timed: not the parse, the gates, the freeze or the store. `--profile` prints the
 cProfile of one HTML rendering at the largest size (the 25 costliest functions, cumulative).
+It also times, in fresh processes, the import of the plotting modules (matplotlib): paid once per
+process, by the worker before it forks its pool since `reports.html` imports them.
 """
 
 from __future__ import annotations
@@ -28,6 +30,8 @@ import os
 import pstats
 import shutil
 import statistics
+import subprocess
+import sys
 import tempfile
 import time
 from collections.abc import Callable
@@ -104,6 +108,23 @@ def _points(evidence: Evidence) -> dict[str, str]:
     return {p.slug: f"{getattr(p, 'points', 0):,} of {getattr(p, 'rows', 0):,}" for p in plots}
 
 
+_IMPORT = (
+    "import time; import polars, pydantic, shared.models; t = time.perf_counter(); "
+    "import reports.plots; print(time.perf_counter() - t)"
+)
+
+
+def _import_s(runs: int) -> float:
+    """Median seconds a fresh process takes to import the plotting modules (matplotlib), beyond
+    polars and the models: paid once per process, on the first page drawn unless imported first."""
+    took = [
+        float(subprocess.run([sys.executable, "-c", _IMPORT], capture_output=True, check=True,
+                             text=True).stdout)
+        for _ in range(runs)
+    ]  # fmt: skip
+    return round(statistics.median(took), 3)
+
+
 def _profile(report: Report, evidence: Evidence) -> str:
     profiler = cProfile.Profile()
     profiler.runcall(render_html, report, evidence)
@@ -115,7 +136,7 @@ def _profile(report: Report, evidence: Evidence) -> str:
 def measure(base: Path, sizes: list[float], runs: int, profile: bool) -> dict[str, Any]:
     """Per size: the log's bytes, the tables' rows, each rendering's median seconds, the points
     each plot drew; and the largest / smallest ratio of each rendering."""
-    found: dict[str, Any] = {"runs": runs, "sizes": {}}
+    found: dict[str, Any] = {"runs": runs, "import_plots_s": _import_s(runs), "sizes": {}}
     for megabytes in sizes:
         job, now = _job(base, megabytes)
         evidence = collect_evidence(job, now=now)
@@ -159,6 +180,7 @@ def _table(found: dict[str, Any]) -> str:
             f"{size} MB: log {entry['log_mb']} MB, verdict {entry['verdict']}, rows "
             f"{entry['rows']}, html {entry['html_kb']} KiB, points drawn {entry['points']}"
         )
+    lines.append(f"import of the plotting modules in a fresh process: {found['import_plots_s']} s")
     lines.append(f"load average at the end: {found['load_average']}")
     return "\n".join(lines)
 

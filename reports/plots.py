@@ -10,7 +10,7 @@ so no GUI backend is touched and nothing is global: two threads may render at on
   last W steps that carry any canonical metric, as the dynamics gate takes it) shaded;
 - phase seconds per step, stacked, with the step total as a line;
 - vLLM engines: running and waiting requests summed over engines, and mean KV-cache use, per time
-  bucket;
+  bucket (the line), with each bucket's lowest to highest sample shaded;
 - runs with trials (agentic): finished trials by outcome (the rollouts gate's causes, else
   reward > 0 / reward 0 / no reward) over time, and the duty-cycle shares of trial wall time.
 
@@ -19,6 +19,14 @@ the log, attempt starts in the controller's history), the newest progress (the n
 or metric row not after the capture), each stack dump, and the capture time (`evidence.now`).
 A series with rows that carry no timestamp is drawn by step instead, and its caption says that the
 event lines are left out.
+
+Bounded cost, whatever the log's size: a series or phase table longer than MAX_POINTS rows is
+downsampled by `reports.downsample` (each stretch keeps its first, last, lowest, highest and first
+non-finite rows, so no spike, NaN or final stall is thinned away) and its caption says `N of M
+points drawn`; engine samples are bucketed in time; times become matplotlib date numbers in one
+vectorised pass; event lines are one artist per kind, however many restarts. What still reads every
+row is vectorised polars (filters and group-bys over the tables), measured in
+`bench/bench_report.py`.
 """
 
 from __future__ import annotations
