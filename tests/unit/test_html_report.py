@@ -191,12 +191,11 @@ def test_a_page_that_cannot_be_drawn_is_stored_without_plots(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """When drawing with the evidence fails, the page is stored from the report alone."""
-    import reports.plots
 
     def broken(evidence: Any) -> Any:
         raise RuntimeError("matplotlib is unwell")
 
-    monkeypatch.setattr(reports.plots, "render_plots", broken)
+    monkeypatch.setattr(html_module, "render_plots", broken)
     store = MemoryStore()
     key = store_html(store, "reports/a/b/c/d.json", _report(), f.evidence())
     assert b"the evidence tables were not available to plot" in store.get(key)
