@@ -534,7 +534,7 @@ def _phase_rows(logs: LogTables) -> pl.DataFrame:
             "timestamp",
         )
     rows = rows.drop_nulls(["step", "phase", "seconds"]).filter(pl.col("seconds").is_finite())
-    return rows.unique(["step", "phase"], keep="last", maintain_order=True)
+    return rows.unique(["step", "phase"], keep="last")  # later use is keyed by step and phase
 
 
 def _stacked(rows: pl.DataFrame) -> tuple[pl.DataFrame, list[str]]:
@@ -591,11 +591,11 @@ def _phases(ctx: _Context) -> Plot:
 _ENGINE_COLUMNS: Final = {"running": "running", "waiting": "waiting", "kv": "kv_cache_pct"}
 
 
-def _engine_buckets(rows: pl.DataFrame) -> pl.DataFrame:
+def _engine_buckets(rows: pl.DataFrame) -> tuple[pl.DataFrame, int]:
     """`timestamp` (bucket start) and, for `running` and `waiting` (summed over engines) and `kv`
     (mean over engines): the bucket's mean and its `<name>_lo` / `<name>_hi` band, each engine's
     lowest and highest sample in the bucket (summed, or for `kv` the extremes over engines), so a
-    short spike inside a bucket still shows."""
+    short spike inside a bucket still shows; and how many engines the samples come from."""
     lo, hi = rows["timestamp"].min(), rows["timestamp"].max()
     assert isinstance(lo, datetime) and isinstance(hi, datetime)
     seconds = max(10, math.ceil((hi - lo).total_seconds() / ENGINE_BUCKETS))
@@ -606,7 +606,8 @@ def _engine_buckets(rows: pl.DataFrame) -> pl.DataFrame:
         *(pl.col(src).max().alias(f"{name}_hi") for name, src in _ENGINE_COLUMNS.items()),
     )
     summed = [f"{n}{end}" for n in ("running", "waiting") for end in ("", "_lo", "_hi")]
-    return (
+    engines = per_engine["engine"].n_unique()  # over the few bucket rows, not every sample
+    buckets = (
         per_engine.group_by("timestamp")
         .agg(
             *(pl.col(name).sum() for name in summed),
@@ -616,6 +617,7 @@ def _engine_buckets(rows: pl.DataFrame) -> pl.DataFrame:
         )
         .sort("timestamp")
     )
+    return buckets, engines
 
 
 def _engines(ctx: _Context) -> Plot:
@@ -625,7 +627,7 @@ def _engines(ctx: _Context) -> Plot:
     rows = engines.filter(pl.col("timestamp").is_not_null() & (pl.col("timestamp") <= now))
     if rows.is_empty():
         return Plot("engines", title, empty="no vLLM engine stat lines with a timestamp logged")
-    buckets = _engine_buckets(rows)
+    buckets, n = _engine_buckets(rows)
     axis = _Axis(by_time=True, ctx=ctx)
     figure, axes = _figure(rows=3, height=1.5)
     xs = axis.xs(buckets)
@@ -642,7 +644,6 @@ def _engines(ctx: _Context) -> Plot:
         ax.set_ylabel(ylabel, fontsize=8)
     axis.finish(axes, buckets)
     _legend(axes[0], *axes[1:])
-    n = engines["engine"].n_unique()
     caption = (
         f"{n} engine(s), summed per time bucket: {buckets.height:,} buckets of {rows.height:,} "
         "samples (line: the bucket's mean; shaded: its lowest to highest sample)"
