@@ -21,12 +21,12 @@ A series with rows that carry no timestamp is drawn by step instead, and its cap
 event lines are left out.
 
 Bounded cost, whatever the log's size: a series or phase table longer than MAX_POINTS rows is
-downsampled by `reports.downsample` (each stretch keeps its first, last, lowest, highest and first
-non-finite rows, so no spike, NaN or final stall is thinned away) and its caption says `N of M
-points drawn`; engine samples are bucketed in time; times become matplotlib date numbers in one
-vectorised pass; event lines are one artist per kind, however many restarts. What still reads every
-row is vectorised polars (filters and group-bys over the tables), measured in
-`bench/bench_report.py`.
+downsampled by `reports.downsample` (each stretch keeps its first, last, lowest and highest rows,
+so no spike or final stall is thinned away; non-finite values are left out before, and counted)
+and its caption says `N of M points drawn`; engine samples are bucketed in time; times become
+matplotlib date numbers in one vectorised pass; event lines are one artist per kind, however many
+restarts. What still reads every row is vectorised polars (filters and group-bys over the
+tables), measured in `bench/bench_report.py`.
 """
 
 from __future__ import annotations
@@ -70,7 +70,7 @@ __all__ = [
 MAX_POINTS: Final = 1200
 """At most this many rows of one frame are drawn: a longer series (or phase table) is downsampled
 by `reports.downsample` after its moving average is taken, keeping in each stretch its first, last,
-lowest, highest and first non-finite rows, and its caption says `N of M points drawn`. The axes
+lowest and highest rows, and its caption says `N of M points drawn`. The axes
 are ~570 px wide: 1,200 points is two per pixel column, so nothing visible is lost."""
 
 MARKED_POINTS: Final = 300
@@ -231,7 +231,7 @@ def _points_note(drawn: Sequence[Downsampled]) -> list[str]:
         return []
     return [
         f"{points:,} of {rows:,} points drawn (each stretch of the series keeps its first, last, "
-        "lowest, highest and first non-finite values)"
+        "lowest and highest values)"
     ]
 
 
