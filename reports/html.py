@@ -23,7 +23,7 @@ import base64
 import html
 import logging
 import re
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from datetime import datetime
 from importlib import metadata
 from typing import TYPE_CHECKING, Any, Final
@@ -361,20 +361,30 @@ def render_html(report: Report, evidence: Evidence | None = None) -> str:
     )
 
 
-def store_html(store: ObjectStore, json_key: str, report: Report, evidence: Evidence) -> str:
+def store_html(
+    store: ObjectStore,
+    json_key: str,
+    report: Report,
+    evidence: Evidence | None,
+    *,
+    failed: Callable[[BaseException], None] | None = None,
+) -> str:
     """Store the HTML report once beside the JSON report (same key, `.html`); returns its key.
 
     Rendering is best effort: the text and JSON reports are the contract, so a page that cannot
-    be drawn is stored without its plots (saying why) rather than holding up the verdict. Faults of
-    the store itself propagate, to be retried like any other.
+    be drawn is stored without its plots (saying why; `failed` is told the exception). Faults of
+    the store itself propagate, to be retried like any other. The pipeline calls this in its own
+    task after the verdict is published (`worker.pipeline.steps.Pipeline.html`).
     """
     key = html_key(json_key)
     if store.exists(key):  # written on an earlier run of this step: no need to draw again
         return key
     try:
         page = render_html(report, evidence)
-    except Exception:
+    except Exception as exc:
         log.exception("the HTML report of %s could not be drawn; storing it without plots", key)
+        if failed is not None:
+            failed(exc)
         page = render_html(report)
     store.put_once(key, page.encode("utf-8"), HTML_TYPE)
     return key

@@ -24,6 +24,10 @@ COMMANDS: Final[dict[str, tuple[str, str]]] = {
     "worker": ("worker.cli.pipeline_cmd", "Start a Celery worker."),
     "verdicts": ("worker.cli.pipeline_cmd", "Read verdicts (the supervisor side)."),
     "replay": ("worker.cli.pipeline_cmd", "Re-diagnose an archived event."),
+    "sweep": (
+        "worker.cli.sweep_cmd",
+        "Delete frozen evidence older than --keep and table parts no kept evidence uses.",
+    ),
     "board": ("worker.cli.board_cmd", "Serve a read-only web page of recent verdicts."),
     "signatures": (
         "worker.cli.signatures_cmd",

@@ -140,7 +140,7 @@ def ingest_command(
 
     settings = load_settings()  # before the app module reads them
     from worker.pipeline.ingest import Ingest
-    from worker.pipeline.tasks import dispatch, resend
+    from worker.pipeline.tasks import dispatch, draw_later, resend
     from worker.pipeline.watchdog import Watchdog
 
     if metrics_port is not None:
@@ -153,7 +153,7 @@ def ingest_command(
     signal.signal(signal.SIGTERM, lambda signum, _frame: stopping.append(signum))
     pipeline = _pipeline(settings)
     started = partial(dispatch, register=False)  # the admission registered the lead
-    watchdog = Watchdog(pipeline, resend)
+    watchdog = Watchdog(pipeline, resend, draw=draw_later)
     ingest = Ingest(pipeline, started, consumer=consumer, watchdog=watchdog)
     try:
         handled = ingest.run(stop=lambda: bool(stopping), max_events=max_events, until_idle=once)

@@ -188,10 +188,19 @@ def _moment(kind: str, frame_name: str, row: dict[str, Any]) -> Moment:
 
 
 def _newest_row(frame: pl.DataFrame, keep: pl.Expr) -> dict[str, Any] | None:
-    rows = frame.filter(pl.col("timestamp").is_not_null() & keep)
-    if rows.is_empty():
+    """The newest dated row that `keep` keeps: the latest timestamp, then the highest line
+    (None lines first, as a sort puts them). Vectorised: the rows at the newest time are found
+    with one filter over the frame, and only those few are sorted (not the whole frame)."""
+    dated = pl.col("timestamp").is_not_null() & keep
+    newest = (
+        frame.lazy()
+        .filter(dated)
+        .filter(pl.col("timestamp") == pl.col("timestamp").max())
+        .collect()
+    )
+    if newest.is_empty():
         return None
-    return rows.sort(["timestamp", "line"]).row(-1, named=True)
+    return newest.sort(["timestamp", "line"]).row(-1, named=True)
 
 
 def _advancing(progress: pl.DataFrame) -> pl.DataFrame:
@@ -216,14 +225,28 @@ def _log_frames(logs: LogTables) -> Iterable[tuple[str, str, pl.DataFrame]]:
 
 
 def _log_moments(logs: LogTables, now: datetime, limit: datetime) -> tuple[list[Moment], ...]:
+    """The newest row of each kind up to `now`, and the newest log line after `limit`. A frame
+    that dates two kinds (timers: a phase and a log line) is searched once for both."""
     past: list[Moment] = []
     future: list[Moment] = []
+    # by the frame's id, the frame kept alive beside its row so no other frame takes that id
+    newest: dict[tuple[int, bool], tuple[pl.DataFrame, dict[str, Any] | None]] = {}
+
+    def found(frame: pl.DataFrame, ahead: bool) -> dict[str, Any] | None:
+        key = (id(frame), ahead)
+        if key not in newest:
+            keep = pl.col("timestamp") > limit if ahead else pl.col("timestamp") <= now
+            newest[key] = (frame, _newest_row(frame, keep))
+        return newest[key][1]
+
     for kind, name, frame in _log_frames(logs):
-        row = _newest_row(frame, pl.col("timestamp") <= now)
+        row = found(frame, ahead=False)
         if row is not None:
             past.append(_moment(kind, name, row))
-        ahead = _newest_row(frame, pl.col("timestamp") > limit)
-        if ahead is not None and kind == LOG_LINE:
+        if kind != LOG_LINE:
+            continue
+        ahead = found(frame, ahead=True)
+        if ahead is not None:
             future.append(_moment(kind, name, ahead))
     return past, future
 

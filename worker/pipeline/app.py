@@ -50,6 +50,7 @@ def limits(settings: Settings) -> dict[str, tuple[float, float]]:
         "rlhealth.gate": quick,
         "rlhealth.verdict": quick,
         "rlhealth.publish": quick,
+        "rlhealth.html": quick,  # the page after publish: plots of every table, bounded in points
         "rlhealth.fail": quick,
     }
 

@@ -9,7 +9,8 @@ Worker metrics come from Celery signals, so the tasks stay thin:
 Where no signal can see, the adapters call a function here in one line: ingest for every alert's
 outcome (started, attached, reannounced, duplicate, dead-letter; attached and reannounced are the
 coalesced ones) and every dead letter by reason, the capture policy for the probes it ran, the
-log cache for the log bytes a capture parsed and reused and what became of its S3 copy.
+log cache for the log bytes a capture parsed and reused and what became of its S3 copy, the HTML
+task for every page it stored (with plots, without them, or none when the report was gone).
 
 Prefork workers: every pool child is its own process, so values are kept in prometheus-client's
 multiprocess mode — one memory-mapped file per process in `PROMETHEUS_MULTIPROC_DIR`, which must be
@@ -44,6 +45,7 @@ __all__ = [
     "DEAD_LETTERS",
     "DIAGNOSES_FINISHED",
     "DIAGNOSES_STARTED",
+    "HTML_REPORTS",
     "LOG_CACHE_BYTES",
     "LOG_CACHE_FILES",
     "LOG_CACHE_SHARED",
@@ -57,6 +59,7 @@ __all__ = [
     "alert_handled",
     "dead_letter_kind",
     "dead_lettered",
+    "html_drawn",
     "log_cache_used",
     "probes_ran",
     "serve",
@@ -78,7 +81,8 @@ VERDICTS = Counter(
 )
 STAGE_SECONDS = Histogram(
     "rlhealth_stage_seconds",
-    "Wall time of a pipeline stage that succeeded: capture, each gate by name, verdict, publish.",
+    "Wall time of a pipeline stage that succeeded: capture, each gate by name, verdict, publish, "
+    "html (the page drawn after publish).",
     ["stage"],
     buckets=_STAGE_BUCKETS,
 )
@@ -116,6 +120,12 @@ LOG_CACHE_SHARED = Counter(
     "rlhealth_log_cache_shared",
     "The S3 copy of job log caches, by outcome: downloaded, uploaded, ignored (failed its "
     "checks), withheld (an entry held text the redactor hides).",
+    ["outcome"],
+)
+HTML_REPORTS = Counter(
+    "rlhealth_html_reports",
+    "HTML pages of published verdicts, by outcome: drawn (with plots), without_plots (the plots "
+    "or the evidence failed: the page says so), report_gone (no longer kept: no page).",
     ["outcome"],
 )
 
@@ -171,6 +181,11 @@ def log_cache_used(
     LOG_CACHE_BYTES.labels(kind="reused").inc(reused)
     for outcome in shared:
         LOG_CACHE_SHARED.labels(outcome=outcome).inc()
+
+
+def html_drawn(outcome: str) -> None:
+    """The HTML task stored a page (`drawn`, `without_plots`) or could not (`report_gone`)."""
+    HTML_REPORTS.labels(outcome=outcome).inc()
 
 
 # --- Celery signals -------------------------------------------------------------------------------

@@ -6,10 +6,14 @@ capture  event → evidence frozen under S3 `evidence/<event_id>/` (a replay reu
          frozen under `probes/` (gates only read; the second look alone probes again)
 gate     frozen evidence → one gate's result (broken evidence is an ERROR result; lost evidence
          raises `EvidenceLostError`, so the diagnosis is sent again and captures afresh)
-verdict  gate results → the report, written once to S3 `reports/...` → the verdict entry
+verdict  gate results → the report, its text and JSON written once to S3 `reports/...` → the
+         verdict entry (the report itself kept in Redis for `html`)
 look     a KILL that rests on stacks → RLHEALTH_REOBSERVE_S later, the job seen again (frozen
          under `evidence/<id>/second_look/`) → the settled report and its entry
 publish  verdict entry → the verdict stream and channel, with every event id it answers
+html     after publish: a published verdict → its HTML page (plots drawn from the frozen
+         evidence) beside the JSON report, same key with `.html`; best effort, for people: the
+         verdict never waits for it, and a page that cannot be drawn is stored without plots
 fail     a diagnosis that cannot finish → an ERROR report and verdict naming the stage and the
          cause, through the same publish, and a dead-letter entry with the lead's event
 
@@ -36,7 +40,7 @@ from typing import Any, Final
 
 from pydantic import ValidationError
 
-from reports.html import store_html
+from reports.html import html_key, store_html
 from reports.sinks import S3ReportSink, StoredReport, VerdictStreamSink
 from shared.models import (
     Event,
@@ -78,7 +82,7 @@ from worker.pipeline.failures import (
 )
 from worker.pipeline.lease import Leases
 from worker.pipeline.logcache import collect_cached
-from worker.pipeline.metrics import dead_lettered
+from worker.pipeline.metrics import dead_lettered, html_drawn
 from worker.pipeline.parts import THAW_CACHE_BYTES, SharedParts, job_parts, stored_parts
 from worker.pipeline.second_look import (
     LOOK_DIR,
@@ -395,10 +399,50 @@ class Pipeline:
         return self._decide(VerdictStreamSink.entry(report, stored)).model_dump(mode="json")
 
     def _store_report(self, report: Report, evidence: Evidence) -> StoredReport:
-        """The text, JSON and HTML renderings, written once under the report's key."""
+        """The text and JSON renderings, written once under the report's key; the report itself
+        is kept in Redis (by its URI) for the HTML page drawn after publish (`html`)."""
         stored = S3ReportSink(self.store)(report, **_place(evidence))
-        store_html(self.store, stored.json_key, report, evidence)
+        key, fields = self._kept_report(stored.uri), {"json_key": stored.json_key}
+        with self.redis.pipeline() as batch:
+            batch.hset(key, mapping={**fields, "report": report.model_dump_json()})
+            batch.expire(key, self.coalescer.retention_s)
+            batch.execute()
         return stored
+
+    def _kept_report(self, report_uri: str) -> str:
+        return f"{self.names.prefix}:report:{report_uri}"
+
+    def html(self, entry: dict[str, Any], evidence_id: str | None) -> str | None:
+        """Draw the HTML page of a published verdict beside its JSON report (same key, `.html`),
+        its plots from the frozen evidence `evidence_id`; returns the page's key, None when the
+        report is no longer kept. Best effort: evidence that cannot be read, or plots that
+        cannot be drawn, give the page without plots (logged, counted); faults of Redis or S3
+        raise, to be retried."""
+        uri = VerdictEntry.model_validate(entry).report_uri
+        kept = {_text(k): v for k, v in self.redis.hgetall(self._kept_report(uri)).items()}
+        if "json_key" not in kept or "report" not in kept:
+            log.warning("the report %s is no longer kept: its HTML page is not drawn", uri)
+            html_drawn("report_gone")
+            return None
+        json_key = _text(kept["json_key"])
+        if not self.store.exists(html_key(json_key)):  # else drawn by an earlier run
+            report = Report.model_validate_json(kept["report"])
+            evidence = self._plotted(evidence_id) if evidence_id else None
+            failed: list[BaseException] = []
+            store_html(self.store, json_key, report, evidence, failed=failed.append)
+            html_drawn("without_plots" if failed or evidence is None else "drawn")
+        self.redis.delete(self._kept_report(uri))
+        return html_key(json_key)
+
+    def _plotted(self, evidence_id: str) -> Evidence | None:
+        """The frozen evidence to draw plots from; None when it is gone or cannot be read."""
+        try:
+            return self.evidence(evidence_id)
+        except Exception as exc:
+            if not isinstance(exc, EvidenceLostError) and _must_propagate(exc):
+                raise
+            log.warning("HTML page of %s drawn without plots: %s", evidence_id, describe(exc))
+            return None
 
     def decided(self, lead: str) -> VerdictEntry | None:
         """The verdict entry decided for `lead`, before or after it was published."""
@@ -586,6 +630,10 @@ class Pipeline:
             },
         )
         dead_lettered(f"diagnosis failed: {reason}")
+
+
+def _text(value: Any) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)
 
 
 def _unread(evidence: Evidence) -> bool:

@@ -2,10 +2,16 @@
 
     capture ─┬─ gate restarts ──┐
              ├─ gate liveness ──┤
-             ├─ ...             ├─ verdict ────────────────────────────── publish
+             ├─ ...             ├─ verdict ────────────────────────────── publish ┈┈▶ html
              └─ gate duty_cycle ┘     └─ (a KILL on stacks) second look ──┘
                                          REOBSERVE_S later, a countdown
-    (any of them failing) ──────────────────────────────────────────────────▶ fail
+    (any of them failing) ──────────────────────────────────────────────────▶ fail ┈┈▶ html
+
+`html` draws the HTML page (matplotlib plots) after the verdict is published: a callback linked to
+publish (or sent by `fail`, and by ingest's watchdog, once they answered ERROR), outside the
+workflow's error handling. The verdict entry and the text and JSON reports are the contract and
+never wait for the page; a page that cannot be drawn is stored without plots, and an `html` task
+that fails for good is only logged and counted (it never answers the diagnosis).
 
 Each task takes references (event id, evidence id, job key) and the diagnosis's `lead` and retry
 `deadline` as keywords, and calls one pipeline step through `_run`, which
@@ -62,8 +68,10 @@ from worker.pipeline.store import store_from_settings
 __all__ = [
     "capture",
     "dispatch",
+    "draw_later",
     "fail",
     "gate",
+    "html",
     "pipeline",
     "publish",
     "redispatch",
@@ -261,6 +269,37 @@ def publish(
     return _run(self, lead, deadline, "publish", partial(pipeline().publish, entry, job))
 
 
+@_task("rlhealth.html")
+def html(
+    self: Task, entry: dict[str, Any], evidence_id: str | None, *, deadline: float
+) -> str | None:
+    """After publish: the verdict's HTML page beside its JSON report (`Pipeline.html`); its key.
+
+    The diagnosis is answered already, so no lease is renewed and nothing answers it again: a
+    task killed twice fails (the delivery guard), the memory budget applies as to any task,
+    infrastructure faults are retried until `deadline`; no error callback is linked."""
+    p, delivery, retries = pipeline(), _delivery(self), int(self.request.retries or 0)
+    try:
+        with classified():
+            DeliveryGuard(p.redis, p.names).started(delivery, retries, "html")
+            with _budget(delivery, "html").watching():
+                return p.html(entry, evidence_id)
+    except InfrastructureError as exc:
+        if time.time() >= deadline:
+            raise
+        raise self.retry(exc=exc, countdown=_backoff(retries), max_retries=None) from exc
+
+
+def draw_later(entry: dict[str, Any], evidence_id: str | None) -> None:
+    """Send the `html` task for a verdict answered outside the workflow (an ERROR answer); a
+    send that fails is logged: the verdict is out already."""
+    try:
+        deadline = time.time() + settings().retry_deadline_s
+        html.si(entry, evidence_id, deadline=deadline).apply_async()
+    except Exception as exc:
+        log.warning("the HTML page of %s was not sent: %s", entry.get("event_id"), exc)
+
+
 # --- the error callback -------------------------------------------------------------------------
 
 
@@ -294,22 +333,31 @@ def fail(self: Task, failed_task_id: str, *, lead: str, job: str, deadline: floa
         with classified():
             p = pipeline()
             first = DeliveryGuard(p.redis, p.names).count(str(self.request.id), 0) == 1
-            _answer(lead, job, stage, why, exc, read_frozen=first)
+            answered = _answer(lead, job, stage, why, exc, read_frozen=first)
     except InfrastructureError as infra:
         if time.time() >= deadline:
             raise
         countdown = _backoff(int(self.request.retries or 0))
         raise self.retry(exc=infra, countdown=countdown, max_retries=None) from infra
+    if answered is not None:
+        draw_later(answered, _judged_on(lead) if first else None)
 
 
 def _answer(
     lead: str, job: str, stage: str, why: str, exc: BaseException | None, *, read_frozen: bool
-) -> None:
+) -> dict[str, Any] | None:
+    """The entry published for `lead`; None when it was sent again or answered already."""
     first = not int(pipeline().leases.record(lead).get("redispatches") or 0)
     if _recoverable(stage, exc, first=first) and redispatch(lead, why):
-        return
+        return None
     # a callback whose process died (reading a huge frozen evidence?) answers from the event
-    pipeline().fail(lead, job, why, read_frozen=read_frozen)
+    entry = pipeline().fail(lead, job, why, read_frozen=read_frozen)
+    return None if entry is None else entry.model_dump(mode="json")
+
+
+def _judged_on(lead: str) -> str:
+    """The evidence id the diagnosis `lead` judges (a replay's is the original's)."""
+    return str(pipeline().leases.record(lead).get("evidence") or lead)
 
 
 def _recoverable(stage: str, exc: BaseException | None, *, first: bool = True) -> bool:
@@ -355,12 +403,16 @@ def resend(lead: str, job: str, evidence_id: str) -> None:
 
 
 def workflow(event_id: str, evidence_id: str, job: str, *, deadline: float) -> Signature:
-    """capture → every gate in parallel → verdict → publish, each failing into `fail`."""
+    """capture → every gate in parallel → verdict → publish, each failing into `fail`; then the
+    HTML page, linked to publish outside the chain (a chain's error callback is linked to each
+    of its tasks: the page must never answer the diagnosis)."""
     lead = {"lead": event_id, "deadline": deadline}
     on_error = fail.s(lead=event_id, job=job, deadline=deadline + settings().retry_deadline_s)
     gates = group(gate.si(evidence_id, name, **lead) for name in GATE_NAMES)
+    announce = publish.s(job, **lead)
+    announce.link(html.s(evidence_id, deadline=deadline + settings().retry_deadline_s))
     # the chord's callback is this chain: Celery calls its error callback when a gate fails
-    then = chain(verdict.s(event_id, evidence_id, **lead), publish.s(job, **lead))
+    then = chain(verdict.s(event_id, evidence_id, **lead), announce)
     return chain(
         capture.si(event_id, evidence_id, **lead).on_error(on_error.clone()),
         chord(gates, then.on_error(on_error.clone())),

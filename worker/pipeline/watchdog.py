@@ -23,11 +23,12 @@ from typing import Any, Final
 from worker.pipeline.failures import describe, is_infrastructure
 from worker.pipeline.steps import Pipeline
 
-__all__ = ["Resend", "Watchdog"]
+__all__ = ["Draw", "Resend", "Watchdog"]
 
 log = logging.getLogger(__name__)
 
 Resend = Callable[[str, str, str], None]  # (lead, job, evidence id)
+Draw = Callable[[dict[str, Any], str | None], None]  # (published entry, evidence id)
 _SCAN_CHUNK: Final = 500
 _TICKS_PER_LEASE: Final = 4
 
@@ -44,10 +45,12 @@ class Watchdog:
         pipeline: Pipeline,
         resend: Resend,
         *,
+        draw: Draw | None = None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.pipeline = pipeline
         self.resend = resend
+        self.draw = draw  # sends the HTML page of an ERROR answer (worker.pipeline.tasks)
         self.clock = clock
         lease_s = pipeline.settings.lease_s
         self.every_s = max(1.0, lease_s / _TICKS_PER_LEASE)
@@ -108,5 +111,7 @@ class Watchdog:
                 f"no worker made progress on it: its lease of {lease_s:g} s ran out "
                 f"{times} times (sent again {limit} times)"
             )
-            self.pipeline.fail(lead, job, reason)
+            entry = self.pipeline.fail(lead, job, reason)
+            if entry is not None and self.draw is not None:
+                self.draw(entry.model_dump(mode="json"), record.get("evidence") or lead)
         return 1
