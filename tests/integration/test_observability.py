@@ -53,7 +53,8 @@ def _job(services: Services, name: str) -> str:
 def test_metrics_endpoints_count_this_tests_alerts(pipeline_services: Services) -> None:
     """Three alerts for one job, one for another and a malformed one: the worker's endpoint
     (summed over its prefork children) shows two diagnoses started and finished, two verdicts,
-    each stage timed twice; ingest's shows two started, two coalesced, one dead letter."""
+    each stage (the HTML page after publish included) timed twice; ingest's shows two started,
+    two coalesced, one dead letter."""
     services = pipeline_services
     before = {name: _scrape(url) for name, url in services.metrics.items()}
     busy, calm = _job(services, "metrics-busy"), _job(services, "metrics-calm")
@@ -67,7 +68,9 @@ def test_metrics_endpoints_count_this_tests_alerts(pipeline_services: Services) 
 
     def worker_done() -> bool:
         now = _scrape(services.metrics["worker"])
-        return _delta(before["worker"], now, "rlhealth_diagnoses_finished_total") >= 2
+        finished = _delta(before["worker"], now, "rlhealth_diagnoses_finished_total")
+        drawn = _delta(before["worker"], now, "rlhealth_stage_seconds_count", stage="html")
+        return finished >= 2 and drawn >= 2  # the HTML pages come after the verdicts
 
     wait_for(worker_done, 30, "the worker's finished count")
     worker = _scrape(services.metrics["worker"])
@@ -94,6 +97,7 @@ def test_metrics_endpoints_count_this_tests_alerts(pipeline_services: Services) 
         "duty_cycle",
         "verdict",
         "publish",
+        "html",
     ):
         assert _delta(w, worker, "rlhealth_stage_seconds_count", stage=stage) == 2, stage
     assert _delta(i, ingest, "rlhealth_alerts_total", outcome="started") == 2
@@ -102,11 +106,13 @@ def test_metrics_endpoints_count_this_tests_alerts(pipeline_services: Services) 
 
 
 def test_the_html_report_is_stored_beside_the_json(pipeline_services: Services) -> None:
-    """The verdict's report key with `.html` holds a self-contained page with its plots."""
+    """The verdict's report key with `.html` holds a self-contained page with its plots (drawn
+    after the verdict is published)."""
     services = pipeline_services
     event_id = publish_alert(services.redis, _job(services, "html"), now=NOW)
     (entry,) = _verdicts_for(services, {event_id})
     key = _key(services, entry.report_uri).removesuffix(".json") + ".html"
+    wait_for(lambda: services.store.exists(key), 60, "the HTML report")
     page = services.store.get(key).decode()
     assert page.startswith("<!DOCTYPE html>") and f"<h1>{entry.verdict.value}</h1>" in page
     assert 'src="data:image/png;base64,' in page and event_id in page
@@ -146,6 +152,8 @@ def test_the_board_renders_in_chromium_and_opens_the_html_report(
     services = pipeline_services
     event_id = publish_alert(services.redis, _job(services, "board"), now=NOW)
     (entry,) = _verdicts_for(services, {event_id})
+    page = _key(services, entry.report_uri).removesuffix(".json") + ".html"
+    wait_for(lambda: services.store.exists(page), 60, "the HTML report")  # drawn after publish
     seen = render(f"{board}/", tmp_path / "board.png")
     assert_rendered(seen, images=0)
     assert "/ops/board" in seen.text and event_id in seen.text and entry.verdict.value in seen.text
@@ -154,7 +162,7 @@ def test_the_board_renders_in_chromium_and_opens_the_html_report(
         page.click("text=report")  # type: ignore[attr-defined]
 
     report = render(f"{board}/", tmp_path / "board-report.png", then=open_report)
-    stored = services.store.get(_key(services, entry.report_uri).removesuffix(".json") + ".html")
+    stored = services.store.get(page)
     plots = stored.decode().count('src="data:image/png;base64,')
     assert plots >= 2  # this bundle logs reward and entropy
     assert_rendered(report, images=plots)
