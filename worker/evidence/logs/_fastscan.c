@@ -9,14 +9,11 @@
  * its patterns on the part before the literal), so the values are identical. Every other line
  * is copied, byte for byte with its newline, into `rest`, for the polars path.
  *
- * Returns a tuple:
- *   n_lines, rows (stat lines read), rest (bytes), rest_idx (uint32 line index of each rest
- *   line), idx (uint32), start (int64 byte offset), stop (int64, newline excluded),
- *   prompt, generation, running, waiting, kv, hit (float64 each),
- *   tod (int64), tod_valid (bitmap),
- *   index (chars, int32 offsets, bitmap), pid (same), ip (same), vts (same)
- * Every array is a bytes object in Arrow's layout (native byte order; validity bitmaps least
- * significant bit first), so Python wraps them without a copy. Every read of the input is bounded by the
+ * Returns (n_lines, rows, rest, starts, stops, ((schema, array), (schema, array))):
+ * the line count, the stat lines read, the rest lines' bytes, each stat line's byte offsets
+ * (int64, its newline excluded), then two Arrow C data interface capsule pairs that polars
+ * imports without a copy: a struct of the stat columns (idx, index, pid, ip, vts, tod, prompt,
+ * generation, running, waiting, kv, hit) and `where` (uint32: the line index of each rest line). Every read of the input is bounded by the
  * line it is in; the GIL is released during the pass.
  */
 #define PY_SSIZE_T_CLEAN
@@ -141,6 +138,26 @@ static const char *number(const char *p, const char *stop, double *out) {
         q = f;
     }
     size_t n = (size_t)(q - p);
+    /* Clinger's fast path: at most 15 digits and an exact power of ten give one correctly
+     * rounded division (what a correct parser returns); anything longer goes to strtod. */
+    if (n <= 16) {
+        uint64_t mantissa = 0;
+        int frac = 0, dot = 0;
+        for (const char *c = p; c < q; c++) {
+            if (*c == '.') {
+                dot = 1;
+                continue;
+            }
+            mantissa = mantissa * 10 + (uint64_t)(*c - '0');
+            frac += dot;
+        }
+        static const double powers[] = {1e0, 1e1, 1e2, 1e3, 1e4, 1e5, 1e6, 1e7,
+                                        1e8, 1e9, 1e10, 1e11, 1e12, 1e13, 1e14, 1e15};
+        if (mantissa < (UINT64_C(1) << 53) && frac <= 15) {
+            *out = (double)mantissa / powers[frac];
+            return q;
+        }
+    }
     memcpy(text, p, n);
     text[n] = '\0';
     *out = strtod_l(text, NULL, c_locale);
@@ -176,7 +193,10 @@ static void owner(const char *head, size_t n, Row *row) {
     row->pid = NULL;
     row->ip = NULL;
     for (size_t at = 0; at + 5 <= n; at++) {
-        if (memcmp(head + at, "pid=", 4) != 0 || !is_digit(head[at + 4])) continue;
+        const char *hit = find(head + at, n - at, "pid=", 4);
+        if (!hit) return;
+        at = (size_t)(hit - head);
+        if (at + 5 > n || !is_digit(head[at + 4])) continue;
         size_t q = at + 4;
         while (q < n && is_digit(head[q])) q++;
         row->pid = head + at + 4;
@@ -206,14 +226,21 @@ static int clock_at(const char *s) {
 static void vllm_time(const char *head, size_t n, Row *row) {
     static const char *const levels[4] = {"INFO", "WARNING", "DEBUG", "ERROR"};
     row->vts = NULL;
+    static const size_t lengths[4] = {4, 7, 5, 5};
     for (size_t at = 0; at < n; at++) {
-        for (int k = 0; k < 4; k++) {
-            size_t m = strlen(levels[k]);
-            if (at + m + 15 > n || memcmp(head + at, levels[k], m) != 0) continue;
-            if (head[at + m] == ' ' && clock_at(head + at + m + 1)) {
-                row->vts = head + at + m + 1;
-                return;
-            }
+        int k;
+        switch (head[at]) {
+            case 'I': k = 0; break;
+            case 'W': k = 1; break;
+            case 'D': k = 2; break;
+            case 'E': k = 3; break;
+            default: continue;
+        }
+        size_t m = lengths[k];
+        if (at + m + 15 > n || memcmp(head + at, levels[k], m) != 0) continue;
+        if (head[at + m] == ' ' && clock_at(head + at + m + 1)) {
+            row->vts = head + at + m + 1;
+            return;
         }
     }
 }
@@ -318,8 +345,246 @@ static int pass(const char *data, size_t end, char *rest, Out *o) {
     return 0;
 }
 
-static PyObject *as_bytes(const Buf *b) {
-    return PyBytes_FromStringAndSize(b->data ? b->data : "", (Py_ssize_t)b->len);
+/* ---- Arrow C data interface (https://arrow.apache.org/docs/format/CDataInterface.html):
+ * the columns leave as PyCapsules that polars imports without a copy. */
+
+#define ARROW_FLAG_NULLABLE 2
+
+struct ArrowSchema {
+    const char *format;
+    const char *name;
+    const char *metadata;
+    int64_t flags;
+    int64_t n_children;
+    struct ArrowSchema **children;
+    struct ArrowSchema *dictionary;
+    void (*release)(struct ArrowSchema *);
+    void *private_data;
+};
+
+struct ArrowArray {
+    int64_t length;
+    int64_t null_count;
+    int64_t offset;
+    int64_t n_buffers;
+    int64_t n_children;
+    const void **buffers;
+    struct ArrowArray **children;
+    struct ArrowArray *dictionary;
+    void (*release)(struct ArrowArray *);
+    void *private_data;
+};
+
+#define N_COLUMNS 12
+static const char *const NAMES[N_COLUMNS] = {"idx",    "index",      "pid",     "ip",
+                                             "vts",    "tod",        "prompt",  "generation",
+                                             "running", "waiting",   "kv",      "hit"};
+static const char *const FORMATS[N_COLUMNS] = {"I", "u", "u", "u", "u", "l",
+                                               "g", "g", "g", "g", "g", "g"};
+
+/* What the exported arrays point into; freed when the last of them is released (polars may
+ * release them from any thread: the count is atomic). */
+typedef struct {
+    Out out;
+    int refs;
+    const void *buffers[N_COLUMNS + 2][3];
+    struct ArrowArray arrays[N_COLUMNS + 2]; /* the columns, the struct, `where` */
+    struct ArrowArray *children[N_COLUMNS];
+} Holder;
+
+/* Schemas: one block each, children released with their parent. */
+typedef struct {
+    struct ArrowSchema parent;
+    struct ArrowSchema columns[N_COLUMNS];
+    struct ArrowSchema *children[N_COLUMNS];
+} SchemaBlock;
+
+static void schema_child_release(struct ArrowSchema *schema) { schema->release = NULL; }
+
+static void schema_release(struct ArrowSchema *schema) {
+    for (int64_t i = 0; i < schema->n_children; i++) {
+        if (schema->children[i]->release) schema->children[i]->release(schema->children[i]);
+    }
+    schema->release = NULL;
+    free(schema->private_data);
+}
+
+static void holder_drop(Holder *h) {
+    if (__atomic_sub_fetch(&h->refs, 1, __ATOMIC_ACQ_REL) == 0) {
+        out_free(&h->out);
+        free(h);
+    }
+}
+
+static void array_release(struct ArrowArray *array) {
+    for (int64_t i = 0; i < array->n_children; i++) {
+        if (array->children[i]->release) array->children[i]->release(array->children[i]);
+    }
+    array->release = NULL;
+    holder_drop((Holder *)array->private_data);
+}
+
+static int64_t nulls(const Buf *bitmap, size_t rows) {
+    int64_t valid = 0;
+    for (size_t i = 0; i < rows; i++) valid += (bitmap->data[i / 8] >> (i % 8)) & 1;
+    return (int64_t)rows - valid;
+}
+
+static void column(Holder *h, int k, size_t rows, const Buf *bitmap, const Buf *a, const Buf *b) {
+    struct ArrowArray *array = &h->arrays[k];
+    int64_t null_count = bitmap ? nulls(bitmap, rows) : 0;
+    h->buffers[k][0] = null_count ? bitmap->data : NULL;
+    h->buffers[k][1] = a->data;
+    h->buffers[k][2] = b ? b->data : NULL;
+    memset(array, 0, sizeof *array);
+    array->length = (int64_t)rows;
+    array->null_count = null_count;
+    array->n_buffers = b ? 3 : 2;
+    array->buffers = h->buffers[k];
+    array->release = array_release;
+    array->private_data = h;
+    h->refs++;
+}
+
+static void capsule_schema(PyObject *capsule) {
+    struct ArrowSchema *schema = PyCapsule_GetPointer(capsule, "arrow_schema");
+    if (schema && schema->release) schema->release(schema);
+    free(schema);
+}
+
+static void capsule_array(PyObject *capsule) {
+    struct ArrowArray *array = PyCapsule_GetPointer(capsule, "arrow_array");
+    if (array && array->release) array->release(array);
+    free(array);
+}
+
+/* A (schema, array) pair of capsules; `array` is moved into the capsule's own struct. */
+static PyObject *capsules(struct ArrowSchema *schema, struct ArrowArray *array) {
+    struct ArrowArray *moved = malloc(sizeof *moved);
+    PyObject *s = NULL, *a = NULL;
+    if (!moved) {
+        array->release(array);
+        schema->release(schema);
+        free(schema);
+        return PyErr_NoMemory();
+    }
+    *moved = *array;
+    array->release = NULL;
+    s = PyCapsule_New(schema, "arrow_schema", capsule_schema);
+    if (!s) {
+        schema->release(schema);
+        free(schema);
+    }
+    a = PyCapsule_New(moved, "arrow_array", capsule_array);
+    if (!a) {
+        moved->release(moved);
+        free(moved);
+    }
+    if (!s || !a) {
+        Py_XDECREF(s);
+        Py_XDECREF(a);
+        return NULL;
+    }
+    return Py_BuildValue("(NN)", s, a);
+}
+
+static struct ArrowSchema *stats_schema(void) {
+    SchemaBlock *block = calloc(1, sizeof *block);
+    if (!block) return NULL;
+    for (int k = 0; k < N_COLUMNS; k++) {
+        struct ArrowSchema *c = &block->columns[k];
+        c->format = FORMATS[k];
+        c->name = NAMES[k];
+        c->flags = ARROW_FLAG_NULLABLE;
+        c->release = schema_child_release;
+        block->children[k] = c;
+    }
+    block->parent.format = "+s";
+    block->parent.name = "";
+    block->parent.n_children = N_COLUMNS;
+    block->parent.children = block->children;
+    block->parent.release = schema_release;
+    block->parent.private_data = block;
+    struct ArrowSchema *out = malloc(sizeof *out);
+    if (!out) {
+        free(block);
+        return NULL;
+    }
+    /* the capsule frees `out`; the block (children) is freed by the release callback */
+    *out = block->parent;
+    return out;
+}
+
+static struct ArrowSchema *where_schema(void) {
+    struct ArrowSchema *schema = calloc(1, sizeof *schema);
+    if (!schema) return NULL;
+    schema->format = "I";
+    schema->name = "idx";
+    schema->release = schema_release; /* no children; frees private_data (NULL) */
+    return schema;
+}
+
+/* Every buffer at least 8 bytes (no NULL data pointer, even for no rows). */
+static int out_ready(Out *o) {
+    Buf *bufs[] = {&o->rest_idx, &o->idx, &o->tod, &o->tod_valid};
+    for (size_t i = 0; i < sizeof bufs / sizeof *bufs; i++) {
+        if (buf_reserve(bufs[i], 8) < 0) return -1;
+    }
+    for (int i = 0; i < 6; i++) {
+        if (buf_reserve(&o->numbers[i], 8) < 0) return -1;
+    }
+    Strings *strs[] = {&o->index, &o->pid, &o->ip, &o->vts};
+    for (int i = 0; i < 4; i++) {
+        if (buf_reserve(&strs[i]->chars, 8) < 0 || buf_reserve(&strs[i]->valid, 8) < 0)
+            return -1;
+    }
+    return 0;
+}
+
+/* The stats columns (a struct array) and `where`, as capsule pairs; the holder is consumed. */
+static PyObject *export(Holder *h) {
+    Out *o = &h->out;
+    size_t rows = o->rows;
+    h->refs = 1; /* held while exporting */
+    column(h, 0, rows, NULL, &o->idx, NULL);
+    Strings *strs[] = {&o->index, &o->pid, &o->ip, &o->vts};
+    for (int i = 0; i < 4; i++) column(h, 1 + i, rows, &strs[i]->valid, &strs[i]->offsets, &strs[i]->chars);
+    column(h, 5, rows, &o->tod_valid, &o->tod, NULL);
+    for (int i = 0; i < 6; i++) column(h, 6 + i, rows, NULL, &o->numbers[i], NULL);
+    struct ArrowArray *parent = &h->arrays[N_COLUMNS];
+    static const void *no_validity[1] = {NULL};
+    memset(parent, 0, sizeof *parent);
+    for (int k = 0; k < N_COLUMNS; k++) h->children[k] = &h->arrays[k];
+    parent->length = (int64_t)rows;
+    parent->n_buffers = 1;
+    parent->buffers = no_validity;
+    parent->n_children = N_COLUMNS;
+    parent->children = h->children;
+    parent->release = array_release;
+    parent->private_data = h;
+    h->refs++;
+    column(h, N_COLUMNS + 1, o->rest_idx.len / 4, NULL, &o->rest_idx, NULL);
+    holder_drop(h); /* the arrays hold it now */
+    struct ArrowSchema *s1 = stats_schema();
+    struct ArrowSchema *s2 = where_schema();
+    if (!s1 || !s2) {
+        parent->release(parent);
+        h->arrays[N_COLUMNS + 1].release(&h->arrays[N_COLUMNS + 1]);
+        if (s1) {
+            s1->release(s1);
+            free(s1);
+        }
+        free(s2);
+        return PyErr_NoMemory();
+    }
+    PyObject *stats = capsules(s1, parent);
+    PyObject *where = capsules(s2, &h->arrays[N_COLUMNS + 1]);
+    if (!stats || !where) {
+        Py_XDECREF(stats);
+        Py_XDECREF(where);
+        return NULL;
+    }
+    return Py_BuildValue("(NN)", stats, where);
 }
 
 static PyObject *scan(PyObject *self, PyObject *args) {
@@ -332,37 +597,42 @@ static PyObject *scan(PyObject *self, PyObject *args) {
         PyErr_SetString(PyExc_ValueError, "end out of range");
         return NULL;
     }
-    Out o;
-    memset(&o, 0, sizeof o);
+    Holder *h = calloc(1, sizeof *h);
+    if (!h) {
+        PyBuffer_Release(&view);
+        return PyErr_NoMemory();
+    }
+    Out *o = &h->out;
     PyObject *rest = PyBytes_FromStringAndSize(NULL, end);
-    int failed = rest == NULL || strings_init(&o.index) < 0 || strings_init(&o.pid) < 0 ||
-                 strings_init(&o.ip) < 0 || strings_init(&o.vts) < 0;
+    int failed = rest == NULL || strings_init(&o->index) < 0 || strings_init(&o->pid) < 0 ||
+                 strings_init(&o->ip) < 0 || strings_init(&o->vts) < 0;
     if (!failed) {
         char *into = PyBytes_AS_STRING(rest);
         Py_BEGIN_ALLOW_THREADS
-        failed = pass((const char *)view.buf, (size_t)end, into, &o) < 0;
+        failed = pass((const char *)view.buf, (size_t)end, into, o) < 0 || out_ready(o) < 0;
         Py_END_ALLOW_THREADS
     }
     PyBuffer_Release(&view);
-    PyObject *result = NULL;
-    if (!failed && _PyBytes_Resize(&rest, (Py_ssize_t)o.rest_len) == 0) {
-        result = Py_BuildValue(
-            "(nnNNNNNNNNNNNNNNNNNNNNNNNNN)", (Py_ssize_t)o.n_lines, (Py_ssize_t)o.rows, rest,
-            as_bytes(&o.rest_idx), as_bytes(&o.idx), as_bytes(&o.start), as_bytes(&o.stop),
-            as_bytes(&o.numbers[0]), as_bytes(&o.numbers[1]), as_bytes(&o.numbers[2]),
-            as_bytes(&o.numbers[3]), as_bytes(&o.numbers[4]), as_bytes(&o.numbers[5]),
-            as_bytes(&o.tod), as_bytes(&o.tod_valid), as_bytes(&o.index.chars),
-            as_bytes(&o.index.offsets), as_bytes(&o.index.valid), as_bytes(&o.pid.chars), as_bytes(&o.pid.offsets),
-            as_bytes(&o.pid.valid), as_bytes(&o.ip.chars), as_bytes(&o.ip.offsets),
-            as_bytes(&o.ip.valid), as_bytes(&o.vts.chars), as_bytes(&o.vts.offsets),
-            as_bytes(&o.vts.valid));
-        rest = NULL; /* stolen by N (or freed by Py_BuildValue on failure) */
-    } else if (!PyErr_Occurred()) {
-        PyErr_NoMemory();
+    if (failed || _PyBytes_Resize(&rest, (Py_ssize_t)o->rest_len) < 0) {
+        Py_XDECREF(rest);
+        out_free(o);
+        free(h);
+        return PyErr_Occurred() ? NULL : PyErr_NoMemory();
     }
-    Py_XDECREF(rest);
-    out_free(&o);
-    return result;
+    PyObject *starts = PyBytes_FromStringAndSize(o->start.data ? o->start.data : "",
+                                                 (Py_ssize_t)o->start.len);
+    PyObject *stops = PyBytes_FromStringAndSize(o->stop.data ? o->stop.data : "",
+                                                (Py_ssize_t)o->stop.len);
+    Py_ssize_t n_lines = (Py_ssize_t)o->n_lines, rows = (Py_ssize_t)o->rows;
+    PyObject *columns = export(h); /* consumes h */
+    if (!starts || !stops || !columns) {
+        Py_XDECREF(rest);
+        Py_XDECREF(starts);
+        Py_XDECREF(stops);
+        Py_XDECREF(columns);
+        return NULL;
+    }
+    return Py_BuildValue("(nnNNNN)", n_lines, rows, rest, starts, stops, columns);
 }
 
 static PyMethodDef methods[] = {
