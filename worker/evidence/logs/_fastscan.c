@@ -261,19 +261,29 @@ static void time_of_day(const char *head, size_t n, Row *row) {
 }
 
 /* Whether line [p, p + n) (no newline) is a strict stat line; its fields in *row if so. */
-static int stat_line(const char *p, size_t n, Row *row) {
-    if (n < 150 || n > MAX_LINE || p[n - 1] != '%') return 0;
+static int at(const char *p, size_t n, size_t i, const char *literal, size_t m) {
+    return n - i >= m && memcmp(p + i, literal, m) == 0;
+}
+
+/* The length of the head (what precedes the first stat literal), when the head is printable
+ * ASCII (or ESC) without a block literal; else -1. The tail is checked by `canonical_tail`. */
+static long head_length(const char *p, size_t n) {
     for (size_t i = 0; i < n; i++) {
         unsigned char c = (unsigned char)p[i];
-        if ((c < 0x20 || c > 0x7e) && c != 0x1b) return 0;
+        if ((c < 0x20 || c > 0x7e) && c != 0x1b) return -1;
+        if (c == 'A' && at(p, n, i, LITERAL, sizeof LITERAL - 1)) return (long)i;
+        if (c == 'T' && at(p, n, i, TRACEBACK, sizeof TRACEBACK - 1)) return -1;
+        if (c == 'U' && at(p, n, i, UNHANDLED, sizeof UNHANDLED - 1)) return -1;
     }
-    const char *lit = find(p, n, LITERAL, sizeof LITERAL - 1);
-    if (!lit) return 0;
-    size_t head = (size_t)(lit - p);
-    if (find(p, head, TRACEBACK, sizeof TRACEBACK - 1) ||
-        find(p, head, UNHANDLED, sizeof UNHANDLED - 1))
-        return 0;
-    if (!canonical_tail(lit, p + n, row)) return 0;
+    return -1;
+}
+
+static int stat_line(const char *p, size_t n, Row *row) {
+    if (n < 150 || n > MAX_LINE || p[n - 1] != '%') return 0;
+    long found = head_length(p, n);
+    if (found < 0) return 0;
+    size_t head = (size_t)found;
+    if (!canonical_tail(p + head, p + n, row)) return 0;
     engine_index(p, head, row);
     owner(p, head, row);
     vllm_time(p, head, row);

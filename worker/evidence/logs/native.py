@@ -53,12 +53,9 @@ class Native:
 
     def raw(self, indices: list[int]) -> list[str]:
         """The text of the stat lines of `indices` (ASCII, as the polars split reads it)."""
-        lines = self.stats.get_column("idx")
-        out = []
-        for index in indices:
-            row = lines.search_sorted(index)
-            out.append(self._data[self._starts[row] : self._stops[row]].decode("ascii"))
-        return out
+        rows = self.stats.get_column("idx").search_sorted(pl.Series(indices, dtype=pl.UInt32))
+        data, starts, stops = self._data, self._starts, self._stops
+        return [data[starts[row] : stops[row]].decode("ascii") for row in rows.to_list()]
 
 
 def native_scan(data: bytes, end: int) -> Native | None:

@@ -166,12 +166,13 @@ def _lines(read: Read) -> tuple[pl.Series, list[Cut], Native | None]:
 
 
 def _stats(stat_lines: pl.DataFrame, native: Native | None) -> pl.DataFrame:
-    stats = engines.engine_fields(stat_lines)
-    if native is None or not len(native.stats):
-        return stats
-    if not len(stats):
+    """The fields of the stat lines: the native pass's and the polars path's (of the rest)."""
+    if native is None:
+        return engines.engine_fields(stat_lines)
+    if not len(stat_lines):
         return native.stats
-    return pl.concat([native.stats, stats]).sort("idx")
+    stats = engines.engine_fields(stat_lines)
+    return pl.concat([native.stats, stats]).sort("idx") if len(native.stats) else stats
 
 
 def scan(read: Read) -> Scan:
