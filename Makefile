@@ -23,6 +23,7 @@ $(STAMP): pyproject.toml
 ## The parser's native stat-line pass, rebuilt in place whenever its source changes
 ## (docs/parsing.md: the polars path is the fallback when it is not importable).
 $(FASTSCAN_STAMP): $(STAMP) $(FASTSCAN) setup.py
+	$(BIN)/python -c 'import setuptools' 2>/dev/null || $(BIN)/pip install --quiet setuptools
 	$(BIN)/python setup.py --quiet build_ext --inplace
 	touch $(FASTSCAN_STAMP)
 
