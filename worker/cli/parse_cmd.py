@@ -71,13 +71,14 @@ def _read_logs(path: Path, cache: LogCache | None) -> tuple[LogTables | None, li
 
 
 def _read_trials(path: Path, trace_jobs_dir: Path | None) -> TrialTables | None:
+    if not path.is_dir() and trace_jobs_dir is None:
+        return None  # a single log file: the trials module is not even imported
     from worker.evidence.trials import read_trials
 
     if path.is_dir():
         return read_trials(path, trace_jobs_dir)
-    if trace_jobs_dir is not None:
-        return read_trials(trace_jobs_dir.parent, trace_jobs_dir)
-    return None
+    assert trace_jobs_dir is not None
+    return read_trials(trace_jobs_dir.parent, trace_jobs_dir)
 
 
 def _write_trials(
