@@ -22,7 +22,7 @@ from shared.models import Verdict
 from worker.diagnosis import collect_evidence, judge
 from worker.evidence import model
 from worker.evidence.logs import LINE_MAX_BYTES, MemoryBudget, parse_log_file
-from worker.evidence.logs.budget import AIM_FLOOR_MB, FLOOR_MB, Held, setting_mb
+from worker.evidence.logs.budget import FLOOR_MB, setting_mb
 from worker.evidence.logs.write import write_tables
 
 RL_HEALTH = str(Path(sys.executable).with_name("rl-health"))
@@ -272,28 +272,6 @@ def test_budget_is_one_and_a_half_times_the_log_at_most_the_setting() -> None:
     assert MemoryBudget.for_logs(1000 * mb, 1024).limit_mb == 1024
     assert MemoryBudget.for_logs(10 * mb, 4096).limit_mb == FLOOR_MB
     assert MemoryBudget.for_logs(10 * mb, 100).limit_mb == 100
-
-
-def test_reads_are_sized_for_one_and_a_half_times_the_log_above_the_aim_floor() -> None:
-    """Reads (and reads ahead) aim at 1.5x the log, not at the 512 MB floor that only stops a
-    parse: a 200 MB log reads ~13 MB at a time; below the 256 MB aim floor the aim stays there;
-    past the setting the limit rules."""
-    mb = 2**20
-    big = MemoryBudget.for_logs(200 * mb, 2048)
-    assert (big.limit_mb, big.aim_bytes) == (FLOOR_MB, 300 * mb)
-    assert big.chunk_bytes == (300 * mb - 64 * mb) // 18 // 4096 * 4096
-    small = MemoryBudget.for_logs(170 * mb, 2048)  # 1.5x = 255 MB: just under the aim floor
-    assert small.aim_bytes == AIM_FLOOR_MB * mb
-    above = MemoryBudget.for_logs(171 * mb, 2048)  # 256.5 MB: just over it
-    assert above.aim_bytes == int(1.5 * 171 * mb)
-    assert MemoryBudget.for_logs(1000 * mb, 1024).aim_bytes == 1024 * mb
-    # reads ahead: as many as fit the aim, even where the limit would take more
-    held = Held()
-    assert big.room(held, 4, density=0.2)  # 64 + 4 x 3.8 x 13.1 MiB = 263 MiB
-    assert not big.room(held, 5, density=0.2)
-    assert MemoryBudget(limit_bytes=big.limit_bytes, chunk_bytes=big.chunk_bytes).room(
-        held, 5, density=0.2
-    )
 
 
 def test_unusable_memory_setting_is_one_clear_line(monkeypatch: pytest.MonkeyPatch) -> None:

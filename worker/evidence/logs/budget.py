@@ -27,7 +27,6 @@ from typing import Final
 import polars as pl
 
 __all__ = [
-    "AIM_FLOOR_MB",
     "DEFAULT_MEMORY_MB",
     "FLOOR_MB",
     "LOG_FACTOR",
@@ -56,10 +55,6 @@ _SCAN_READS: Final = 3
 _DENSITY_COPIES: Final = 4
 # What a parse adds whatever the log: polars' thread pool, its pattern caches (measured ~50 MB).
 _FIXED: Final = 64 * _MB
-# Reads are sized, and scanned ahead, to keep a big log within 1.5x its bytes (the aim); below
-# AIM_FLOOR_MB that cannot hold (the interpreter and polars alone are ~130 MB), so the aim is
-# never lower. Only `limit_bytes` stops a parse.
-AIM_FLOOR_MB: Final = 256
 _MIN_CHUNK: Final = 4 * _MB
 _MAX_CHUNK: Final = 48 * _MB
 # After the read: the tables built from the rows kept, and what their readers copy (half again),
@@ -133,7 +128,6 @@ class MemoryBudget:
     limit_bytes: int
     chunk_bytes: int
     log_bytes: int = 0  # the bytes to read (a small log never has many reads in flight)
-    aim_bytes: int | None = None  # what reads in flight are sized for (default: the limit)
     before: Held = field(default_factory=Held)  # rows kept from files read earlier
     base_rss: int | None = field(default_factory=rss_bytes)  # RSS when the parse began
 
@@ -142,15 +136,9 @@ class MemoryBudget:
         """The budget for reading `log_bytes` of logs under a setting of `memory_mb`."""
         setting = (memory_mb if memory_mb is not None else setting_mb()) * _MB
         limit = min(setting, max(FLOOR_MB * _MB, int(LOG_FACTOR * log_bytes)))
-        aim = min(limit, max(AIM_FLOOR_MB * _MB, int(LOG_FACTOR * log_bytes)))
         # half of what is not fixed for the reads in flight, half for the rows and their assembly
-        chunk = min(_MAX_CHUNK, max(_MIN_CHUNK, (aim - _FIXED) // (2 * _TYPICAL_READS)))
-        return cls(
-            limit_bytes=limit,
-            chunk_bytes=chunk - chunk % 4096,
-            log_bytes=log_bytes,
-            aim_bytes=aim,
-        )
+        chunk = min(_MAX_CHUNK, max(_MIN_CHUNK, (limit - _FIXED) // (2 * _TYPICAL_READS)))
+        return cls(limit_bytes=limit, chunk_bytes=chunk - chunk % 4096, log_bytes=log_bytes)
 
     @property
     def limit_mb(self) -> int:
@@ -184,8 +172,7 @@ class MemoryBudget:
         metrics = self.before.metrics + held.metrics
         per_read = (_SCAN_READS + _DENSITY_COPIES * density) * self.chunk_bytes
         ahead = (_KEPT_COPIES - 1) * total + _METRIC_COPIES * metrics
-        aim = self.aim_bytes if self.aim_bytes is not None else self.limit_bytes
-        return _FIXED + total + reads * per_read + ahead <= aim
+        return _FIXED + total + reads * per_read + ahead <= self.limit_bytes
 
     def keep(self, held: Held) -> None:
         """Count the rows `held` of a file read to the end."""
