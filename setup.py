@@ -8,7 +8,7 @@ setup(
         Extension(
             "worker.evidence.logs._fastscan",
             sources=["worker/evidence/logs/_fastscan.c"],
-            extra_compile_args=["-O2", "-std=gnu11", "-Wall", "-Wextra", "-Werror"],
+            extra_compile_args=["-O3", "-std=gnu11", "-Wall", "-Wextra", "-Werror"],
         )
     ]
 )

@@ -222,25 +222,23 @@ static int clock_at(const char *s) {
     return 1;
 }
 
-/* The leftmost `(?:INFO|WARNING|DEBUG|ERROR) \d\d-\d\d \d\d:\d\d:\d\d`: its last 14 bytes. */
+/* The leftmost `(?:INFO|WARNING|DEBUG|ERROR) \d\d-\d\d \d\d:\d\d:\d\d`: its last 14 bytes.
+ * Found from its first '-' (two matches cannot start in the other order than their '-': a match
+ * spans 11 bytes after its '-', and no level ends on a digit). */
 static void vllm_time(const char *head, size_t n, Row *row) {
     static const char *const levels[4] = {"INFO", "WARNING", "DEBUG", "ERROR"};
-    row->vts = NULL;
     static const size_t lengths[4] = {4, 7, 5, 5};
-    for (size_t at = 0; at < n; at++) {
-        int k;
-        switch (head[at]) {
-            case 'I': k = 0; break;
-            case 'W': k = 1; break;
-            case 'D': k = 2; break;
-            case 'E': k = 3; break;
-            default: continue;
-        }
-        size_t m = lengths[k];
-        if (at + m + 15 > n || memcmp(head + at, levels[k], m) != 0) continue;
-        if (head[at + m] == ' ' && clock_at(head + at + m + 1)) {
-            row->vts = head + at + m + 1;
-            return;
+    row->vts = NULL;
+    for (const char *q = memchr(head, '-', n); q;
+         q = (size_t)(q - head) + 1 < n ? memchr(q + 1, '-', n - (size_t)(q - head) - 1) : NULL) {
+        size_t k = (size_t)(q - head);
+        if (k < 7 || k + 12 > n || !clock_at(head + k - 2) || head[k - 3] != ' ') continue;
+        for (int i = 0; i < 4; i++) {
+            size_t m = lengths[i];
+            if (k - 3 >= m && memcmp(head + k - 3 - m, levels[i], m) == 0) {
+                row->vts = head + k - 2;
+                return;
+            }
         }
     }
 }
@@ -267,15 +265,31 @@ static int at(const char *p, size_t n, size_t i, const char *literal, size_t m) 
 
 /* The length of the head (what precedes the first stat literal), when the head is printable
  * ASCII (or ESC) without a block literal; else -1. The tail is checked by `canonical_tail`. */
-static long head_length(const char *p, size_t n) {
-    for (size_t i = 0; i < n; i++) {
-        unsigned char c = (unsigned char)p[i];
-        if ((c < 0x20 || c > 0x7e) && c != 0x1b) return -1;
-        if (c == 'A' && at(p, n, i, LITERAL, sizeof LITERAL - 1)) return (long)i;
-        if (c == 'T' && at(p, n, i, TRACEBACK, sizeof TRACEBACK - 1)) return -1;
-        if (c == 'U' && at(p, n, i, UNHANDLED, sizeof UNHANDLED - 1)) return -1;
+/* Whether `literal` starts within p[:starts] (it may run on, within p[:n]). */
+static int holds(const char *p, size_t starts, size_t n, const char *literal, size_t m) {
+    const char *q = memchr(p, literal[0], starts);
+    while (q) {
+        size_t i = (size_t)(q - p);
+        if (at(p, n, i, literal, m)) return 1;
+        q = i + 1 < starts ? memchr(q + 1, literal[0], starts - i - 1) : NULL;
     }
-    return -1;
+    return 0;
+}
+
+static long head_length(const char *p, size_t n) {
+    const char *lit = find(p, n, LITERAL, sizeof LITERAL - 1);
+    if (!lit) return -1;
+    size_t head = (size_t)(lit - p);
+    int bad = 0;
+    for (size_t i = 0; i < head; i++) { /* no early exit: vectorised */
+        unsigned char c = (unsigned char)p[i];
+        bad |= (c < 0x20 || c > 0x7e) & (c != 0x1b);
+    }
+    /* a block literal starting before the stat literal (it may run past it) */
+    if (bad || holds(p, head, n, TRACEBACK, sizeof TRACEBACK - 1) ||
+        holds(p, head, n, UNHANDLED, sizeof UNHANDLED - 1))
+        return -1;
+    return (long)head;
 }
 
 static int stat_line(const char *p, size_t n, Row *row) {
