@@ -12,6 +12,7 @@ each log file in DIR, so a later run reads only what was appended.
 
 from __future__ import annotations
 
+import os
 import sys
 from contextlib import AbstractContextManager, nullcontext
 from pathlib import Path
@@ -40,6 +41,20 @@ def _fail(message: str) -> NoReturn:
     """Stop with exit 2 and one line (unusable input or settings)."""
     click.echo(f"rl-health parse: {_shown(message)}", err=True)
     raise SystemExit(2)
+
+
+def _finish(code: int) -> None:
+    """End the command with `code`. When this process is the command itself (its streams are
+    the interpreter's own, not a test runner's), it exits at once after flushing them: the
+    tables are written and closed, and the interpreter's teardown (freeing every frame, polars'
+    and the modules' state: ~0.1-0.2 s) would only delay the exit."""
+    if sys.stdout is sys.__stdout__ and sys.stderr is sys.__stderr__:
+        for stream in (sys.stdout, sys.stderr):
+            if stream is not None:
+                stream.flush()
+        os._exit(code)
+    if code:
+        raise SystemExit(code)
 
 
 def _progress() -> AbstractContextManager[LogProgress | None]:
@@ -195,4 +210,5 @@ def parse_command(
     click.echo("wrote: " + (", ".join(p.name for p in written) or "nothing"))
     if logs is None or logs.metrics.is_empty():
         click.echo(_no_metrics_message(path, logs), err=True)
-        raise SystemExit(1)
+        _finish(1)
+    _finish(0)
