@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import os
 import sys
+import tempfile
 from contextlib import AbstractContextManager, nullcontext
 from pathlib import Path
 from typing import TYPE_CHECKING, Final, Literal, NoReturn
@@ -41,6 +42,19 @@ def _fail(message: str) -> NoReturn:
     """Stop with exit 2 and one line (unusable input or settings)."""
     click.echo(f"rl-health parse: {_shown(message)}", err=True)
     raise SystemExit(2)
+
+
+def _writable(out: Path) -> None:
+    """`--out`, made if missing and checked writable, as `options.writable_directory` does (same
+    line, exit 2), without importing `worker.cli.options`: it loads the settings (pydantic-
+    settings, ~0.1 s), which a parse never reads."""
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        with tempfile.NamedTemporaryFile(dir=out, prefix=".rlhealth-write-test-"):
+            pass
+    except OSError as exc:
+        click.echo(f"rl-health: --out {out} is not a writable directory: {exc.strerror}", err=True)
+        raise SystemExit(2) from None
 
 
 def _finish(code: int) -> None:
@@ -184,7 +198,6 @@ def parse_command(
     Exits 1, quoting what the log looks like, when no usable metrics were found (a failed probe);
     the other tables are still written.
     """
-    from worker.cli.options import writable_directory
     from worker.evidence.logs import LogCache, write_tables
     from worker.evidence.logs.budget import setting_mb
 
@@ -192,7 +205,7 @@ def parse_command(
         setting_mb()
     except ValueError as exc:
         _fail(str(exc))
-    writable_directory(out, "--out")
+    _writable(out)
     cache = LogCache(directory=cache_dir) if cache_dir is not None else None
     logs, notes = _read_logs(path, cache)
     for note in cache.notes if cache is not None else ():
