@@ -1,5 +1,7 @@
 """The native stat-line pass (worker/evidence/logs/_fastscan.c); everything else is in
-pyproject.toml. The parser falls back to its polars path when the extension is not built."""
+pyproject.toml. The extension is optional: where it cannot be compiled the package still installs
+and the parser takes its polars path for every line (identical tables, slower);
+tests/unit/test_logs_native.py fails when it is missing from a venv that `make venv` built."""
 
 from setuptools import Extension, setup
 
@@ -8,7 +10,8 @@ setup(
         Extension(
             "worker.evidence.logs._fastscan",
             sources=["worker/evidence/logs/_fastscan.c"],
-            extra_compile_args=["-O3", "-std=gnu11", "-Wall", "-Wextra", "-Werror"],
+            extra_compile_args=["-O3", "-std=gnu11", "-Wall", "-Wextra"],
+            optional=True,
         )
     ]
 )
