@@ -11,6 +11,10 @@ Layout: the verdict, confidence, mode and kill proof at a glance (with the secon
 stall KILL, when one was taken); a strip of gate statuses; the
 reasoning, next action, flip signal and handoff; each gate with its status, summary, quoted
 evidence and detail table; the plots; the discrepancies.
+
+The plots (`reports.plots`, matplotlib) are imported with this module, not on the first page drawn:
+the pipeline imports this module when its worker starts, so the ~1 s import happens once, before
+the worker forks its pool, instead of in each pool child on its first verdict.
 """
 
 from __future__ import annotations
@@ -25,6 +29,7 @@ from importlib import metadata
 from typing import TYPE_CHECKING, Any, Final
 
 from reports.bounds import bounded
+from reports.plots import MARKER_STYLE, Plot, render_plots
 from shared.models import (
     GateName,
     GateResult,
@@ -36,7 +41,6 @@ from shared.models import (
 )
 
 if TYPE_CHECKING:
-    from reports.plots import Plot
     from worker.evidence.model import Evidence
     from worker.pipeline.store import ObjectStore
 
@@ -278,8 +282,6 @@ def _gate(name: GateName, gate: GateResult) -> str:
 
 
 def _legend() -> str:
-    from reports.plots import MARKER_STYLE
-
     spans = "".join(
         f'<span><b style="color:{colour}">{"┆" if style != "-" else "│"}</b> {escape(label)}</span>'
         for colour, style, label in MARKER_STYLE.values()
@@ -331,8 +333,6 @@ def render_html(report: Report, evidence: Evidence | None = None) -> str:
     report = bounded(report)
     plots = None
     if evidence is not None:
-        from reports.plots import render_plots
-
         plots = render_plots(evidence)
     gates = "".join(_gate(name, report.gates[name]) for name in GateName)
     title = f"{report.verdict.value} — {report.job_id} — RL-JOB-HEALTH"

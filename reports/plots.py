@@ -10,7 +10,7 @@ so no GUI backend is touched and nothing is global: two threads may render at on
   last W steps that carry any canonical metric, as the dynamics gate takes it) shaded;
 - phase seconds per step, stacked, with the step total as a line;
 - vLLM engines: running and waiting requests summed over engines, and mean KV-cache use, per time
-  bucket;
+  bucket (the line), with each bucket's lowest to highest sample shaded;
 - runs with trials (agentic): finished trials by outcome (the rollouts gate's causes, else
   reward > 0 / reward 0 / no reward) over time, and the duty-cycle shares of trial wall time.
 
@@ -19,6 +19,14 @@ the log, attempt starts in the controller's history), the newest progress (the n
 or metric row not after the capture), each stack dump, and the capture time (`evidence.now`).
 A series with rows that carry no timestamp is drawn by step instead, and its caption says that the
 event lines are left out.
+
+Bounded cost, whatever the log's size: a series or phase table longer than MAX_POINTS rows is
+downsampled by `reports.downsample` (each stretch keeps its first, last, lowest and highest rows,
+so no spike or final stall is thinned away; non-finite values are left out before, and counted)
+and its caption says `N of M points drawn`; engine samples are bucketed in time; times become
+matplotlib date numbers in one vectorised pass; event lines are one artist per kind, however many
+restarts. What still reads every row is vectorised polars (filters and group-bys over the
+tables), measured in `bench/bench_report.py`.
 """
 
 from __future__ import annotations
@@ -31,11 +39,14 @@ from datetime import UTC, datetime, timedelta
 from functools import partial
 from typing import Final, Literal
 
+import numpy as np
 import polars as pl
 from matplotlib import dates as mdates
 from matplotlib.axes import Axes
+from matplotlib.collections import LineCollection
 from matplotlib.figure import Figure
 
+from reports.downsample import Downsampled, downsample
 from shared.models import Mode
 from shared.settings import Thresholds
 from worker.evidence.model import Evidence, LogTables
@@ -44,10 +55,26 @@ from worker.gates.duty_cycle import duty_shares
 from worker.gates.progress import finished_steps
 from worker.gates.rollouts import cause_expr
 
-__all__ = ["MAX_POINTS", "Marker", "MarkerKind", "Plot", "markers", "render_plots"]
+__all__ = [
+    "ENGINE_BUCKETS",
+    "MARKED_POINTS",
+    "MAX_POINTS",
+    "Marker",
+    "MarkerKind",
+    "Plot",
+    "markers",
+    "plan",
+    "render_plots",
+]
 
-MAX_POINTS: Final = 4000
-"""A series longer than this is thinned (every k-th point) after its moving average is taken."""
+MAX_POINTS: Final = 1200
+"""At most this many rows of one frame are drawn: a longer series (or phase table) is downsampled
+by `reports.downsample` after its moving average is taken, keeping in each stretch its first, last,
+lowest and highest rows, and its caption says `N of M points drawn`. The axes
+are ~570 px wide: 1,200 points is two per pixel column, so nothing visible is lost."""
+
+MARKED_POINTS: Final = 300
+"""A line of at most this many points also marks each point; a denser one is a plain line."""
 
 TOP_PHASES: Final = 7
 """Phases stacked one by one; the rest are summed as `other`."""
@@ -57,7 +84,9 @@ ENGINE_BUCKETS: Final = 200
 
 MarkerKind = Literal["restart", "progress", "stack", "capture"]
 
-MARKER_STYLE: Final[dict[str, tuple[str, str, str]]] = {
+_LineStyle = Literal["-", "--", "-.", ":"]
+
+MARKER_STYLE: Final[dict[str, tuple[str, _LineStyle, str]]] = {
     # kind: colour, line style, legend label
     "restart": ("#7b1fa2", "--", "restart"),
     "progress": ("#2e7d32", "-.", "newest progress"),
@@ -94,6 +123,8 @@ class Plot:
     png: bytes | None = None
     empty: str | None = None
     caption: str = ""
+    points: int = 0  # rows drawn (after downsampling), over every line of the plot
+    rows: int = 0  # rows those lines had before downsampling
 
 
 # --- the events -----------------------------------------------------------------------------------
@@ -157,8 +188,19 @@ def _num(moment: datetime) -> float:
     return float(mdates.date2num(moment))  # type: ignore[no-untyped-call]
 
 
-def _nums(moments: Sequence[datetime]) -> list[float]:
-    return [_num(m) for m in moments]
+_UNIX: Final = datetime(1970, 1, 1, tzinfo=UTC)
+_US_PER_DAY: Final = 86_400_000_000
+
+
+def _days(stamps: pl.Series) -> np.ndarray:
+    """A column of times as matplotlib date numbers, in one vectorised pass (no per-row Python)."""
+    micros = stamps.dt.epoch("us").cast(pl.Float64).to_numpy()
+    return np.asarray(micros / _US_PER_DAY + _num(_UNIX), dtype=np.float64)
+
+
+def _values(frame: pl.DataFrame, column: str) -> np.ndarray:
+    """A column as float64 numbers for matplotlib (null as NaN)."""
+    return frame[column].cast(pl.Float64).to_numpy()
 
 
 # --- figures and axes -----------------------------------------------------------------------------
@@ -182,10 +224,15 @@ def _png(figure: Figure) -> bytes:
     return buffer.getvalue()
 
 
-def _thin(frame: pl.DataFrame) -> pl.DataFrame:
-    if frame.height <= MAX_POINTS:
-        return frame
-    return frame.gather_every(math.ceil(frame.height / MAX_POINTS))
+def _points_note(drawn: Sequence[Downsampled]) -> list[str]:
+    """`N of M points drawn` when any line was downsampled (else nothing)."""
+    points, rows = sum(d.points for d in drawn), sum(d.rows for d in drawn)
+    if points >= rows:
+        return []
+    return [
+        f"{points:,} of {rows:,} points drawn (each stretch of the series keeps its first, last, "
+        "lowest and highest values)"
+    ]
 
 
 def _legend(ax: Axes, *more: Axes, offset: float = 1.01) -> None:
@@ -206,14 +253,19 @@ def _legend(ax: Axes, *more: Axes, offset: float = 1.01) -> None:
 
 
 def _draw_markers(ax: Axes, marks: Sequence[Marker], lo: datetime, hi: datetime) -> None:
-    labelled: set[str] = set()
-    for mark in marks:
-        if not lo <= mark.at <= hi:
-            continue
-        colour, style, label = MARKER_STYLE[mark.kind]
-        shown = None if label in labelled else label
-        ax.axvline(_num(mark.at), color=colour, linestyle=style, linewidth=1.2, label=shown)
-        labelled.add(label)
+    """One artist per kind of event (however many restarts), spanning the axes' height."""
+    for kind, (colour, style, label) in MARKER_STYLE.items():
+        xs = [_num(m.at) for m in marks if m.kind == kind and lo <= m.at <= hi]
+        if xs:
+            lines = LineCollection(
+                [[(x, 0.0), (x, 1.0)] for x in xs],
+                transform=ax.get_xaxis_transform(),  # x in data, y across the whole axes
+                colors=colour,
+                linestyles=style,
+                linewidths=1.2,
+                label=label,
+            )
+            ax.add_collection(lines, autolim=False)  # the lines never move the data limits
 
 
 @dataclass(frozen=True)
@@ -223,6 +275,7 @@ class _Context:
     evidence: Evidence
     logs: LogTables
     keys: mk.ResolvedKeys
+    canonical: pl.DataFrame  # the metric rows of the canonical keys that carry a value
     marks: tuple[Marker, ...]
     window_steps: tuple[int, int] | None
     window_times: tuple[datetime, datetime] | None
@@ -243,9 +296,8 @@ class _Axis:
     def column(self) -> str:
         return "timestamp" if self.by_time else "step"
 
-    def xs(self, frame: pl.DataFrame) -> list[float]:
-        values = frame[self.column].to_list()
-        return _nums(values) if self.by_time else [float(v) for v in values]
+    def xs(self, frame: pl.DataFrame) -> np.ndarray:
+        return _days(frame["timestamp"]) if self.by_time else _values(frame, "step")
 
     def window(self, ax: Axes) -> None:
         times, steps = self.ctx.window_times, self.ctx.window_steps
@@ -284,21 +336,27 @@ def _axis(ctx: _Context, frame: pl.DataFrame) -> _Axis:
     return _Axis(by_time=by_time, ctx=ctx)
 
 
-def _window(logs: LogTables, keys: mk.ResolvedKeys, size: int) -> pl.DataFrame:
+def _canonical(logs: LogTables, keys: mk.ResolvedKeys) -> pl.DataFrame:
+    """The metric rows every series plot and the window read, filtered once from the table."""
+    wanted = list(keys.by_signal.values())
+    rows = logs.metrics.filter(pl.col("key").is_in(wanted) & pl.col("value").is_not_null())
+    return rows.select("key", "step", "timestamp", "value")
+
+
+def _window(canonical: pl.DataFrame, size: int) -> pl.DataFrame:
     """Step and newest timestamp of the last `size` steps that carry any canonical metric."""
-    canonical = list(keys.by_signal.values())
-    rows = logs.metrics.filter(pl.col("key").is_in(canonical) & pl.col("value").is_not_null())
-    steps = rows.group_by("step").agg(pl.col("timestamp").max()).sort("step")
+    steps = canonical.group_by("step").agg(pl.col("timestamp").max()).sort("step")
     return steps.tail(size)
 
 
 def _context(evidence: Evidence, logs: LogTables) -> _Context:
     keys = mk.resolve(mk.present_keys(logs.metrics))
-    window = _window(logs, keys, evidence.thresholds.min_window_steps)
+    canonical = _canonical(logs, keys)
+    window = _window(canonical, evidence.thresholds.min_window_steps)
     steps = (int(window["step"][0]), int(window["step"][-1])) if window.height else None
     stamps = _stamps(window["timestamp"])
     times = (min(stamps), max(stamps)) if stamps and len(stamps) == window.height else None
-    return _Context(evidence, logs, keys, markers(evidence), steps, times)
+    return _Context(evidence, logs, keys, canonical, markers(evidence), steps, times)
 
 
 # --- per-step series ------------------------------------------------------------------------------
@@ -330,25 +388,33 @@ def _series(ctx: _Context, signal: str) -> tuple[pl.DataFrame, int]:
     key = ctx.keys.get(signal)
     if key is None:
         return pl.DataFrame(schema=_SERIES_SCHEMA), 0
-    rows = ctx.logs.metrics.filter((pl.col("key") == key) & pl.col("value").is_not_null())
+    rows = ctx.canonical.filter(pl.col("key") == key)
     rows = rows.select("step", "timestamp", "value").sort("step")
     finite = rows.filter(pl.col("value").is_finite())
     return finite, rows.height - finite.height
 
 
-def _draw_line(ax: Axes, axis: _Axis, frame: pl.DataFrame, line: _Line, spec: _SeriesSpec) -> None:
+def _draw_line(
+    ax: Axes, axis: _Axis, frame: pl.DataFrame, line: _Line, spec: _SeriesSpec
+) -> Downsampled:
+    """Draw one series (downsampled to MAX_POINTS after its moving average); returns what was
+    drawn."""
+    columns = ["value"]
     if spec.moving_mean:
         size = axis.ctx.limits.min_window_steps
         frame = frame.with_columns(mean=pl.col("value").rolling_mean(size, min_samples=1))
-    frame = _thin(frame)
-    xs = axis.xs(frame)
+        columns.append("mean")
+    drawn = downsample(frame, columns, MAX_POINTS)
+    xs = axis.xs(drawn.frame)
     colour = "#90a4ae" if spec.moving_mean else line.colour
     width = 1.0 if spec.moving_mean else 1.5
-    ys = frame["value"].to_list()
-    ax.plot(xs, ys, color=colour, label=line.label, linewidth=width, marker=".", markersize=4)
+    marker = "." if drawn.points <= MARKED_POINTS else None
+    ys = _values(drawn.frame, "value")
+    ax.plot(xs, ys, color=colour, label=line.label, linewidth=width, marker=marker, markersize=4)
     if spec.moving_mean:
         label = f"{axis.ctx.limits.min_window_steps}-step mean"
-        ax.plot(xs, frame["mean"].to_list(), color=line.colour, linewidth=2, label=label)
+        ax.plot(xs, _values(drawn.frame, "mean"), color=line.colour, linewidth=2, label=label)
+    return drawn
 
 
 def _series_plot(ctx: _Context, spec: _SeriesSpec) -> Plot:
@@ -356,8 +422,8 @@ def _series_plot(ctx: _Context, spec: _SeriesSpec) -> Plot:
     present = [line for line in spec.lines if not found[line.signal][0].is_empty()]
     if not present:
         return Plot(spec.slug, spec.title, empty=_nothing_to_draw(spec, found))
-    drawn = pl.concat([found[line.signal][0] for line in present])
-    axis = _axis(ctx, drawn)
+    rows = pl.concat([found[line.signal][0] for line in present])
+    axis = _axis(ctx, rows)
     figure, (ax,) = _figure()
     axis.window(ax)
     first_drawn = present[0] is spec.lines[0]
@@ -365,11 +431,13 @@ def _series_plot(ctx: _Context, spec: _SeriesSpec) -> Plot:
         low, high = spec.band(ctx.limits)
         ax.axhspan(low, high, color="#c8e6c9", alpha=0.6, label="healthy range")
     right = ax.twinx() if any(line.right for line in present) and not present[0].right else None
-    for line in present:
+    drawn = [
         _draw_line(right if line.right and right else ax, axis, found[line.signal][0], line, spec)
-    _scale(ax, drawn, spec)
+        for line in present
+    ]
+    _scale(ax, rows, spec)
     ax.set_ylabel(spec.ylabel if first_drawn else present[0].label)
-    axis.finish([ax], drawn)
+    axis.finish([ax], rows)
     if right is not None:
         right.set_ylabel(present[-1].label)
         _legend(ax, right, offset=1.11)
@@ -377,7 +445,9 @@ def _series_plot(ctx: _Context, spec: _SeriesSpec) -> Plot:
         _legend(ax)
     keys = [ctx.keys.get(line.signal) or line.signal for line in present]
     dropped = sum(found[line.signal][1] for line in present)
-    return Plot(spec.slug, spec.title, _png(figure), caption=_series_caption(keys, dropped, axis))
+    caption = _series_caption(keys, dropped, axis, drawn)
+    points, total = sum(d.points for d in drawn), sum(d.rows for d in drawn)
+    return Plot(spec.slug, spec.title, _png(figure), caption=caption, points=points, rows=total)
 
 
 def _nothing_to_draw(spec: _SeriesSpec, found: dict[str, tuple[pl.DataFrame, int]]) -> str:
@@ -398,11 +468,13 @@ def _scale(ax: Axes, drawn: pl.DataFrame, spec: _SeriesSpec) -> None:
         ax.set_yscale("log")
 
 
-def _series_caption(keys: Sequence[str], dropped: int, axis: _Axis) -> str:
+def _series_caption(
+    keys: Sequence[str], dropped: int, axis: _Axis, drawn: Sequence[Downsampled]
+) -> str:
     parts = [f"logged as {', '.join(keys)}"]
     if dropped:
         parts.append(f"{dropped} non-finite value(s) not drawn (NaN or ±inf)")
-    return "; ".join([*parts, *axis.note()])
+    return "; ".join([*parts, *_points_note(drawn), *axis.note()])
 
 
 def _tis_band(limits: Thresholds) -> tuple[float, float]:
@@ -462,7 +534,7 @@ def _phase_rows(logs: LogTables) -> pl.DataFrame:
             "timestamp",
         )
     rows = rows.drop_nulls(["step", "phase", "seconds"]).filter(pl.col("seconds").is_finite())
-    return rows.unique(["step", "phase"], keep="last", maintain_order=True)
+    return rows.unique(["step", "phase"], keep="last")  # later use is keyed by step and phase
 
 
 def _stacked(rows: pl.DataFrame) -> tuple[pl.DataFrame, list[str]]:
@@ -491,67 +563,93 @@ def _phases(ctx: _Context) -> Plot:
             empty=f"no phase timings logged (no timer lines, no {mk.PHASE_PREFIX}<phase> keys)",
         )
     table, columns = _stacked(rows)
-    table = _thin(table)
+    total = rows.filter(pl.col("phase") == mk.STEP_PHASE).select("step", total="seconds")
+    has_total = not total.is_empty()
+    if has_total:
+        table = table.join(total, on="step", how="left", maintain_order="left")
+    drawn = downsample(table, [*columns, *(["total"] if has_total else [])], MAX_POINTS)
     axis = _axis(ctx, table)
     figure, (ax,) = _figure(height=3.2)
     axis.window(ax)
-    xs = axis.xs(table)
-    ax.stackplot(xs, *(table[c].to_list() for c in columns), labels=columns, alpha=0.85)
-    total = rows.filter(pl.col("phase") == mk.STEP_PHASE).select("step", total="seconds")
-    if not total.is_empty():
-        joined = table.join(total, on="step", how="left")
-        ax.plot(xs, joined["total"].to_list(), color="black", linewidth=1, label="step total")
+    xs = axis.xs(drawn.frame)
+    stacks = [_values(drawn.frame, c) for c in columns]
+    ax.stackplot(xs, *stacks, labels=columns, alpha=0.85)
+    if has_total:
+        ys = _values(drawn.frame, "total")
+        ax.plot(xs, ys, color="black", linewidth=1, label="step total")
     ax.set_ylabel("seconds")
     axis.finish([ax], table)
     _legend(ax)
-    caption = "; ".join([f"{len(columns)} phase(s) stacked", *axis.note()])
-    return Plot("phases", title, _png(figure), caption=caption)
+    caption = "; ".join([f"{len(columns)} phase(s) stacked", *_points_note([drawn]), *axis.note()])
+    png = _png(figure)
+    return Plot("phases", title, png, caption=caption, points=drawn.points, rows=drawn.rows)
 
 
 # --- engines --------------------------------------------------------------------------------------
 
 
-def _engine_buckets(engines: pl.DataFrame, now: datetime) -> pl.DataFrame:
-    """`timestamp` (bucket start), `running`, `waiting` (summed over engines), `kv` (mean)."""
-    rows = engines.filter(pl.col("timestamp").is_not_null() & (pl.col("timestamp") <= now))
-    if rows.is_empty():
-        return rows
+_ENGINE_COLUMNS: Final = {"running": "running", "waiting": "waiting", "kv": "kv_cache_pct"}
+
+
+def _engine_buckets(rows: pl.DataFrame) -> tuple[pl.DataFrame, int]:
+    """`timestamp` (bucket start) and, for `running` and `waiting` (summed over engines) and `kv`
+    (mean over engines): the bucket's mean and its `<name>_lo` / `<name>_hi` band, each engine's
+    lowest and highest sample in the bucket (summed, or for `kv` the extremes over engines), so a
+    short spike inside a bucket still shows; and how many engines the samples come from."""
     lo, hi = rows["timestamp"].min(), rows["timestamp"].max()
     assert isinstance(lo, datetime) and isinstance(hi, datetime)
     seconds = max(10, math.ceil((hi - lo).total_seconds() / ENGINE_BUCKETS))
     bucketed = rows.with_columns(pl.col("timestamp").dt.truncate(f"{seconds}s"))
     per_engine = bucketed.group_by("timestamp", "engine").agg(
-        pl.col("running", "waiting", "kv_cache_pct").mean()
+        *(pl.col(src).mean().alias(name) for name, src in _ENGINE_COLUMNS.items()),
+        *(pl.col(src).min().alias(f"{name}_lo") for name, src in _ENGINE_COLUMNS.items()),
+        *(pl.col(src).max().alias(f"{name}_hi") for name, src in _ENGINE_COLUMNS.items()),
     )
-    return (
+    summed = [f"{n}{end}" for n in ("running", "waiting") for end in ("", "_lo", "_hi")]
+    engines = per_engine["engine"].n_unique()  # over the few bucket rows, not every sample
+    buckets = (
         per_engine.group_by("timestamp")
         .agg(
-            running=pl.col("running").sum(),
-            waiting=pl.col("waiting").sum(),
-            kv=pl.col("kv_cache_pct").mean(),
+            *(pl.col(name).sum() for name in summed),
+            pl.col("kv").mean(),
+            pl.col("kv_lo").min(),
+            pl.col("kv_hi").max(),
         )
         .sort("timestamp")
     )
+    return buckets, engines
 
 
 def _engines(ctx: _Context) -> Plot:
     title = "vLLM engines: running and waiting requests, KV-cache use"
-    buckets = _engine_buckets(ctx.logs.engines, ctx.evidence.now)
-    if buckets.is_empty():
+    now = ctx.evidence.now
+    engines = ctx.logs.engines
+    rows = engines.filter(pl.col("timestamp").is_not_null() & (pl.col("timestamp") <= now))
+    if rows.is_empty():
         return Plot("engines", title, empty="no vLLM engine stat lines with a timestamp logged")
+    buckets, n = _engine_buckets(rows)
     axis = _Axis(by_time=True, ctx=ctx)
     figure, axes = _figure(rows=3, height=1.5)
     xs = axis.xs(buckets)
-    series = (("running", "running", "#1565c0"), ("waiting", "waiting", "#ef6c00"))
-    for ax, (column, label, colour) in zip(axes[:2], series, strict=True):
-        ax.plot(xs, buckets[column].to_list(), color=colour, drawstyle="steps-post", label=label)
-        ax.set_ylabel(label, fontsize=8)
-    axes[2].plot(xs, buckets["kv"].to_list(), color="#6a1b9a", drawstyle="steps-post", label="KV %")
-    axes[2].set_ylabel("KV cache %", fontsize=8)
+    series = (
+        ("running", "running", "running", "#1565c0"),
+        ("waiting", "waiting", "waiting", "#ef6c00"),
+        ("kv", "KV %", "KV cache %", "#6a1b9a"),
+    )
+    for ax, (column, label, ylabel, colour) in zip(axes, series, strict=True):
+        low, high = _values(buckets, f"{column}_lo"), _values(buckets, f"{column}_hi")
+        ax.fill_between(xs, low, high, step="post", color=colour, alpha=0.18, linewidth=0)
+        ys = _values(buckets, column)
+        ax.plot(xs, ys, color=colour, drawstyle="steps-post", label=label)
+        ax.set_ylabel(ylabel, fontsize=8)
     axis.finish(axes, buckets)
     _legend(axes[0], *axes[1:])
-    n = ctx.logs.engines["engine"].n_unique()
-    return Plot("engines", title, _png(figure), caption=f"{n} engine(s), summed per time bucket")
+    caption = (
+        f"{n} engine(s), summed per time bucket: {buckets.height:,} buckets of {rows.height:,} "
+        "samples (line: the bucket's mean; shaded: its lowest to highest sample)"
+    )
+    png = _png(figure)
+    return Plot("engines", title, png, caption=caption, points=buckets.height, rows=rows.height)
 
 
 # --- trials (agentic) -----------------------------------------------------------------------------
@@ -586,7 +684,7 @@ def _trial_outcomes(ctx: _Context) -> Plot:
         ax.set_xlabel("trials")
         return Plot("trials", title, _png(figure), caption="some trials carry no finish time")
     figure, (ax,) = _figure()
-    groups = [_nums(rows.filter(pl.col("outcome") == n)["finished_at"].to_list()) for n in names]
+    groups = [_days(rows.filter(pl.col("outcome") == n)["finished_at"]) for n in names]
     bins = min(30, max(5, rows.height // 5))
     ax.hist(groups, bins=bins, stacked=True, label=names)
     ax.set_ylabel("trials finished")
@@ -651,8 +749,9 @@ def _guarded(draw: Callable[[_Context], Plot], ctx: _Context, slug: str) -> Plot
         )
 
 
-def render_plots(evidence: Evidence) -> tuple[Plot, ...]:
-    """Every plot of one evidence, in report order."""
+def plan(evidence: Evidence) -> tuple[_Context, list[tuple[str, Callable[[_Context], Plot]]]]:
+    """What every plot shares (window, event lines) and each plot's slug and drawing, in report
+    order (split from `render_plots` so `bench/bench_report.py` can time each plot alone)."""
     logs = evidence.logs or LogTables()
     ctx = _context(evidence, logs)
     draws: list[tuple[str, Callable[[_Context], Plot]]] = [
@@ -661,6 +760,12 @@ def render_plots(evidence: Evidence) -> tuple[Plot, ...]:
     draws += [("phases", _phases), ("engines", _engines)]
     if _has_trials(evidence):
         draws += [("trials", _trial_outcomes), ("duty_cycle", _duty_cycle)]
+    return ctx, draws
+
+
+def render_plots(evidence: Evidence) -> tuple[Plot, ...]:
+    """Every plot of one evidence, in report order."""
+    ctx, draws = plan(evidence)
     plots = [_guarded(draw, ctx, slug) for slug, draw in draws]
     if evidence.logs is None:
         note = "no trainer log in the evidence"

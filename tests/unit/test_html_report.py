@@ -11,6 +11,7 @@ import pytest
 
 from reports import html as html_module
 from reports.html import CSP, escape, html_key, render_html, store_html
+from reports.plots import MAX_POINTS
 from shared.models import (
     Confidence,
     GateName,
@@ -155,6 +156,17 @@ def test_a_plot_without_data_says_so_in_the_page() -> None:
     assert "No data: no TIS metric logged (looked for policy/tis/imp_ratio_mean" in page
 
 
+def test_a_downsampled_plot_says_so_in_its_caption_and_a_whole_one_does_not() -> None:
+    """MAX_POINTS + 1 steps of reward: the page's caption of that plot says `N of M points
+    drawn`; MAX_POINTS steps: drawn whole, no such note."""
+    for steps, cut in ((MAX_POINTS, False), (MAX_POINTS + 1, True)):
+        logs = f.logs(metrics=f.metric_rows({"reward/avg_raw_reward": [0.5] * steps}))
+        page = render_html(_report(), f.evidence(log_tables=logs))
+        figure = page[page.index('id="plot-reward"') :]
+        caption = figure[: figure.index("</figcaption>")]
+        assert (f"of {steps:,} points drawn" in caption) is cut
+
+
 def test_store_html_writes_once_beside_the_json_report(monkeypatch: pytest.MonkeyPatch) -> None:
     """The page lands at the JSON key with `.html`, as text/html, and is not drawn twice."""
     store = MemoryStore()
@@ -179,12 +191,11 @@ def test_a_page_that_cannot_be_drawn_is_stored_without_plots(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """When drawing with the evidence fails, the page is stored from the report alone."""
-    import reports.plots
 
     def broken(evidence: Any) -> Any:
         raise RuntimeError("matplotlib is unwell")
 
-    monkeypatch.setattr(reports.plots, "render_plots", broken)
+    monkeypatch.setattr(html_module, "render_plots", broken)
     store = MemoryStore()
     key = store_html(store, "reports/a/b/c/d.json", _report(), f.evidence())
     assert b"the evidence tables were not available to plot" in store.get(key)

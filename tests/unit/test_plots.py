@@ -11,13 +11,16 @@ import numpy as np
 import polars as pl
 import pytest
 from matplotlib import image as mimage
+from matplotlib.collections import PolyCollection
+from matplotlib.figure import Figure
 
 from reports import plots as plots_module
-from reports.plots import MAX_POINTS, Plot, markers, render_plots
+from reports.plots import ENGINE_BUCKETS, MAX_POINTS, Plot, markers, render_plots
 from shared.models import Mode
 from shared.settings import Thresholds
 from tests import factories as f
-from worker.evidence.model import AttemptRecord, ProbeEvidence, StackDump
+from worker.evidence import schema
+from worker.evidence.model import AttemptRecord, LogTables, ProbeEvidence, StackDump
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 
@@ -163,12 +166,139 @@ def test_rows_without_timestamps_are_drawn_by_step() -> None:
     assert "drawn by step, without the event lines" in plots["reward"].caption
 
 
-def test_long_series_are_thinned_to_the_point_budget() -> None:
-    """A 10,001-row frame is thinned to at most MAX_POINTS rows, keeping the first."""
-    frame = pl.DataFrame({"step": range(10_001)})
-    thinned = plots_module._thin(frame)
-    assert thinned.height <= MAX_POINTS and thinned["step"][0] == 0
-    assert plots_module._thin(frame.head(MAX_POINTS)).height == MAX_POINTS
+def _long_frame(table: dict[str, pl.DataType], n: int, **columns: object) -> pl.DataFrame:
+    """`n` rows of `table`, one step a minute ending at NOW, built in one go (no row dicts)."""
+    steps = np.arange(1, n + 1, dtype=np.int64)
+    first_us = int((f.NOW - timedelta(minutes=n)).timestamp() * 1_000_000)
+    stamps = pl.from_epoch(pl.Series(first_us + steps * 60_000_000), time_unit="us")
+    base = {
+        "step": steps,
+        "timestamp": stamps.dt.replace_time_zone("UTC"),
+        "source": "finelog.log",
+        "line": steps * 10,
+        "attempt": 0,
+    }
+    built = pl.DataFrame(base | columns)
+    return built.select(
+        [
+            pl.col(c).cast(t) if c in built.columns else pl.lit(None, t).alias(c)
+            for c, t in table.items()
+        ]
+    )
+
+
+def _figures(monkeypatch: pytest.MonkeyPatch) -> list[Figure]:
+    """Every figure the plots turn into a PNG, kept so a test can count what was drawn."""
+    figures: list[Figure] = []
+    real = plots_module._png
+
+    def spy(figure: Figure) -> bytes:
+        figures.append(figure)
+        return real(figure)
+
+    monkeypatch.setattr(plots_module, "_png", spy)
+    return figures
+
+
+def _line_points(figure: Figure) -> list[int]:
+    """Points of each data line (Line2D) of a figure; event lines are collections, not lines."""
+    return [len(line.get_xdata()) for ax in figure.axes for line in ax.get_lines()]
+
+
+def test_a_huge_series_draws_a_bounded_number_of_points_and_keeps_its_spike_and_last_point(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """200,000 steps of reward with one spike: every line drawn has at most MAX_POINTS points, the
+    spike and the newest step are among them, and the caption says `N of 200,000 points`."""
+    n, spike = 200_000, 123_457
+    reward = np.sin(np.arange(n) / 300.0)
+    reward[spike - 1] = 25.0
+    reward[-1] = -3.0  # the newest step: a drop the plot must not thin away
+    metrics = _long_frame(
+        schema.METRICS, n, key="reward/avg_raw_reward", value=reward, origin="mirror"
+    )
+    figures = _figures(monkeypatch)
+    plots = _by_slug(render_plots(f.evidence(log_tables=LogTables(metrics=metrics))))
+    plot = plots["reward"]
+    assert plot.png is not None and len(figures) == 1
+    drawn = _line_points(figures[0])
+    assert len(drawn) == 2 and max(drawn) <= MAX_POINTS  # the series and its moving mean
+    assert plot.rows == n and plot.points == drawn[0]
+    assert f"{plot.points:,} of {n:,} points drawn" in plot.caption
+    values = figures[0].axes[0].get_lines()[0].get_ydata()
+    assert 25.0 in values and values[-1] == -3.0
+
+
+def test_a_series_of_max_points_is_drawn_whole_and_one_more_is_downsampled(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """MAX_POINTS steps: every point drawn, no note; MAX_POINTS + 1: fewer, and the caption
+    says so."""
+    figures = _figures(monkeypatch)
+    for n, whole in ((MAX_POINTS, True), (MAX_POINTS + 1, False)):
+        metrics = _long_frame(
+            schema.METRICS, n, key="policy/raw_grad_norm", value=np.ones(n), origin="mirror"
+        )
+        plot = _by_slug(render_plots(f.evidence(log_tables=LogTables(metrics=metrics))))[
+            "grad_norm"
+        ]
+        assert (plot.points == n) is whole and plot.rows == n
+        assert ("points drawn" in plot.caption) is not whole
+        assert _line_points(figures[-1]) == [plot.points]
+
+
+def test_a_huge_phase_table_stacks_a_bounded_number_of_steps(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """60,000 steps of four phases and the step total: the stack and the total line are drawn from
+    at most MAX_POINTS steps, one phase's single slow step among them."""
+    n, slow = 60_000, 41_234
+    frames = []
+    for phase in ("generate", "train", "ref", "step"):
+        seconds = np.full(n, 30.0 if phase != "step" else 95.0)
+        if phase == "ref":
+            seconds[slow - 1] = 600.0
+        frames.append(_long_frame(schema.PHASES, n, phase=phase, seconds=seconds))
+    figures = _figures(monkeypatch)
+    evidence = f.evidence(log_tables=LogTables(phases=pl.concat(frames)))
+    plot = _by_slug(render_plots(evidence))["phases"]
+    assert plot.png is not None and plot.rows == n and plot.points <= MAX_POINTS
+    (total,) = figures[0].axes[0].get_lines()
+    assert len(total.get_xdata()) == plot.points
+    layers = [c for c in figures[0].axes[0].collections if isinstance(c, PolyCollection)]
+    assert len(layers) == 3  # generate, train, ref stacked
+    assert all(len(p.vertices) <= 2 * MAX_POINTS + 3 for c in layers for p in c.get_paths())
+    assert f"of {n:,} points drawn" in plot.caption
+    assert 600.0 + 60.0 in layers[-1].get_paths()[0].vertices[:, 1]  # the slow step, on top
+
+
+def test_huge_engine_tables_draw_bounded_buckets_whose_band_keeps_a_queue_spike(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """100,000 stat lines of one engine, one of them with 500 requests waiting: at most
+    ENGINE_BUCKETS + 1 buckets are drawn, the waiting band reaches 500 (the mean alone would
+    not), and the caption gives the counts."""
+    n, spike = 100_000, 67_891
+    waiting = np.full(n, 2, dtype=np.int64)
+    waiting[spike] = 500
+    engines = _long_frame(
+        schema.ENGINES,
+        n,
+        engine="1@h/000",
+        running=np.full(n, 40),
+        waiting=waiting,
+        kv_cache_pct=np.full(n, 50.0),
+    )
+    figures = _figures(monkeypatch)
+    evidence = f.evidence(log_tables=LogTables(engines=engines))
+    plot = _by_slug(render_plots(evidence))["engines"]
+    assert plot.png is not None and plot.rows == n and plot.points <= ENGINE_BUCKETS + 1
+    assert f"{plot.points:,} buckets of {n:,} samples" in plot.caption
+    assert all(points == plot.points for points in _line_points(figures[0]))
+    waiting_axes = figures[0].axes[1]
+    (band,) = [c for c in waiting_axes.collections if isinstance(c, PolyCollection)]
+    assert band.get_paths()[0].vertices[:, 1].max() == 500
+    assert max(waiting_axes.get_lines()[0].get_ydata()) < 500  # the mean hides it; the band not
 
 
 def test_phases_engines_and_agentic_plots_draw_from_their_tables() -> None:
