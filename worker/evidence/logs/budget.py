@@ -72,12 +72,12 @@ class LogBudgetError(ValueError):
 def setting_mb() -> int:
     """`RLHEALTH_PARSE_MEMORY_MB` (`shared.settings.Settings.parse_memory_mb`), read when called;
     `ValueError` with one clear line when it is not a whole number of at least 64."""
+    if os.environ.get(_ENV) is None:
+        return DEFAULT_MEMORY_MB  # the settings (pydantic-settings) are loaded only to read it
     from pydantic import ValidationError
 
     from shared.settings import Settings
 
-    if os.environ.get(_ENV) is None:
-        return DEFAULT_MEMORY_MB
     try:
         return Settings().parse_memory_mb
     except ValidationError as exc:
