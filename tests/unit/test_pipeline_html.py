@@ -90,7 +90,9 @@ def test_the_html_step_stores_the_page_beside_the_json_report(pipeline: Pipeline
     assert entry["verdict"] in body
     assert _count("drawn") == drawn + 1
     assert not pipeline.redis.keys("t:report:*")
-    assert pipeline.html(entry, "e1") is None  # nothing kept: drawn already, not drawn again
+    gone = _count("report_gone")
+    assert pipeline.html(entry, "e1") == page  # run again: drawn already, not drawn again
+    assert _count("drawn") == drawn + 1 and _count("report_gone") == gone
 
 
 def test_a_page_that_cannot_be_drawn_is_stored_without_plots(

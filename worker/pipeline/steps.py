@@ -421,6 +421,9 @@ class Pipeline:
         uri = VerdictEntry.model_validate(entry).report_uri
         kept = {_text(k): v for k, v in self.redis.hgetall(self._kept_report(uri)).items()}
         if "json_key" not in kept or "report" not in kept:
+            base = self.store.uri("")  # the key back from the URI: drawn by an earlier run?
+            if uri.startswith(base) and self.store.exists(html_key(uri[len(base) :])):
+                return html_key(uri[len(base) :])
             log.warning("the report %s is no longer kept: its HTML page is not drawn", uri)
             html_drawn("report_gone")
             return None
