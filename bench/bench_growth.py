@@ -20,6 +20,11 @@ does not cut the first capture. `stages_s` splits each diagnosis into its task t
 worker's log (capture, the slowest gate and all gates, verdict), `cache` quotes the worker's log
 cache line of each capture (bytes parsed and reused), `thaws` each worker process's thaw of each
 frozen evidence (its time, the table parts taken from the process's part cache and those read).
+
+The HTML report is drawn by its own task after publish (docs/pipeline.md): each timing ends at
+the verdict, and the next alert is sent once the previous diagnosis's page is stored (a grown
+log's next alert comes minutes later, not while the page is drawn); `stages_s` gives its task's
+time as `html`.
 """
 
 from __future__ import annotations
@@ -45,6 +50,7 @@ __all__ = ["growth"]
 _LOGURU: re.Pattern[bytes] = re.compile(rb"(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d)\.\d{3} \|")
 _TIMEOUT_S = 1800.0
 _SUCCEEDED: re.Pattern[str] = re.compile(r"Task rlhealth\.(\w+)\[[^\]]*\] succeeded in ([\d.]+)s")
+_DRAWN: re.Pattern[str] = re.compile(r"Task rlhealth\.html\[[^\]]*\] succeeded")
 
 
 def _split(path: Path, grow_pct: float) -> list[bytes]:
@@ -69,17 +75,25 @@ def _last_time(path: Path) -> datetime:
     return datetime.strptime(found[-1].decode(), "%Y-%m-%d %H:%M:%S").replace(tzinfo=UTC)
 
 
-def _timed(stack: Stack, watcher: Watcher, job: str, now: datetime | None) -> float:
+def _timed(stack: Stack, watcher: Watcher, job: str, now: datetime | None, log: Path) -> float:
+    """Alert → verdict; then waits for the diagnosis's HTML page (not timed)."""
     started = time.perf_counter()
     event_id = publish_alert(stack.redis, job, settings=stack.settings, now=now)
     if not watcher.wait({event_id}, _TIMEOUT_S):
         raise RuntimeError(f"no verdict for {event_id} within {_TIMEOUT_S:.0f} s")
-    return watcher.answered[event_id] - started
+    took = watcher.answered[event_id] - started
+    pages, deadline = len(watcher.entries), time.perf_counter() + _TIMEOUT_S
+    while len(_DRAWN.findall(log.read_text(errors="replace"))) < pages:
+        if time.perf_counter() > deadline:
+            raise RuntimeError(f"no HTML page for {event_id} within {_TIMEOUT_S:.0f} s")
+        time.sleep(0.05)
+    return took
 
 
 def _stages(log: str) -> list[dict[str, float]]:
     """Each diagnosis's task times from the worker's log (alerts run one at a time): capture,
-    the slowest gate and all gates, verdict; a diagnosis ends with its publish."""
+    the slowest gate and all gates, verdict; a diagnosis ends with its publish, after which its
+    HTML page is drawn (`html`)."""
     found: list[dict[str, float]] = []
     current: dict[str, float] = {"capture": 0.0, "gate_max": 0.0, "gates": 0.0, "verdict": 0.0}
     for task, seconds in _SUCCEEDED.findall(log):
@@ -92,6 +106,8 @@ def _stages(log: str) -> list[dict[str, float]]:
         elif task == "publish":
             found.append({name: round(value, 2) for name, value in current.items()})
             current = dict.fromkeys(current, 0.0)
+        elif task == "html" and found:
+            found[-1]["html"] = round(took, 2)
     return found
 
 
@@ -117,13 +133,14 @@ def growth(base: Path, megabytes: float, grow_pct: float) -> dict[str, Any]:
         watching(stack) as watcher,
     ):
         small = write_job_bundle(stack.bundle_root, "warm-up").relative_to(stack.bundle_root)
-        _timed(stack, watcher, small.as_posix(), None)
+        log_path = base / "worker.log"
+        _timed(stack, watcher, small.as_posix(), None, log_path)
         job_dir = write_job_bundle(stack.bundle_root, "grown")
         log = generate(job_dir / "finelog.log", megabytes * (1 + 2 * grow_pct / 100))
         growths = _split(log, grow_pct)
         job = job_dir.relative_to(stack.bundle_root).as_posix()
         sizes, times = [log.stat().st_size], {}
-        times["first"] = _timed(stack, watcher, job, _last_time(log))
+        times["first"] = _timed(stack, watcher, job, _last_time(log), log_path)
         for label, extra_bytes in zip(("second", "cold"), growths, strict=True):
             with log.open("ab") as handle:
                 handle.write(extra_bytes)
@@ -131,7 +148,7 @@ def growth(base: Path, megabytes: float, grow_pct: float) -> dict[str, Any]:
             if label == "cold":
                 for folder in ("logs", "evidence", "parts"):  # the worker's whole disk cache
                     shutil.rmtree(base / "cache" / folder, ignore_errors=True)
-            times[label] = _timed(stack, watcher, job, _last_time(log))
+            times[label] = _timed(stack, watcher, job, _last_time(log), log_path)
         verdicts = _verdicts(watcher)
     stages = _stages((base / "worker.log").read_text(errors="replace"))[1:]  # not the warm-up
     return {
