@@ -232,12 +232,18 @@ def test_still_hung_is_kill_quoting_both_looks_and_replay_agrees(
     text_key = entry.report_uri.removeprefix(f"s3://{looking.settings.s3_bucket}/look/")
     text = looking.store.get(text_key[: -len("json")] + "txt").decode()
     assert "  second look — confirmed after" in text
+    page = text_key[: -len("json")] + "html"  # drawn after publish, the verdict task replaced
+    wait_for(lambda: looking.store.exists(page), 60, "the HTML page of the second look")
+    assert "second look" in looking.store.get(page).decode()
     replay = looking.run("replay", event_id, "--json", "--timeout", "60")
     assert replay.returncode == 0, replay.stderr
     again = VerdictEntry.model_validate_json(replay.stdout)
     replayed = _report(looking, again)
     assert (again.verdict, replayed["second_look"]) == (entry.verdict, look)
     assert replayed["kill_proof"] == report["kill_proof"]
+    replayed_key = again.report_uri.removeprefix(f"s3://{looking.settings.s3_bucket}/look/")
+    replayed_page = replayed_key[: -len("json")] + "html"
+    wait_for(lambda: looking.store.exists(replayed_page), 60, "the replay's HTML page")
 
 
 def test_a_trainer_that_resumes_during_the_wait_is_no_kill(
