@@ -29,8 +29,7 @@ def _readable(key: str, body: bytes) -> str:
 def test_no_secret_in_any_object_the_pipeline_stores(pipeline_services: Services) -> None:
     """Alert → capture → gates → report on a bundle carrying the corpus: every S3 object (event,
     frozen evidence, probe files, the Parquet parts of its tables, the reports and the HTML page
-    drawn after publish) read back has
-    zero leaks."""
+    drawn after publish) read back has zero leaks."""
     services = pipeline_services
     job_dir = secret_bundle(services.bundle_root, "rl-secrets")
     probes = secret_probes(services.bundle_root / "probes-secrets")
