@@ -182,3 +182,29 @@ def test_the_page_follows_publish_outside_the_error_callback() -> None:
     assert links[0]["args"] == ["e1"] or tuple(links[0]["args"]) == ("e1",)
     assert "link_error" not in links[0]["options"]
     assert "lead" not in links[0]["kwargs"]
+
+
+def test_the_error_callback_sends_the_page_of_its_answer(
+    pipeline: Pipeline, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`rlhealth.fail` (run eagerly) answers ERROR and then sends the page task for that answer,
+    with the lead's evidence; nothing is sent when the lead was answered already."""
+    from types import SimpleNamespace
+
+    from worker.pipeline import tasks
+
+    event = Event.model_validate({"event_id": "e4", "job_dir": JOB, "published_at": NOW_ISO})
+    pipeline.archive(event)
+    pipeline.coalescer.admit("e4", JOB, event_json=event.model_dump_json())
+    failed = SimpleNamespace(
+        ready=lambda: True, result=RuntimeError("boom"), name="rlhealth.capture", args=["e4"]
+    )
+    sent: list[tuple[str, str | None]] = []
+    monkeypatch.setattr(tasks, "pipeline", lambda: pipeline)
+    monkeypatch.setattr(tasks.app, "AsyncResult", lambda _id: failed)
+    monkeypatch.setattr(tasks, "draw_later", lambda e, i: sent.append((e["verdict"], i)))
+    kwargs = {"lead": "e4", "job": JOB, "deadline": 4e9}
+    tasks.fail.apply(args=("t-failed",), kwargs=kwargs).get()
+    assert sent == [("ERROR", "e4")]
+    tasks.fail.apply(args=("t-failed",), kwargs=kwargs).get()
+    assert sent == [("ERROR", "e4")]

@@ -343,6 +343,16 @@ def fail(self: Task, failed_task_id: str, *, lead: str, job: str, deadline: floa
         draw_later(answered, _judged_on(lead) if first else None)
 
 
+def _judged_on(lead: str) -> str:
+    """The evidence id the diagnosis `lead` judged (a replay's is the original's); the lead
+    itself when its record cannot be read (the answer is out: its page must not fail it)."""
+    try:
+        return str(pipeline().leases.record(lead).get("evidence") or lead)
+    except Exception as exc:
+        log.warning("the record of %s could not be read for its HTML page: %s", lead, exc)
+        return lead
+
+
 def _answer(
     lead: str, job: str, stage: str, why: str, exc: BaseException | None, *, read_frozen: bool
 ) -> dict[str, Any] | None:
@@ -353,11 +363,6 @@ def _answer(
     # a callback whose process died (reading a huge frozen evidence?) answers from the event
     entry = pipeline().fail(lead, job, why, read_frozen=read_frozen)
     return None if entry is None else entry.model_dump(mode="json")
-
-
-def _judged_on(lead: str) -> str:
-    """The evidence id the diagnosis `lead` judges (a replay's is the original's)."""
-    return str(pipeline().leases.record(lead).get("evidence") or lead)
 
 
 def _recoverable(stage: str, exc: BaseException | None, *, first: bool = True) -> bool:
