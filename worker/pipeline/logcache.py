@@ -6,27 +6,38 @@ or rotated one is read whole (the cache's own identity checks). The directory li
 disk, and a copy of it in S3, so the worker that takes the job's next alert finds it:
 
     <cache_dir>/logs/<job id>/<entry>/...          the LogCache directory of the job
-    <cache_dir>/logs/<job id>/.shared              which S3 archive the directory was last synced
-                                                   with, and a digest of its entries then
+    <cache_dir>/logs/<job id>/.shared              which S3 manifest the directory was last
+                                                   synced with, and a digest of its entries then
     <cache_dir>/logs/<job id>/.clean               SHA-256 of the table files that passed the
                                                    redactor (a grown log's new part alone is read)
-    S3 logcache/<job id>/<stamp>-<digest>.zip      the job's shareable entries, one object,
-                                                   written once; the newest stamp wins
+    S3 logcache/<job id>/<stamp>-<digest>.json     the job's manifest, written once per change,
+                                                   the newest stamp wins: each shareable entry's
+                                                   meta.json and state.json, and the size of
+                                                   every Parquet part they name
+    S3 logcache/<job id>/parts/<sha>-<sha256>.parquet   one Parquet file of an entry, named by
+                                                   its SHA-256 (the frozen evidence's part names,
+                                                   worker.pipeline.parts), written once
 
 `<job id>` is the SHA-256 (32 hex) of the job key: the job directory relative to the bundle root,
-the key the coalescer uses. Before a capture reads the logs, the newest archive of the job is
-downloaded when the directory was not synced with it (a cold disk, or another worker answered a
-later alert); after, the directory is archived and written when its entries changed, and archives
-older than the newest two are deleted.
+the key the coalescer uses. Before a capture reads the logs, the newest manifest of the job is
+read when the directory was not synced with it (a cold disk, or another worker answered a later
+alert) and the entries assembled from it: each part the disk holds already (the same file name
+with the same SHA-256 in its entry's meta.json) is linked from there, the others read from S3.
+After, when the entries changed, the parts not in S3 yet are written (a grown log: the last part
+of each grown table and the new ones, see `worker.evidence.logs.incremental`), then the manifest;
+manifests older than the newest two are deleted, and the parts no kept manifest names once they
+are an hour old (a younger one may be another capture's, its manifest not written yet). Zip
+archives of the first format (`<stamp>-<digest>.zip`) are not read; the next write deletes them.
 
-What is checked before anything downloaded is used: the object's size (at most the memory one
-parse may use, RLHEALTH_PARSE_MEMORY_MB), the archive's shape (stored members only, entry folder
-and file names only, sizes and counts bounded, every member's CRC), the job it names; then, when
-the logs are read, the cache's own checks (its version, the log's key, every file's SHA-256, the
-tables' columns) and the log's identity (inode, size, head hash, the bytes before the resume
-point). Anything that fails is ignored with a note (a warning in the worker's log and the
+What is checked before anything downloaded is used: the manifest's size and the sum of the parts'
+(at most the memory one parse may use, RLHEALTH_PARSE_MEMORY_MB), its shape (entry folder and
+file names only, every part listed with a size), the job it names, each part's size and SHA-256;
+then, when the logs are read, the cache's own checks (its version, the log's key, every file's
+SHA-256, each part's rows, the tables' columns) and the log's identity (inode, size, head hash,
+the bytes before the resume point). Anything that fails (a damaged or missing part included) is
+ignored with a note (a warning in the worker's log and the
 `rlhealth_log_cache_shared{outcome="ignored"}` metric) and the log is read whole: a bad entry
-costs time, never the evidence. An archive that was refused, held a damaged entry or was of no
+costs time, never the evidence. A manifest that was refused, held a damaged entry or was of no
 use (every entry of another version of its log) is deleted, so the next one written is the
 newest. (The hashes prove integrity, not authorship: a party that can
 write the bucket can also write frozen evidence; the bucket is inside the trust boundary.)
@@ -35,8 +46,8 @@ Redaction: the entries hold the parsed rows and the parser state as read, unreda
 give exactly the rows a full read gives; the frozen evidence is redacted when it is written). On
 the worker's disk they sit beside the logs they came from. Only entries that pass the redactor
 unchanged leave the worker: an entry with a string the redactor would rewrite (a token in an error
-line, say) is withheld from the archive (`outcome="withheld"`) and its log is read whole by the
-next worker.
+line, say) is withheld from the manifest, its parts are not written (`outcome="withheld"`), and
+its log is read whole by the next worker.
 
 The disk is bounded: job folders unused for `max_age_s` are removed, then the least recently used
 until all fit in `disk_bytes`. In memory, each worker process keeps the entries it read or wrote

@@ -5,23 +5,31 @@ the file keeps its inode, has not shrunk, still starts with the same bytes (a ha
 and still holds the same bytes just before the committed offset (a hash of the 4 KiB there: a log
 rewritten in place with the same first lines is read whole, not resumed in the middle of other
 text). It holds the parser state at the last committed line, the rows read up to there and (when
-made by `parse_log_file`) their stitched METRICS and PHASES; the lines after (an open construct, a
-partial last line) are read again on every parse.
+made by `parse_log_file`, or for a key given to `keep_stitched`, as `parse_job_logs` does for the
+finelog) their stitched METRICS and PHASES; the lines after (an open construct, a partial last
+line) are read again on every parse. An entry read on from the one before (the same file grown)
+is re-stitched from that one's stitched tables: only the steps its new rows touch are stitched
+again (`stitch.restitch`), so `stitched(key, rows)` gives a whole stitch's tables at the cost of
+what the file gained.
 
 Entries live in an in-process LRU and, with `directory`, on disk, one folder per entry:
 
     <directory>/<sha256 of the key, 32 hex>/meta.json     key, version, file identity, the parts
-                                                          of each table, and the SHA-256 of
-                                                          every other file
+                                                          of each table and their rows, and the
+                                                          SHA-256 of every other file
                                           /state.json    the parser state
                                           /<table>.parquet, stitched_<table>.parquet
                                           /<table>-<16 hex>.parquet   later parts of a table
 
 `meta.json` is written last and each folder is renamed into place whole, so a crash never leaves
-half an entry. A table is kept in parts: when an entry replaces one whose rows are the start of its
-own (a grown log), the earlier parts are hard-linked into the new folder (copied where links do not
-work) and only the new rows are written, as one more part named by their hash; past
-`MAX_PARTS` parts a table is written whole again.
+half an entry. A table (the stitched ones too) is kept in parts: when an entry replaces one it was
+read on from (same inode, head and no shrink: its rows then start with the earlier rows, told by
+their count, not compared), the earlier parts within the rows that did not change are hard-linked
+into the new folder (copied where links do not work) and only the rows after them are written, as
+one more part named by their hash; a stitched table keeps the parts before the first step the new
+rows touch (a restart that resumes earlier steps rewrites from there). An entry that replaces one
+it was not read on from has its rows compared; past `MAX_PARTS` parts a table is written whole
+again.
 
 An entry of another cache version, or one whose files do not match their hashes or do not read
 back with the expected columns, is ignored (never trusted) and said in `notes`; the file is then
