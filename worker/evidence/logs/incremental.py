@@ -257,8 +257,10 @@ class LogCache:
 
     def keep_stitched(self, key: str) -> None:
         """Keep the stitched tables of `key`'s entries: each is re-stitched from the one before
-        (only the steps its new rows touch), so `stitched` costs what the file gained."""
+        (only the steps its new rows touch), so `stitched` costs what the file gained. Call it
+        before each read of the file: an entry stored by an earlier read is forgotten."""
         self._stitch.add(key)
+        self._stored.pop(key, None)
 
     def stitched(self, key: str, rows: dict[str, pl.DataFrame]) -> Stitched | None:
         """`stitch(rows)`, where `rows` are the rows of the file whose entry was stored last
