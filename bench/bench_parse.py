@@ -16,13 +16,15 @@ generated log.
 
     python bench/bench_parse.py [--mb 200] [--runs 3] [--gb 1] [--logs generated continuous]
                                 [--rl-health OTHER_BUILD] [--also NAME=CHECKOUT ...]
-                                [--baseline-writes] [--fixed]
+                                [--baseline-writes] [--fixed] [--fallback]
 
 `--also main=/path/to/checkout` times `rl-health parse` of another checkout (its modules first on
 the path) in the same rounds, so a change and main are compared side by side. `--baseline-writes`
 makes the baseline write its tables as CSV too (`baseline_honest.py --out`), as the parser does.
 `--fixed` also times both commands on a one-line log: the fixed cost (interpreter, imports, exit)
-beside the cost per MB, and the log size at which the ratio would reach 3x.
+beside the cost per MB, and the log size at which the ratio would reach 3x. `--fallback` also
+times this build with its native stat-line pass off (`RLHEALTH_PARSE_NATIVE=0`: the polars path
+every line takes when the extension is not built).
 """
 
 from __future__ import annotations
@@ -237,8 +239,11 @@ def main() -> None:
     parser.add_argument("--fixed", action="store_true")
     parser.add_argument("--no-in-process", action="store_true")
     parser.add_argument("--no-regrowth", action="store_true")
+    parser.add_argument("--fallback", action="store_true")
     args = parser.parse_args()
     others = {name: other_build(Path(at)) for name, at in (a.split("=", 1) for a in args.also)}
+    if args.fallback:  # the same build with the native stat-line pass off (the polars path)
+        others["fallback"] = ["env", "RLHEALTH_PARSE_NATIVE=0", args.rl_health]
     setup = Setup([args.rl_health], others, args.baseline_writes, not args.no_in_process)
     paths = {name: log_path(name, args.mb) for name in args.logs}
     results = {name: Rounds([], [], [], []) for name in args.logs}

@@ -22,7 +22,7 @@ from shared.models import Verdict
 from worker.diagnosis import collect_evidence, judge
 from worker.evidence import model
 from worker.evidence.logs import LINE_MAX_BYTES, MemoryBudget, parse_log_file
-from worker.evidence.logs.budget import FLOOR_MB, setting_mb
+from worker.evidence.logs.budget import FLOOR_MB, Held, LogBudgetError, setting_mb
 from worker.evidence.logs.write import write_tables
 
 RL_HEALTH = str(Path(sys.executable).with_name("rl-health"))
@@ -265,13 +265,27 @@ def test_metric_records_within_the_budget_are_read(tmp_path: Path) -> None:
     assert tables.metrics.height == 37 * tables.summary.lines
 
 
-def test_budget_is_one_and_a_half_times_the_log_at_most_the_setting() -> None:
-    """Above the floor the budget is 1.5x the logs; never more than the setting."""
+def test_the_limit_is_the_setting_and_reads_aim_at_one_and_a_half_times_the_log() -> None:
+    """The parse stops only past the setting; the reads aim at 1.5x the logs (above the floor,
+    never past the setting)."""
     mb = 2**20
-    assert MemoryBudget.for_logs(1000 * mb, 4096).limit_mb == 1500
-    assert MemoryBudget.for_logs(1000 * mb, 1024).limit_mb == 1024
-    assert MemoryBudget.for_logs(10 * mb, 4096).limit_mb == FLOOR_MB
-    assert MemoryBudget.for_logs(10 * mb, 100).limit_mb == 100
+    assert MemoryBudget.for_logs(1000 * mb, 4096).limit_mb == 4096
+    assert MemoryBudget.for_logs(1000 * mb, 4096).aim_bytes == 1500 * mb
+    assert MemoryBudget.for_logs(1000 * mb, 1024).aim_bytes == 1024 * mb
+    assert MemoryBudget.for_logs(10 * mb, 4096).aim_bytes == FLOOR_MB * mb
+    assert MemoryBudget.for_logs(10 * mb, 256).limit_mb == 256
+
+
+def test_a_parse_past_one_and_a_half_times_the_log_but_within_the_setting_is_read() -> None:
+    """A 500 MB log whose parse holds ~900 MB (past 1.5x the log: 750 MB) is within the default
+    2048 MB setting: read, not refused (before, every log of ~350-700 MB was refused: ERROR).
+    Just past the setting it stops, naming the setting."""
+    mb = 2**20
+    budget = MemoryBudget.for_logs(500 * mb, 2048)
+    budget.base_rss = None  # the estimate alone, not this test process's RSS
+    budget.check(Held(total=800 * mb), "finelog.log", 1, 1)  # ~1.2 GB with its copies ahead
+    with pytest.raises(LogBudgetError, match=r"budget of 2,048 MB \(RLHEALTH_PARSE_MEMORY_MB\)"):
+        budget.check(Held(total=1400 * mb), "finelog.log", 1, 1)
 
 
 def test_unusable_memory_setting_is_one_clear_line(monkeypatch: pytest.MonkeyPatch) -> None:

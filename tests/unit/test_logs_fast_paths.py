@@ -124,7 +124,7 @@ def test_flags_pick_the_same_lines_as_a_scan_of_every_line() -> None:
         ]
     )
     flags = detect._flags(lines)
-    assert flags.engine.to_list() == [1, 2, 3]
+    assert flags.engine.get_column("idx").to_list() == [1, 2, 3]
     assert flags.interest.to_list() == [4, 5]
     assert flags.tb.to_list() == [3, 4, 5]
     picked = detect._picked(flags, len(lines)).to_list()

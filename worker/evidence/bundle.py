@@ -15,12 +15,14 @@ import re
 from collections.abc import Callable, Iterable, Mapping
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any, Final
+from typing import TYPE_CHECKING, Any, Final
 
-from shared.settings import Thresholds
 from worker.evidence.model import ArtifactState, ArtifactStatus, BundleInfo, ClassFreshness
 from worker.evidence.paths import BundleFiles
 from worker.evidence.values import integer, read_json, text
+
+if TYPE_CHECKING:
+    from shared.settings import Thresholds
 
 __all__ = [
     "ARTIFACT_CLASSES",

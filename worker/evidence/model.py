@@ -18,10 +18,12 @@ import polars as pl
 from pydantic import BaseModel, ConfigDict
 
 from shared.models import Mode, UtcDatetime
-from shared.settings import Thresholds
 from worker.evidence import schema
 
 if TYPE_CHECKING:
+    # an annotation only (of a dataclass): the settings (pydantic-settings, ~0.1 s to import) are
+    # not loaded by a parse that never reads them
+    from shared.settings import Thresholds
     from worker.evidence.facts import Facts
 
 __all__ = [

@@ -1,9 +1,13 @@
 """The memory budget of one parse: how much it may hold, how big its reads are, when to stop.
 
-A parse may use at most 1.5x the bytes of the logs it reads, and never more than the operator's
-setting `RLHEALTH_PARSE_MEMORY_MB` (default 2048). Below FLOOR_MB (512) of budget, 1.5x does not
-apply: a few MB of log still need a few reads' worth of buffers, polars' thread pool and pattern
-caches, and their tables (a 17 MB log of 750,000 distinct metric keys keeps ~100 MB of rows).
+A parse may never add more than the operator's setting `RLHEALTH_PARSE_MEMORY_MB` (default 2048)
+to the process: that is the limit, past which it stops. Within it, the parse *aims* at 1.5x the
+bytes of the logs it reads (at least FLOOR_MB, 512: a few MB of log still need a few reads' worth
+of buffers, polars' thread pool and pattern caches, and their tables; a 17 MB log of 750,000
+distinct metric keys keeps ~100 MB of rows): the read size and how many reads are scanned ahead
+follow from the aim. The aim is not a limit: a log whose parse needs more than 1.5x of it (a 500
+MB busy log peaks at ~1.3x-1.5x, a 200 MB one at ~2.4x, most of it pages the allocator keeps) is
+read, not refused (it was refused before 2026-12-03, so every log of ~350-700 MB was an ERROR).
 The memory counted is what the parse adds to the process's resident memory (RSS): its reads in
 flight, the rows it keeps and what the allocator holds on to.
 
@@ -72,12 +76,12 @@ class LogBudgetError(ValueError):
 def setting_mb() -> int:
     """`RLHEALTH_PARSE_MEMORY_MB` (`shared.settings.Settings.parse_memory_mb`), read when called;
     `ValueError` with one clear line when it is not a whole number of at least 64."""
+    if os.environ.get(_ENV) is None:
+        return DEFAULT_MEMORY_MB  # the settings (pydantic-settings) are loaded only to read it
     from pydantic import ValidationError
 
     from shared.settings import Settings
 
-    if os.environ.get(_ENV) is None:
-        return DEFAULT_MEMORY_MB
     try:
         return Settings().parse_memory_mb
     except ValidationError as exc:
@@ -125,8 +129,9 @@ class Held:
 class MemoryBudget:
     """The budget of one parse (one file, or every log of a job read together)."""
 
-    limit_bytes: int
+    limit_bytes: int  # the setting: past it the parse stops (`check`)
     chunk_bytes: int
+    aim_bytes: int = 0  # 1.5x the logs (at least the floor, at most the limit): reads in flight
     log_bytes: int = 0  # the bytes to read (a small log never has many reads in flight)
     before: Held = field(default_factory=Held)  # rows kept from files read earlier
     base_rss: int | None = field(default_factory=rss_bytes)  # RSS when the parse began
@@ -135,10 +140,15 @@ class MemoryBudget:
     def for_logs(cls, log_bytes: int, memory_mb: int | None = None) -> MemoryBudget:
         """The budget for reading `log_bytes` of logs under a setting of `memory_mb`."""
         setting = (memory_mb if memory_mb is not None else setting_mb()) * _MB
-        limit = min(setting, max(FLOOR_MB * _MB, int(LOG_FACTOR * log_bytes)))
+        aim = min(setting, max(FLOOR_MB * _MB, int(LOG_FACTOR * log_bytes)))
         # half of what is not fixed for the reads in flight, half for the rows and their assembly
-        chunk = min(_MAX_CHUNK, max(_MIN_CHUNK, (limit - _FIXED) // (2 * _TYPICAL_READS)))
-        return cls(limit_bytes=limit, chunk_bytes=chunk - chunk % 4096, log_bytes=log_bytes)
+        chunk = min(_MAX_CHUNK, max(_MIN_CHUNK, (aim - _FIXED) // (2 * _TYPICAL_READS)))
+        return cls(
+            limit_bytes=setting,
+            chunk_bytes=chunk - chunk % 4096,
+            aim_bytes=aim,
+            log_bytes=log_bytes,
+        )
 
     @property
     def limit_mb(self) -> int:
@@ -158,7 +168,7 @@ class MemoryBudget:
             return
         raise LogBudgetError(
             f"{source} could not be read within the parse memory budget of {self.limit_mb:,} MB "
-            f"(1.5x the logs, at most RLHEALTH_PARSE_MEMORY_MB): by line {line:,} "
+            f"(RLHEALTH_PARSE_MEMORY_MB): by line {line:,} "
             f"(byte {offset:,}) its tables already held {total // _MB:,} MB"
         )
 
@@ -172,7 +182,7 @@ class MemoryBudget:
         metrics = self.before.metrics + held.metrics
         per_read = (_SCAN_READS + _DENSITY_COPIES * density) * self.chunk_bytes
         ahead = (_KEPT_COPIES - 1) * total + _METRIC_COPIES * metrics
-        return _FIXED + total + reads * per_read + ahead <= self.limit_bytes
+        return _FIXED + total + reads * per_read + ahead <= (self.aim_bytes or self.limit_bytes)
 
     def keep(self, held: Held) -> None:
         """Count the rows `held` of a file read to the end."""

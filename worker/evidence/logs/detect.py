@@ -14,12 +14,15 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
-from typing import Final
+from typing import TYPE_CHECKING, Final
 
 import polars as pl
 
 from worker.evidence.failures import catalogue
 from worker.evidence.logs.lines import WINDOW_LINES
+
+if TYPE_CHECKING:
+    from worker.evidence.logs.native import Native
 
 __all__ = [
     "BLOCK_STARTS",
@@ -171,33 +174,41 @@ def _with(frame: pl.DataFrame, literal: str) -> pl.Series:
 
 @dataclass(frozen=True)
 class _Flags:
-    """Indices (sorted, UInt32) of a read's lines: vLLM stat lines, other lines holding a flag
-    literal, and the lines that open a traceback or Ray unhandled-error block."""
+    """Indices (sorted, UInt32) of a read's lines: vLLM stat lines (with their text), other
+    lines holding a flag literal, and the lines that open a traceback or Ray unhandled-error
+    block."""
 
-    engine: pl.Series
+    engine: pl.DataFrame  # idx, raw
     interest: pl.Series
     tb: pl.Series
 
 
-def _flags(lines: pl.Series) -> _Flags:
+def _flags(lines: pl.Series, where: pl.Series | None = None) -> _Flags:
     """One regex (a literal prefilter, no captures) finds each line's first flag literal; a line
     without one has no flag. The engine and traceback literals can also follow another literal
     (in an Iris job name, say), so only the lines with a hit are searched for them again. Only
-    the one pass touches every line; the rest works on the few lines with a hit."""
+    the one pass touches every line; the rest works on the few lines with a hit. `where` is the
+    line index of each of `lines` in the read (the native pass took the others), if not all."""
     first = lines.str.extract(_ANY_FLAG, 0)
     hit = first.is_not_null()
+    at = hit.arg_true()
     hits = pl.DataFrame(
-        {"idx": hit.arg_true(), "raw": lines.filter(hit), "first": first.filter(hit)}
+        {
+            "idx": at if where is None else where.gather(at),
+            "raw": lines.filter(hit),
+            "first": first.filter(hit),
+        }
     )
     is_engine = pl.col("first") == ENGINE_LITERAL
     engine_first, others = hits.filter(is_engine), hits.filter(~is_engine)
-    engine_later = _with(others, ENGINE_LITERAL)
+    later = others.filter(pl.col("raw").str.contains(ENGINE_LITERAL, literal=True))
+    engine_later = later.get_column("idx")
     tb = pl.concat(
         [_with(others, TRACEBACK), _with(others, UNHANDLED), _with(engine_first, TRACEBACK)]
     )
-    engine = pl.concat([engine_first.get_column("idx"), engine_later]).sort()
+    engine = pl.concat([engine_first.select("idx", "raw"), later.select("idx", "raw")])
     interest = others.filter(~pl.col("idx").is_in(engine_later.implode())).get_column("idx")
-    return _Flags(engine=engine, interest=interest, tb=tb.unique().sort())
+    return _Flags(engine=engine.sort("idx"), interest=interest, tb=tb.unique().sort())
 
 
 def _picked(flags: _Flags, n_lines: int) -> pl.Series:
@@ -315,7 +326,22 @@ def _classify(frame: pl.LazyFrame) -> pl.LazyFrame:
     )
 
 
-def evidence_lines(lines: pl.Series) -> tuple[pl.LazyFrame, pl.DataFrame]:
+def _raw(lines: pl.Series, native: Native, idx: pl.Series) -> pl.Series:
+    """The text of the lines `idx` of the read: rest lines from `lines`, the stat lines the
+    native pass read from the read's bytes (the window lines after a traceback, a few)."""
+    if not len(lines):
+        return pl.Series("raw", native.raw(idx.to_list()), dtype=pl.String)
+    pos = native.where.search_sorted(idx).clip(upper_bound=len(lines) - 1)
+    raw = lines.gather(pos)
+    stat = (native.where.gather(pos) != idx).arg_true()
+    if len(stat):
+        raw = raw.scatter(stat, native.raw(idx.gather(stat).to_list()))
+    return raw
+
+
+def evidence_lines(
+    lines: pl.Series, native: Native | None = None
+) -> tuple[pl.LazyFrame, pl.DataFrame]:
     """Queries for the lines worth reading, prefixes stripped and classified, and the stat lines.
 
     The first has idx (0-based in `lines`), window_only (kept only as a possible traceback end),
@@ -323,12 +349,14 @@ def evidence_lines(lines: pl.Series) -> tuple[pl.LazyFrame, pl.DataFrame]:
     prefixes stripped), task, tod, pid, ip, rank, ldt, vts, kind, err, failure (a failure literal
     or exception marker is in the message), actor. The second has `idx` and `raw`
     of the vLLM engine stat lines, which take a shorter path (they are most of a busy log).
+    With `native`, `lines` are the lines the native pass did not read (its `rest`): the stat
+    lines returned are the rest's, and `idx` counts every line of the read.
     """
-    flags = _flags(lines)
-    idx = _picked(flags, len(lines))
-    picked = pl.DataFrame({"idx": idx, "raw": lines.gather(idx)}).with_columns(
+    flags = _flags(lines, None if native is None else native.where)
+    idx = _picked(flags, len(lines) if native is None else native.n_lines)
+    raw = lines.gather(idx) if native is None else _raw(lines, native, idx)
+    picked = pl.DataFrame({"idx": idx, "raw": raw}).with_columns(
         tb=pl.col("idx").is_in(flags.tb.implode()),
         window_only=~pl.col("idx").is_in(flags.interest.implode()),
     )
-    stats = pl.DataFrame({"idx": flags.engine, "raw": lines.gather(flags.engine)})
-    return _classify(_strip_prefixes(picked.lazy())), stats
+    return _classify(_strip_prefixes(picked.lazy())), flags.engine

@@ -15,6 +15,7 @@ import polars as pl
 
 from worker.evidence.logs import detect, engines, records
 from worker.evidence.logs.lines import WINDOW_LINES, Cut, Read, bound_lines, line_start, split_read
+from worker.evidence.logs.native import Native, native_scan
 
 __all__ = ["HEAD_LINES", "HEAD_SCAN_LINES", "Scan", "scan"]
 
@@ -128,15 +129,61 @@ def _head(lines: pl.Series) -> tuple[pl.DataFrame, int | None]:
     return head, int(found[0]) if len(found) else None
 
 
+def _head_native(lines: pl.Series, native: Native) -> tuple[pl.DataFrame, int | None]:
+    """`_head` of the whole read, from the rest `lines` and the native pass's stat lines."""
+    where, stat_idx = native.where, native.stats.get_column("idx")
+    n_rest = where.search_sorted(HEAD_SCAN_LINES)
+    n_stat = min(stat_idx.search_sorted(HEAD_SCAN_LINES), HEAD_LINES)
+    first = pl.concat(
+        [
+            pl.DataFrame({"idx": where.head(n_rest), "line": lines.head(n_rest)}),
+            pl.DataFrame(
+                {"idx": stat_idx.head(n_stat), "line": native.raw(stat_idx.head(n_stat).to_list())},
+                schema={"idx": pl.UInt32, "line": pl.String},
+            ),
+        ]
+    ).sort("idx")
+    text = detect.strip_sgr(pl.col("line")).str.strip_chars()
+    head = first.select("idx", text=text).filter(pl.col("text").str.len_bytes() > 0)
+    found = (lines.head(HEAD_SCAN_LINES).str.strip_chars().str.len_bytes() > 0).arg_true()
+    if not len(found):
+        found = (lines.str.strip_chars().str.len_bytes() > 0).arg_true()
+    starts = [int(where[int(found[0])])] if len(found) else []
+    starts += [int(stat_idx[0])] if len(stat_idx) else []
+    return head.head(HEAD_LINES), min(starts, default=None)
+
+
+def _lines(read: Read) -> tuple[pl.Series, list[Cut], Native | None]:
+    """The lines of `read` for the polars path (all, or those the native pass left), cut to
+    LINE_MAX_BYTES, the cuts (by line index in the read) and the native pass."""
+    native = native_scan(read.data, read.end)
+    if native is None:
+        lines, cuts = bound_lines(split_read(read.data, read.end))
+        return lines, cuts, None
+    lines, cuts = bound_lines(split_read(native.rest, len(native.rest)))
+    where = native.where
+    return lines, [Cut(int(where[c.idx]), c.length, c.dropped) for c in cuts], native
+
+
+def _stats(stat_lines: pl.DataFrame, native: Native | None) -> pl.DataFrame:
+    """The fields of the stat lines: the native pass's and the polars path's (of the rest)."""
+    if native is None:
+        return engines.engine_fields(stat_lines)
+    if not len(stat_lines):
+        return native.stats
+    stats = engines.engine_fields(stat_lines)
+    return pl.concat([native.stats, stats]).sort("idx") if len(native.stats) else stats
+
+
 def scan(read: Read) -> Scan:
     """The scan of the complete lines of `read` (of all of it when final)."""
-    lines, cuts = bound_lines(split_read(read.data, read.end))
-    n_lines = len(lines)
-    ev_query, stat_lines = detect.evidence_lines(lines)
-    ev, stats = ev_query.collect(), engines.engine_fields(stat_lines)
+    lines, cuts, native = _lines(read)
+    n_lines = len(lines) if native is None else native.n_lines
+    ev_query, stat_lines = detect.evidence_lines(lines, native)
+    ev, stats = ev_query.collect(), _stats(stat_lines, native)
     mirrors = records.mirror_records(ev)
     pairs = records.mirror_pairs(mirrors)
-    head, first_content = _head(lines)
+    head, first_content = _head(lines) if native is None else _head_native(lines, native)
     tail_lines = min(n_lines, TAIL_LINES)
     start = line_start(read.data, read.end, n_lines, n_lines - tail_lines)
     return Scan(

@@ -1,0 +1,676 @@
+/* One native pass over a read of a log: split lines, read the strict vLLM stat lines.
+ *
+ * scan(data, end) looks at the lines of data[:end] (each ended by a newline; the last may not
+ * be). A line is a *strict stat line* when it is at most MAX_LINE bytes of printable ASCII (or
+ * ESC, for colour codes), holds "Avg prompt throughput", ends exactly with vLLM's canonical tail
+ * (six plain numbers between fixed fragments, then '%'), and holds neither literal that opens a
+ * traceback or Ray's unhandled-error block. For such a line it reads what the polars path of
+ * worker/evidence/logs/engines.py reads, with the same semantics (the leftmost match of each of
+ * its patterns on the part before the literal), so the values are identical. Every other line
+ * is copied, byte for byte with its newline, into `rest`, for the polars path.
+ *
+ * Returns (n_lines, rows, rest, starts, stops, ((schema, array), (schema, array))):
+ * the line count, the stat lines read, the rest lines' bytes, each stat line's byte offsets
+ * (int64, its newline excluded), then two Arrow C data interface capsule pairs that polars
+ * imports without a copy: a struct of the stat columns (idx, index, pid, ip, vts, tod, prompt,
+ * generation, running, waiting, kv, hit) and `where` (uint32: the line index of each rest line). Every read of the input is bounded by the
+ * line it is in; the GIL is released during the pass.
+ */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+
+#include <locale.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define MAX_LINE 4096
+#define MAX_DIGITS 20
+
+static locale_t c_locale;
+
+static const char LITERAL[] = "Avg prompt throughput";
+static const char *const FRAGMENTS[6] = {
+    "Avg prompt throughput: ",
+    " tokens/s, Avg generation throughput: ",
+    " tokens/s, Running: ",
+    " reqs, Waiting: ",
+    " reqs, GPU KV cache usage: ",
+    "%, Prefix cache hit rate: ",
+};
+static const char TRACEBACK[] = "Traceback (most recent call last)";
+static const char UNHANDLED[] = "Unhandled error (suppress with ";
+
+/* A growable byte buffer. */
+typedef struct {
+    char *data;
+    size_t len;
+    size_t cap;
+} Buf;
+
+static int buf_reserve(Buf *b, size_t more) {
+    if (b->len + more <= b->cap) return 0;
+    size_t cap = b->cap ? b->cap : 4096;
+    while (cap < b->len + more) cap *= 2;
+    char *data = realloc(b->data, cap);
+    if (!data) return -1;
+    b->data = data;
+    b->cap = cap;
+    return 0;
+}
+
+static int buf_put(Buf *b, const void *src, size_t n) {
+    if (buf_reserve(b, n) < 0) return -1;
+    if (n) memcpy(b->data + b->len, src, n);
+    b->len += n;
+    return 0;
+}
+
+/* A string column: characters, int32 offsets (rows + 1), validity bytes. */
+typedef struct {
+    Buf chars;
+    Buf offsets;
+    Buf valid;
+} Strings;
+
+static int strings_init(Strings *s) {
+    int32_t zero = 0;
+    return buf_put(&s->offsets, &zero, sizeof zero);
+}
+
+/* Bit `row` of the validity bitmap `b` (least significant bit first, as Arrow's). */
+static int bit_put(Buf *b, size_t row, int valid) {
+    if (row % 8 == 0) {
+        uint8_t zero = 0;
+        if (buf_put(b, &zero, 1) < 0) return -1;
+    }
+    if (valid) b->data[row / 8] |= (char)(1u << (row % 8));
+    return 0;
+}
+
+static int strings_add(Strings *s, size_t row, const char *src, size_t n, int valid) {
+    if (s->chars.len + n > INT32_MAX) return -1;
+    if (buf_put(&s->chars, src, n) < 0) return -1;
+    int32_t end = (int32_t)s->chars.len;
+    if (buf_put(&s->offsets, &end, sizeof end) < 0) return -1;
+    return bit_put(&s->valid, row, valid);
+}
+
+static void strings_free(Strings *s) {
+    free(s->chars.data);
+    free(s->offsets.data);
+    free(s->valid.data);
+}
+
+typedef struct {
+    double numbers[6];
+    int64_t tod;
+    int tod_valid;
+    const char *index;
+    size_t index_len;
+    const char *pid;
+    size_t pid_len;
+    const char *ip;
+    size_t ip_len;
+    const char *vts;  /* 14 bytes when set */
+} Row;
+
+static int is_digit(char c) { return c >= '0' && c <= '9'; }
+
+static const char *find(const char *hay, size_t n, const char *needle, size_t m) {
+    if (m == 0 || n < m) return NULL;
+    return memmem(hay, n, needle, m);
+}
+
+/* A plain number (\d+(\.\d+)?, at most MAX_DIGITS digits each side) at p, before stop: its
+ * value in *out and the position after it, or NULL. */
+static const char *number(const char *p, const char *stop, double *out) {
+    char text[2 * MAX_DIGITS + 2];
+    const char *q = p;
+    while (q < stop && is_digit(*q)) q++;
+    size_t whole = (size_t)(q - p);
+    if (whole == 0 || whole > MAX_DIGITS) return NULL;
+    if (q < stop && *q == '.') {
+        const char *f = q + 1;
+        while (f < stop && is_digit(*f)) f++;
+        size_t frac = (size_t)(f - q - 1);
+        if (frac == 0 || frac > MAX_DIGITS) return NULL;
+        q = f;
+    }
+    size_t n = (size_t)(q - p);
+    /* Clinger's fast path: at most 15 digits and an exact power of ten give one correctly
+     * rounded division (what a correct parser returns); anything longer goes to strtod. */
+    if (n <= 16) {
+        uint64_t mantissa = 0;
+        int frac = 0, dot = 0;
+        for (const char *c = p; c < q; c++) {
+            if (*c == '.') {
+                dot = 1;
+                continue;
+            }
+            mantissa = mantissa * 10 + (uint64_t)(*c - '0');
+            frac += dot;
+        }
+        static const double powers[] = {1e0, 1e1, 1e2, 1e3, 1e4, 1e5, 1e6, 1e7,
+                                        1e8, 1e9, 1e10, 1e11, 1e12, 1e13, 1e14, 1e15};
+        if (mantissa < (UINT64_C(1) << 53) && frac <= 15) {
+            *out = (double)mantissa / powers[frac];
+            return q;
+        }
+    }
+    memcpy(text, p, n);
+    text[n] = '\0';
+    *out = strtod_l(text, NULL, c_locale);
+    return q;
+}
+
+/* The canonical tail from `p` (which starts at the literal) to `stop` (the line's end). */
+static int canonical_tail(const char *p, const char *stop, Row *row) {
+    for (int i = 0; i < 6; i++) {
+        size_t m = strlen(FRAGMENTS[i]);
+        if ((size_t)(stop - p) < m || memcmp(p, FRAGMENTS[i], m) != 0) return 0;
+        p = number(p + m, stop, &row->numbers[i]);
+        if (!p) return 0;
+    }
+    return p + 1 == stop && *p == '%';
+}
+
+/* `Engine \d+: $` at the end of the head: the digits (else "0"). */
+static void engine_index(const char *head, size_t n, Row *row) {
+    row->index = "0";
+    row->index_len = 1;
+    if (n < 10 || head[n - 1] != ' ' || head[n - 2] != ':') return;
+    size_t d = n - 2;
+    while (d > 0 && is_digit(head[d - 1])) d--;
+    size_t digits = n - 2 - d;
+    if (digits == 0 || d < 7 || memcmp(head + d - 7, "Engine ", 7) != 0) return;
+    row->index = head + d;
+    row->index_len = digits;
+}
+
+/* The leftmost `pid=\d+(?:, ip=[^\s()]+)?`: pid digits and ip (NULL when absent). */
+static void owner(const char *head, size_t n, Row *row) {
+    row->pid = NULL;
+    row->ip = NULL;
+    for (size_t at = 0; at + 5 <= n; at++) {
+        const char *hit = find(head + at, n - at, "pid=", 4);
+        if (!hit) return;
+        at = (size_t)(hit - head);
+        if (at + 5 > n || !is_digit(head[at + 4])) continue;
+        size_t q = at + 4;
+        while (q < n && is_digit(head[q])) q++;
+        row->pid = head + at + 4;
+        row->pid_len = q - at - 4;
+        if (q + 5 < n && memcmp(head + q, ", ip=", 5) == 0) {
+            size_t r = q + 5;
+            while (r < n && head[r] != ' ' && head[r] != '(' && head[r] != ')') r++;
+            if (r > q + 5) {
+                row->ip = head + q + 5;
+                row->ip_len = r - q - 5;
+            }
+        }
+        return;
+    }
+}
+
+static int clock_at(const char *s) {
+    /* \d\d-\d\d \d\d:\d\d:\d\d */
+    static const char shape[] = "dd-dd dd:dd:dd";
+    for (int i = 0; i < 14; i++) {
+        if (shape[i] == 'd' ? !is_digit(s[i]) : s[i] != shape[i]) return 0;
+    }
+    return 1;
+}
+
+/* The leftmost `(?:INFO|WARNING|DEBUG|ERROR) \d\d-\d\d \d\d:\d\d:\d\d`: its last 14 bytes.
+ * Found from its first '-' (two matches cannot start in the other order than their '-': a match
+ * spans 11 bytes after its '-', and no level ends on a digit). */
+static void vllm_time(const char *head, size_t n, Row *row) {
+    static const char *const levels[4] = {"INFO", "WARNING", "DEBUG", "ERROR"};
+    static const size_t lengths[4] = {4, 7, 5, 5};
+    row->vts = NULL;
+    for (const char *q = memchr(head, '-', n); q;
+         q = (size_t)(q - head) + 1 < n ? memchr(q + 1, '-', n - (size_t)(q - head) - 1) : NULL) {
+        size_t k = (size_t)(q - head);
+        if (k < 7 || k + 12 > n || !clock_at(head + k - 2) || head[k - 3] != ' ') continue;
+        for (int i = 0; i < 4; i++) {
+            size_t m = lengths[i];
+            if (k - 3 >= m && memcmp(head + k - 3 - m, levels[i], m) == 0) {
+                row->vts = head + k - 2;
+                return;
+            }
+        }
+    }
+}
+
+/* `^\[\d\d:\d\d:\d\d`: seconds of the day when each part is in range, else invalid. */
+static void time_of_day(const char *head, size_t n, Row *row) {
+    row->tod_valid = 0;
+    if (n < 9 || head[0] != '[' || head[3] != ':' || head[6] != ':') return;
+    int parts[3];
+    for (int i = 0; i < 3; i++) {
+        char a = head[1 + 3 * i], b = head[2 + 3 * i];
+        if (!is_digit(a) || !is_digit(b)) return;
+        parts[i] = (a - '0') * 10 + (b - '0');
+    }
+    if (parts[0] >= 24 || parts[1] >= 60 || parts[2] >= 60) return;
+    row->tod = (int64_t)parts[0] * 3600 + parts[1] * 60 + parts[2];
+    row->tod_valid = 1;
+}
+
+/* Whether line [p, p + n) (no newline) is a strict stat line; its fields in *row if so. */
+static int at(const char *p, size_t n, size_t i, const char *literal, size_t m) {
+    return n - i >= m && memcmp(p + i, literal, m) == 0;
+}
+
+/* The length of the head (what precedes the first stat literal), when the head is printable
+ * ASCII (or ESC) without a block literal; else -1. The tail is checked by `canonical_tail`. */
+/* Whether `literal` starts within p[:starts] (it may run on, within p[:n]). */
+static int holds(const char *p, size_t starts, size_t n, const char *literal, size_t m) {
+    const char *q = memchr(p, literal[0], starts);
+    while (q) {
+        size_t i = (size_t)(q - p);
+        if (at(p, n, i, literal, m)) return 1;
+        q = i + 1 < starts ? memchr(q + 1, literal[0], starts - i - 1) : NULL;
+    }
+    return 0;
+}
+
+static long head_length(const char *p, size_t n) {
+    const char *lit = find(p, n, LITERAL, sizeof LITERAL - 1);
+    if (!lit) return -1;
+    size_t head = (size_t)(lit - p);
+    int bad = 0;
+    for (size_t i = 0; i < head; i++) { /* no early exit: vectorised */
+        unsigned char c = (unsigned char)p[i];
+        bad |= (c < 0x20 || c > 0x7e) & (c != 0x1b);
+    }
+    /* a block literal starting before the stat literal (it may run past it) */
+    if (bad || holds(p, head, n, TRACEBACK, sizeof TRACEBACK - 1) ||
+        holds(p, head, n, UNHANDLED, sizeof UNHANDLED - 1))
+        return -1;
+    return (long)head;
+}
+
+static int stat_line(const char *p, size_t n, Row *row) {
+    if (n < 150 || n > MAX_LINE || p[n - 1] != '%') return 0;
+    long found = head_length(p, n);
+    if (found < 0) return 0;
+    size_t head = (size_t)found;
+    if (!canonical_tail(p + head, p + n, row)) return 0;
+    engine_index(p, head, row);
+    owner(p, head, row);
+    vllm_time(p, head, row);
+    time_of_day(p, head, row);
+    return 1;
+}
+
+typedef struct {
+    Buf rest_idx, idx, start, stop, numbers[6], tod, tod_valid;
+    Strings index, pid, ip, vts;
+    size_t rows;
+    size_t n_lines;
+    size_t rest_len;
+} Out;
+
+static void out_free(Out *o) {
+    free(o->rest_idx.data);
+    free(o->idx.data);
+    free(o->start.data);
+    free(o->stop.data);
+    for (int i = 0; i < 6; i++) free(o->numbers[i].data);
+    free(o->tod.data);
+    free(o->tod_valid.data);
+    strings_free(&o->index);
+    strings_free(&o->pid);
+    strings_free(&o->ip);
+    strings_free(&o->vts);
+}
+
+static int add_row(Out *o, uint32_t line, int64_t start, int64_t stop, const Row *row) {
+    size_t n = o->rows++;
+    int64_t tod = row->tod_valid ? row->tod : 0;
+    if (buf_put(&o->idx, &line, sizeof line) < 0 || buf_put(&o->start, &start, sizeof start) < 0 ||
+        buf_put(&o->stop, &stop, sizeof stop) < 0 || buf_put(&o->tod, &tod, sizeof tod) < 0 ||
+        bit_put(&o->tod_valid, n, row->tod_valid) < 0)
+        return -1;
+    for (int i = 0; i < 6; i++) {
+        if (buf_put(&o->numbers[i], &row->numbers[i], sizeof(double)) < 0) return -1;
+    }
+    if (strings_add(&o->index, n, row->index, row->index_len, 1) < 0) return -1;
+    if (strings_add(&o->pid, n, row->pid, row->pid ? row->pid_len : 0, row->pid != NULL) < 0)
+        return -1;
+    if (strings_add(&o->ip, n, row->ip, row->ip ? row->ip_len : 0, row->ip != NULL) < 0)
+        return -1;
+    return strings_add(&o->vts, n, row->vts, row->vts ? 14 : 0, row->vts != NULL);
+}
+
+/* The pass: lines of data[:end]; rest lines copied into `rest` (room for `end` bytes). */
+static int pass(const char *data, size_t end, char *rest, Out *o) {
+    size_t at = 0, line = 0;
+    while (at < end) {
+        const char *nl = memchr(data + at, '\n', end - at);
+        size_t stop = nl ? (size_t)(nl - data) : end;
+        size_t next = nl ? stop + 1 : end;
+        Row row;
+        if (line > UINT32_MAX) return -1;
+        if (stat_line(data + at, stop - at, &row)) {
+            if (add_row(o, (uint32_t)line, (int64_t)at, (int64_t)stop, &row) < 0) return -1;
+        } else {
+            uint32_t where = (uint32_t)line;
+            memcpy(rest + o->rest_len, data + at, next - at);
+            o->rest_len += next - at;
+            if (buf_put(&o->rest_idx, &where, sizeof where) < 0) return -1;
+        }
+        at = next;
+        line++;
+    }
+    o->n_lines = line;
+    return 0;
+}
+
+/* ---- Arrow C data interface (https://arrow.apache.org/docs/format/CDataInterface.html):
+ * the columns leave as PyCapsules that polars imports without a copy. */
+
+#define ARROW_FLAG_NULLABLE 2
+
+struct ArrowSchema {
+    const char *format;
+    const char *name;
+    const char *metadata;
+    int64_t flags;
+    int64_t n_children;
+    struct ArrowSchema **children;
+    struct ArrowSchema *dictionary;
+    void (*release)(struct ArrowSchema *);
+    void *private_data;
+};
+
+struct ArrowArray {
+    int64_t length;
+    int64_t null_count;
+    int64_t offset;
+    int64_t n_buffers;
+    int64_t n_children;
+    const void **buffers;
+    struct ArrowArray **children;
+    struct ArrowArray *dictionary;
+    void (*release)(struct ArrowArray *);
+    void *private_data;
+};
+
+#define N_COLUMNS 12
+static const char *const NAMES[N_COLUMNS] = {"idx",    "index",      "pid",     "ip",
+                                             "vts",    "tod",        "prompt",  "generation",
+                                             "running", "waiting",   "kv",      "hit"};
+static const char *const FORMATS[N_COLUMNS] = {"I", "u", "u", "u", "u", "l",
+                                               "g", "g", "g", "g", "g", "g"};
+
+/* What the exported arrays point into; freed when the last of them is released (polars may
+ * release them from any thread: the count is atomic). */
+typedef struct {
+    Out out;
+    int refs;
+    const void *buffers[N_COLUMNS + 2][3];
+    struct ArrowArray arrays[N_COLUMNS + 2]; /* the columns, the struct, `where` */
+    struct ArrowArray *children[N_COLUMNS];
+} Holder;
+
+/* Schemas: one block each, children released with their parent. */
+typedef struct {
+    struct ArrowSchema parent;
+    struct ArrowSchema columns[N_COLUMNS];
+    struct ArrowSchema *children[N_COLUMNS];
+} SchemaBlock;
+
+static void schema_child_release(struct ArrowSchema *schema) { schema->release = NULL; }
+
+static void schema_release(struct ArrowSchema *schema) {
+    for (int64_t i = 0; i < schema->n_children; i++) {
+        if (schema->children[i]->release) schema->children[i]->release(schema->children[i]);
+    }
+    schema->release = NULL;
+    free(schema->private_data);
+}
+
+static void holder_drop(Holder *h) {
+    if (__atomic_sub_fetch(&h->refs, 1, __ATOMIC_ACQ_REL) == 0) {
+        out_free(&h->out);
+        free(h);
+    }
+}
+
+static void array_release(struct ArrowArray *array) {
+    for (int64_t i = 0; i < array->n_children; i++) {
+        if (array->children[i]->release) array->children[i]->release(array->children[i]);
+    }
+    array->release = NULL;
+    holder_drop((Holder *)array->private_data);
+}
+
+static int64_t nulls(const Buf *bitmap, size_t rows) {
+    int64_t valid = 0;
+    for (size_t i = 0; i < rows; i++) valid += (bitmap->data[i / 8] >> (i % 8)) & 1;
+    return (int64_t)rows - valid;
+}
+
+static void column(Holder *h, int k, size_t rows, const Buf *bitmap, const Buf *a, const Buf *b) {
+    struct ArrowArray *array = &h->arrays[k];
+    int64_t null_count = bitmap ? nulls(bitmap, rows) : 0;
+    h->buffers[k][0] = null_count ? bitmap->data : NULL;
+    h->buffers[k][1] = a->data;
+    h->buffers[k][2] = b ? b->data : NULL;
+    memset(array, 0, sizeof *array);
+    array->length = (int64_t)rows;
+    array->null_count = null_count;
+    array->n_buffers = b ? 3 : 2;
+    array->buffers = h->buffers[k];
+    array->release = array_release;
+    array->private_data = h;
+    h->refs++;
+}
+
+static void capsule_schema(PyObject *capsule) {
+    struct ArrowSchema *schema = PyCapsule_GetPointer(capsule, "arrow_schema");
+    if (schema && schema->release) schema->release(schema);
+    free(schema);
+}
+
+static void capsule_array(PyObject *capsule) {
+    struct ArrowArray *array = PyCapsule_GetPointer(capsule, "arrow_array");
+    if (array && array->release) array->release(array);
+    free(array);
+}
+
+/* A (schema, array) pair of capsules; `array` is moved into the capsule's own struct. */
+static PyObject *capsules(struct ArrowSchema *schema, struct ArrowArray *array) {
+    struct ArrowArray *moved = malloc(sizeof *moved);
+    PyObject *s = NULL, *a = NULL;
+    if (!moved) {
+        array->release(array);
+        schema->release(schema);
+        free(schema);
+        return PyErr_NoMemory();
+    }
+    *moved = *array;
+    array->release = NULL;
+    s = PyCapsule_New(schema, "arrow_schema", capsule_schema);
+    if (!s) {
+        schema->release(schema);
+        free(schema);
+    }
+    a = PyCapsule_New(moved, "arrow_array", capsule_array);
+    if (!a) {
+        moved->release(moved);
+        free(moved);
+    }
+    if (!s || !a) {
+        Py_XDECREF(s);
+        Py_XDECREF(a);
+        return NULL;
+    }
+    return Py_BuildValue("(NN)", s, a);
+}
+
+static struct ArrowSchema *stats_schema(void) {
+    SchemaBlock *block = calloc(1, sizeof *block);
+    if (!block) return NULL;
+    for (int k = 0; k < N_COLUMNS; k++) {
+        struct ArrowSchema *c = &block->columns[k];
+        c->format = FORMATS[k];
+        c->name = NAMES[k];
+        c->flags = ARROW_FLAG_NULLABLE;
+        c->release = schema_child_release;
+        block->children[k] = c;
+    }
+    block->parent.format = "+s";
+    block->parent.name = "";
+    block->parent.n_children = N_COLUMNS;
+    block->parent.children = block->children;
+    block->parent.release = schema_release;
+    block->parent.private_data = block;
+    struct ArrowSchema *out = malloc(sizeof *out);
+    if (!out) {
+        free(block);
+        return NULL;
+    }
+    /* the capsule frees `out`; the block (children) is freed by the release callback */
+    *out = block->parent;
+    return out;
+}
+
+static struct ArrowSchema *where_schema(void) {
+    struct ArrowSchema *schema = calloc(1, sizeof *schema);
+    if (!schema) return NULL;
+    schema->format = "I";
+    schema->name = "idx";
+    schema->release = schema_release; /* no children; frees private_data (NULL) */
+    return schema;
+}
+
+/* Every buffer at least 8 bytes (no NULL data pointer, even for no rows). */
+static int out_ready(Out *o) {
+    Buf *bufs[] = {&o->rest_idx, &o->idx, &o->tod, &o->tod_valid};
+    for (size_t i = 0; i < sizeof bufs / sizeof *bufs; i++) {
+        if (buf_reserve(bufs[i], 8) < 0) return -1;
+    }
+    for (int i = 0; i < 6; i++) {
+        if (buf_reserve(&o->numbers[i], 8) < 0) return -1;
+    }
+    Strings *strs[] = {&o->index, &o->pid, &o->ip, &o->vts};
+    for (int i = 0; i < 4; i++) {
+        if (buf_reserve(&strs[i]->chars, 8) < 0 || buf_reserve(&strs[i]->valid, 8) < 0)
+            return -1;
+    }
+    return 0;
+}
+
+/* The stats columns (a struct array) and `where`, as capsule pairs; the holder is consumed. */
+static PyObject *export(Holder *h) {
+    Out *o = &h->out;
+    size_t rows = o->rows;
+    h->refs = 1; /* held while exporting */
+    column(h, 0, rows, NULL, &o->idx, NULL);
+    Strings *strs[] = {&o->index, &o->pid, &o->ip, &o->vts};
+    for (int i = 0; i < 4; i++) column(h, 1 + i, rows, &strs[i]->valid, &strs[i]->offsets, &strs[i]->chars);
+    column(h, 5, rows, &o->tod_valid, &o->tod, NULL);
+    for (int i = 0; i < 6; i++) column(h, 6 + i, rows, NULL, &o->numbers[i], NULL);
+    struct ArrowArray *parent = &h->arrays[N_COLUMNS];
+    static const void *no_validity[1] = {NULL};
+    memset(parent, 0, sizeof *parent);
+    for (int k = 0; k < N_COLUMNS; k++) h->children[k] = &h->arrays[k];
+    parent->length = (int64_t)rows;
+    parent->n_buffers = 1;
+    parent->buffers = no_validity;
+    parent->n_children = N_COLUMNS;
+    parent->children = h->children;
+    parent->release = array_release;
+    parent->private_data = h;
+    h->refs++;
+    column(h, N_COLUMNS + 1, o->rest_idx.len / 4, NULL, &o->rest_idx, NULL);
+    holder_drop(h); /* the arrays hold it now */
+    struct ArrowSchema *s1 = stats_schema();
+    struct ArrowSchema *s2 = where_schema();
+    if (!s1 || !s2) {
+        parent->release(parent);
+        h->arrays[N_COLUMNS + 1].release(&h->arrays[N_COLUMNS + 1]);
+        if (s1) {
+            s1->release(s1);
+            free(s1);
+        }
+        free(s2);
+        return PyErr_NoMemory();
+    }
+    PyObject *stats = capsules(s1, parent);
+    PyObject *where = capsules(s2, &h->arrays[N_COLUMNS + 1]);
+    if (!stats || !where) {
+        Py_XDECREF(stats);
+        Py_XDECREF(where);
+        return NULL;
+    }
+    return Py_BuildValue("(NN)", stats, where);
+}
+
+static PyObject *scan(PyObject *self, PyObject *args) {
+    Py_buffer view;
+    Py_ssize_t end;
+    (void)self;
+    if (!PyArg_ParseTuple(args, "y*n", &view, &end)) return NULL;
+    if (end < 0 || end > view.len) {
+        PyBuffer_Release(&view);
+        PyErr_SetString(PyExc_ValueError, "end out of range");
+        return NULL;
+    }
+    Holder *h = calloc(1, sizeof *h);
+    if (!h) {
+        PyBuffer_Release(&view);
+        return PyErr_NoMemory();
+    }
+    Out *o = &h->out;
+    PyObject *rest = PyBytes_FromStringAndSize(NULL, end);
+    int failed = rest == NULL || strings_init(&o->index) < 0 || strings_init(&o->pid) < 0 ||
+                 strings_init(&o->ip) < 0 || strings_init(&o->vts) < 0;
+    if (!failed) {
+        char *into = PyBytes_AS_STRING(rest);
+        Py_BEGIN_ALLOW_THREADS
+        failed = pass((const char *)view.buf, (size_t)end, into, o) < 0 || out_ready(o) < 0;
+        Py_END_ALLOW_THREADS
+    }
+    PyBuffer_Release(&view);
+    if (failed || _PyBytes_Resize(&rest, (Py_ssize_t)o->rest_len) < 0) {
+        Py_XDECREF(rest);
+        out_free(o);
+        free(h);
+        return PyErr_Occurred() ? NULL : PyErr_NoMemory();
+    }
+    PyObject *starts = PyBytes_FromStringAndSize(o->start.data ? o->start.data : "",
+                                                 (Py_ssize_t)o->start.len);
+    PyObject *stops = PyBytes_FromStringAndSize(o->stop.data ? o->stop.data : "",
+                                                (Py_ssize_t)o->stop.len);
+    Py_ssize_t n_lines = (Py_ssize_t)o->n_lines, rows = (Py_ssize_t)o->rows;
+    PyObject *columns = export(h); /* consumes h */
+    if (!starts || !stops || !columns) {
+        Py_XDECREF(rest);
+        Py_XDECREF(starts);
+        Py_XDECREF(stops);
+        Py_XDECREF(columns);
+        return NULL;
+    }
+    return Py_BuildValue("(nnNNNN)", n_lines, rows, rest, starts, stops, columns);
+}
+
+static PyMethodDef methods[] = {
+    {"scan", scan, METH_VARARGS, "scan(data, end) -> the lines of data[:end], stat lines read."},
+    {NULL, NULL, 0, NULL},
+};
+
+static struct PyModuleDef module = {
+    PyModuleDef_HEAD_INIT, "_fastscan", "Native pass over the vLLM stat lines of a read.", -1,
+    methods, NULL, NULL, NULL, NULL,
+};
+
+PyMODINIT_FUNC PyInit__fastscan(void) {
+    c_locale = newlocale(LC_NUMERIC_MASK, "C", (locale_t)0);
+    if (!c_locale) return PyErr_NoMemory();
+    return PyModule_Create(&module);
+}
