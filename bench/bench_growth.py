@@ -11,15 +11,17 @@ first    the whole log parsed (the job's log cache is empty)
 second   after the log grew by `--grow-pct` %: only the appended bytes are parsed (the worker's
          disk holds the job's log cache)
 cold     after it grew by as much again, with the worker's disk cache removed (log cache, frozen
-         evidence copies, table parts): the job's log cache archive and the evidence's new parts
-         come from S3 (the worker processes still hold the parts they thawed in memory)
+         evidence copies, table parts): the job's log cache (its manifest and parts) and the
+         evidence's new parts come from S3 (the worker processes still hold the parts they
+         thawed in memory)
 
 `second_ratio` is second / first (issue 12's target: at most 0.15); `cold_ratio` likewise. Every
 alert is diagnosed (RLHEALTH_COALESCE_S=0); the capture time limit is raised so a slow machine
 does not cut the first capture. `stages_s` splits each diagnosis into its task times from the
 worker's log (capture, the slowest gate and all gates, verdict), `cache` quotes the worker's log
-cache line of each capture (bytes parsed and reused), `thaws` each worker process's thaw of each
-frozen evidence (its time, the table parts taken from the process's part cache and those read).
+cache line of each capture (bytes parsed and reused, the log cache's parts read from and written
+to S3), `thaws` each worker process's thaw of each frozen evidence (its time, the table parts
+taken from the process's part cache and those read).
 
 The HTML report is drawn by its own task after publish (docs/pipeline.md): each timing ends at
 the verdict, and the next alert is sent once the previous diagnosis's page is stored (a grown

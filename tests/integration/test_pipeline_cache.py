@@ -1,7 +1,8 @@
 """Re-diagnosis reads only what is new, on the real services: two prefork Celery workers, Redis and
 the moto S3 server. A repeated alert for a job whose finelog grew parses only the appended bytes
 (the worker's Prometheus endpoint says how many), from the worker's disk or, on a cold disk, from
-the job's archive in S3, and the frozen evidence says the same as a full read."""
+the job's manifest and parts in S3 (a grown log's capture writes only its new parts), and the
+frozen evidence says the same as a full read."""
 
 from __future__ import annotations
 
@@ -84,11 +85,15 @@ def test_a_repeated_alert_for_a_grown_log_parses_only_the_new_bytes(
     assert _bytes(before, after_first, "parsed") == first_part
     assert _bytes(before, after_first, "reused") == 0
     assert _frozen_summary(services, first) == _full_read_summary(job_dir)
-    assert services.store.keys(f"{PREFIX}{job_id(job)}/"), "no archive of the job in S3"
+    parts_prefix = f"{PREFIX}{job_id(job)}/parts/"
+    first_parts = set(services.store.keys(parts_prefix))
+    assert first_parts, "no part of the job's log cache in S3"
 
     with (job_dir / "finelog.log").open("ab") as handle:
         handle.write(data[first_part:second_part])
     second, after_second = _diagnose(services, job)
+    added = set(services.store.keys(parts_prefix)) - first_parts
+    assert 0 < len(added) < len(first_parts), "the grown log's capture wrote every part again"
     reused = _bytes(after_first, after_second, "reused")
     parsed = _bytes(after_first, after_second, "parsed")
     assert first_part - TAIL_SLACK < reused <= first_part

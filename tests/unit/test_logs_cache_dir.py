@@ -177,6 +177,7 @@ def _foreign_rows(entry: Path) -> str:
     from worker.evidence.logs.incremental import _sha256
 
     meta["files"]["metrics.parquet"] = _sha256(target)
+    meta["rows"]["metrics"] = [1]
     (entry / "meta.json").write_text(json.dumps(meta))
     return "metrics.parquet lacks the columns of a parsed metrics table"
 

@@ -5,17 +5,16 @@ rotated or rewritten, and never trusted when the shared copy is damaged, forged 
 from __future__ import annotations
 
 import hashlib
-import io
 import json
 import os
 import shutil
 import tempfile
 import time
-import zipfile
 from collections.abc import Callable, Iterator
 from datetime import UTC, datetime
 from io import BufferedReader
 from pathlib import Path
+from typing import Any
 
 import polars as pl
 import pytest
@@ -89,13 +88,18 @@ class World:
             handle.write(_log_bytes()[self.half :] if data is None else data)
 
     def archives(self) -> list[str]:
-        return self.store.keys(f"{PREFIX}{job_id(JOB)}/")
+        """The job's manifests in S3 (its parts are under `parts/`)."""
+        prefix = f"{PREFIX}{job_id(JOB)}/"
+        return [key for key in self.store.keys(prefix) if "/" not in key[len(prefix) :]]
 
-    def replace_archive(self, body: bytes) -> str:
-        """Put `body` as the job's newest archive (the others removed)."""
+    def parts(self) -> list[str]:
+        return self.store.keys(f"{PREFIX}{job_id(JOB)}/parts/")
+
+    def replace_archive(self, body: bytes, suffix: str = ".json") -> str:
+        """Put `body` as the job's newest manifest (the others removed)."""
         for key in self.archives():
             self.store.delete(key)
-        key = f"{PREFIX}{job_id(JOB)}/29991231T235959999999Z-{'0' * 16}.zip"
+        key = f"{PREFIX}{job_id(JOB)}/29991231T235959999999Z-{'0' * 16}{suffix}"
         self.store.put_once(key, body)
         return key
 
@@ -228,73 +232,60 @@ def _archive(world: World) -> bytes:
     return world.store.get(world.archives()[-1])
 
 
-def _rezip(body: bytes, change: Callable[[str, bytes], tuple[str, bytes, int]]) -> bytes:
-    """The archive with each member passed through `change(name, data) -> (name, data, method)`."""
-    out = io.BytesIO()
-    with zipfile.ZipFile(io.BytesIO(body)) as old, zipfile.ZipFile(out, "w") as new:
-        for info in old.infolist():
-            name, data, method = change(info.filename, old.read(info))
-            new.writestr(zipfile.ZipInfo(name), data, compress_type=method)
-    return out.getvalue()
+def _edit(body: bytes, change: Callable[[dict[str, Any]], None]) -> bytes:
+    """The manifest `body` after `change` edited it in place."""
+    manifest = json.loads(body)
+    change(manifest)
+    return json.dumps(manifest).encode()
 
 
-def _flip_parquet(name: str, data: bytes) -> tuple[str, bytes, int]:
-    if name.endswith("metrics.parquet"):
-        data = data[:100] + bytes([data[100] ^ 0xFF]) + data[101:]
-    return name, data, zipfile.ZIP_STORED
+def _entry_of(manifest: dict[str, Any]) -> dict[str, Any]:
+    """The finelog's entry (the largest state) of a manifest."""
+    return max(manifest["entries"].values(), key=lambda texts: len(texts["meta"]))
 
 
-def _traversal(name: str, data: bytes) -> tuple[str, bytes, int]:
-    return ("../../escape.json" if name.endswith("state.json") else name), data, zipfile.ZIP_STORED
+def _traversal(manifest: dict[str, Any]) -> None:
+    texts = _entry_of(manifest)
+    meta = json.loads(texts["meta"])
+    meta["files"]["../../escape.json"] = next(iter(manifest["sizes"]))
+    texts["meta"] = json.dumps(meta)
 
 
-def _deflated(name: str, data: bytes) -> tuple[str, bytes, int]:
-    return name, data, zipfile.ZIP_DEFLATED
+def _other_job(manifest: dict[str, Any]) -> None:
+    manifest["job"] = "jobs/cw/ops/other"
 
 
-def _other_job(name: str, data: bytes) -> tuple[str, bytes, int]:
-    if name == "manifest.json":
-        data = json.dumps({"format": 1, "job": "jobs/cw/ops/other"}).encode()
-    return name, data, zipfile.ZIP_STORED
+def _old_format(manifest: dict[str, Any]) -> None:
+    manifest["format"] = 1
 
 
-def _forged_offset(name: str, data: bytes) -> tuple[str, bytes, int]:
+def _forged_offset(manifest: dict[str, Any]) -> None:
     """A state claiming 1000 more bytes were read, its hash in meta.json recomputed."""
-    if name.endswith("state.json"):
-        state = json.loads(data)
-        state["offset"] += 1000
-        data = json.dumps(state).encode()
-    return name, data, zipfile.ZIP_STORED
-
-
-def _rehash(name: str, data: bytes, files: dict[str, bytes]) -> tuple[str, bytes, int]:
-    if name.endswith("meta.json"):
-        meta = json.loads(data)
-        folder = name.split("/", maxsplit=1)[0]
-        meta["files"] = {
-            f: hashlib.sha256(files[f"{folder}/{f}"]).hexdigest() for f in meta["files"]
-        }
-        data = json.dumps(meta).encode()
-    return name, data, zipfile.ZIP_STORED
+    texts = _entry_of(manifest)
+    state = json.loads(texts["state"])
+    state["offset"] += 1000
+    texts["state"] = json.dumps(state)
+    meta = json.loads(texts["meta"])
+    meta["files"]["state.json"] = hashlib.sha256(texts["state"].encode()).hexdigest()
+    texts["meta"] = json.dumps(meta)
 
 
 @pytest.mark.parametrize(
     ("forge", "said"),
     [
-        (lambda body: _rezip(body, _flip_parquet), "does not match its hash"),
-        (lambda body: _rezip(body, _traversal), "is not a cache entry's file"),
-        (lambda body: _rezip(body, _deflated), "is compressed"),
-        (lambda body: _rezip(body, _other_job), "belongs to another job"),
-        (lambda body: b"PK\x03\x04 not really a zip", "cannot be read"),
+        (lambda body: _edit(body, _traversal), "is not a cache entry's file"),
+        (lambda body: _edit(body, _other_job), "belongs to another job"),
+        (lambda body: _edit(body, _old_format), "not of this format"),
+        (lambda body: b"{not json", "cannot be read"),
         (lambda body: body[: len(body) // 2], "cannot be read"),
     ],
-    ids=["bit-flip", "path-traversal", "deflated", "other-job", "junk", "cut"],
+    ids=["path-traversal", "other-job", "old-format", "junk", "cut"],
 )
-def test_a_damaged_or_forged_archive_gives_a_whole_read_and_a_note(
+def test_a_damaged_or_forged_manifest_gives_a_whole_read_and_a_note(
     world: World, starts: list[int], forge: Callable[[bytes], bytes], said: str
 ) -> None:
-    """A cold worker that finds a bad archive notes why, reads the log whole, gives the same
-    evidence as a full read, and replaces the archive with a good one."""
+    """A cold worker that finds a bad manifest notes why, reads the log whole, gives the same
+    evidence as a full read, and replaces the manifest with a good one."""
     bad = world.replace_archive(forge(_archive(world)))
     world.grow()
     evidence, run = world.capture("w2")
@@ -308,31 +299,92 @@ def test_a_damaged_or_forged_archive_gives_a_whole_read_and_a_note(
     assert run.uploaded is not None and world.archives() == [run.uploaded] != [bad]
 
 
+def _flip(body: bytes) -> bytes:
+    return body[:100] + bytes([body[100] ^ 0xFF]) + body[101:]
+
+
+@pytest.mark.parametrize(
+    ("damage", "said"),
+    [("flip", "does not match its hash"), ("delete", "is missing")],
+)
+def test_a_damaged_or_missing_part_gives_a_whole_read(
+    world: World, starts: list[int], damage: str, said: str
+) -> None:
+    """A part of the manifest that is damaged (one bit) or gone: the cold worker reads the log
+    whole, notes why, and its evidence equals a full read; never a table from a bad part."""
+    world.capture("w1")
+    key = max(world.parts(), key=world.store.size)
+    body = world.store.get(key)
+    world.store.delete(key)
+    if damage == "flip":
+        world.store.put_once(key, _flip(body))
+    world.grow()
+    evidence, run = world.capture("w2")
+    assert starts[-1] == 0 and _finelog(run)[0] == 0 and run.origin == "none"
+    assert any(said in note for note in run.notes), run.notes
+    _same_logs(evidence.logs, world.read(None).logs)
+
+
+def test_a_cold_worker_assembles_the_cache_from_the_parts_a_grown_log_adds(
+    world: World, starts: list[int]
+) -> None:
+    """w1 captures, the log grows, w1 again: only the new parts go to S3 (the earlier ones are
+    named again); w2, cold, assembles the entries from the manifest and the parts, resumes the
+    log, and its evidence equals w1's warm one and a full read."""
+    _, first = world.capture("w1")
+    before = set(world.parts())
+    assert first.parts_written == len(before) > 0
+    world.grow(_log_bytes()[world.half : world.half + 200_000])
+    warm, second = world.capture("w1")
+    added = set(world.parts()) - before
+    assert 0 < second.parts_written == len(added) < len(before)
+    manifest = json.loads(world.store.get(second.uploaded or ""))
+    named = set(manifest["sizes"])
+    assert {key.rsplit("-", 1)[1].removesuffix(".parquet") for key in before} & named
+    shutil.rmtree(world.tmp / "w1")
+    cold, third = world.capture("w2")
+    assert third.origin == "s3" and third.parts_read == len(named)
+    assert starts[-1] == _finelog(third)[0] > world.half
+    _same_logs(cold.logs, warm.logs)
+    _same_logs(cold.logs, world.read(None).logs)
+
+
+def test_an_archive_of_the_first_format_is_ignored_and_removed(
+    world: World, starts: list[int]
+) -> None:
+    """A zip archive written before the manifests (format 1) is not read: the cold worker reads
+    the log whole, and the next write removes the old archive."""
+    world.store.put_once(f"{PREFIX}{job_id(JOB)}/20260101T000000000000Z-{'0' * 16}.zip", b"PK")
+    evidence, run = world.capture("w2")
+    assert starts[-1] == 0 and run.origin == "none" and run.uploaded is not None
+    assert world.archives() == [run.uploaded]
+    _same_logs(evidence.logs, world.read(None).logs)
+
+
 def test_a_forged_state_with_matching_hashes_does_not_fit_the_log(
     world: World, starts: list[int]
 ) -> None:
-    """An entry whose state was changed and every hash recomputed passes the cache's integrity
+    """An entry whose state was changed and its hash recomputed passes the cache's integrity
     checks, but not the log's identity (the bytes before its offset): read whole, said stale."""
-    forged = _rezip(_archive(world), _forged_offset)
-    with zipfile.ZipFile(io.BytesIO(forged)) as archive:
-        files = {info.filename: archive.read(info) for info in archive.infolist()}
-    world.replace_archive(_rezip(forged, lambda name, data: _rehash(name, data, files)))
+    world.replace_archive(_edit(_archive(world), _forged_offset))
     world.grow()
     evidence, run = world.capture("w2")
     assert run.origin == "s3" and starts[-1] == 0 and _finelog(run)[0] == 0
     assert next(r for r in run.reads if r.source == "finelog.log").stale
     _same_logs(evidence.logs, world.read(None).logs)
-    assert world.archives() == [run.uploaded]  # the useless archive is gone
+    assert world.archives() == [run.uploaded]  # the useless manifest is gone
 
 
 def test_an_archive_at_the_size_bound_is_used_and_one_byte_more_is_not(world: World) -> None:
-    """The bound on a downloaded archive: exactly its size is read, one byte less refuses it."""
+    """The bound on what is downloaded (the manifest and its parts): exactly their size is
+    read, one byte less refuses them."""
     body = _archive(world)
+    size = len(body) + sum(json.loads(body)["sizes"].values())
     world.grow()
-    _, just = world.capture("w2", Limits(archive_bytes=len(body)))
+    _, just = world.capture("w2", Limits(archive_bytes=size))
     assert just.origin == "s3" and _finelog(just)[0] > 0
     world.replace_archive(body)
-    _, past = world.capture("w3", Limits(archive_bytes=len(body) - 1))
+    _, past = world.capture("w3", Limits(archive_bytes=size - 1))
     assert past.origin == "none" and _finelog(past)[0] == 0
     assert any("more than the" in note for note in past.notes)
 

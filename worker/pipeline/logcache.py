@@ -6,27 +6,38 @@ or rotated one is read whole (the cache's own identity checks). The directory li
 disk, and a copy of it in S3, so the worker that takes the job's next alert finds it:
 
     <cache_dir>/logs/<job id>/<entry>/...          the LogCache directory of the job
-    <cache_dir>/logs/<job id>/.shared              which S3 archive the directory was last synced
-                                                   with, and a digest of its entries then
+    <cache_dir>/logs/<job id>/.shared              which S3 manifest the directory was last
+                                                   synced with, and a digest of its entries then
     <cache_dir>/logs/<job id>/.clean               SHA-256 of the table files that passed the
                                                    redactor (a grown log's new part alone is read)
-    S3 logcache/<job id>/<stamp>-<digest>.zip      the job's shareable entries, one object,
-                                                   written once; the newest stamp wins
+    S3 logcache/<job id>/<stamp>-<digest>.json     the job's manifest, written once per change,
+                                                   the newest stamp wins: each shareable entry's
+                                                   meta.json and state.json, and the size of
+                                                   every Parquet part they name
+    S3 logcache/<job id>/parts/<sha>-<sha256>.parquet   one Parquet file of an entry, named by
+                                                   its SHA-256 (the frozen evidence's part names,
+                                                   worker.pipeline.parts), written once
 
 `<job id>` is the SHA-256 (32 hex) of the job key: the job directory relative to the bundle root,
-the key the coalescer uses. Before a capture reads the logs, the newest archive of the job is
-downloaded when the directory was not synced with it (a cold disk, or another worker answered a
-later alert); after, the directory is archived and written when its entries changed, and archives
-older than the newest two are deleted.
+the key the coalescer uses. Before a capture reads the logs, the newest manifest of the job is
+read when the directory was not synced with it (a cold disk, or another worker answered a later
+alert) and the entries assembled from it: each part the disk holds already (the same file name
+with the same SHA-256 in its entry's meta.json) is linked from there, the others read from S3.
+After, when the entries changed, the parts not in S3 yet are written (a grown log: the last part
+of each grown table and the new ones, see `worker.evidence.logs.incremental`), then the manifest;
+manifests older than the newest two are deleted, and the parts no kept manifest names once they
+are an hour old (a younger one may be another capture's, its manifest not written yet). Zip
+archives of the first format (`<stamp>-<digest>.zip`) are not read; the next write deletes them.
 
-What is checked before anything downloaded is used: the object's size (at most the memory one
-parse may use, RLHEALTH_PARSE_MEMORY_MB), the archive's shape (stored members only, entry folder
-and file names only, sizes and counts bounded, every member's CRC), the job it names; then, when
-the logs are read, the cache's own checks (its version, the log's key, every file's SHA-256, the
-tables' columns) and the log's identity (inode, size, head hash, the bytes before the resume
-point). Anything that fails is ignored with a note (a warning in the worker's log and the
+What is checked before anything downloaded is used: the manifest's size and the sum of the parts'
+(at most the memory one parse may use, RLHEALTH_PARSE_MEMORY_MB), its shape (entry folder and
+file names only, every part listed with a size), the job it names, each part's size and SHA-256;
+then, when the logs are read, the cache's own checks (its version, the log's key, every file's
+SHA-256, each part's rows, the tables' columns) and the log's identity (inode, size, head hash,
+the bytes before the resume point). Anything that fails (a damaged or missing part included) is
+ignored with a note (a warning in the worker's log and the
 `rlhealth_log_cache_shared{outcome="ignored"}` metric) and the log is read whole: a bad entry
-costs time, never the evidence. An archive that was refused, held a damaged entry or was of no
+costs time, never the evidence. A manifest that was refused, held a damaged entry or was of no
 use (every entry of another version of its log) is deleted, so the next one written is the
 newest. (The hashes prove integrity, not authorship: a party that can
 write the bucket can also write frozen evidence; the bucket is inside the trust boundary.)
@@ -35,8 +46,8 @@ Redaction: the entries hold the parsed rows and the parser state as read, unreda
 give exactly the rows a full read gives; the frozen evidence is redacted when it is written). On
 the worker's disk they sit beside the logs they came from. Only entries that pass the redactor
 unchanged leave the worker: an entry with a string the redactor would rewrite (a token in an error
-line, say) is withheld from the archive (`outcome="withheld"`) and its log is read whole by the
-next worker.
+line, say) is withheld from the manifest, its parts are not written (`outcome="withheld"`), and
+its log is read whole by the next worker.
 
 The disk is bounded: job folders unused for `max_age_s` are removed, then the least recently used
 until all fit in `disk_bytes`. In memory, each worker process keeps the entries it read or wrote
@@ -50,7 +61,6 @@ Every capture logs one line saying how many bytes it parsed and reused, and coun
 from __future__ import annotations
 
 import hashlib
-import io
 import json
 import logging
 import os
@@ -58,7 +68,6 @@ import re
 import shutil
 import tempfile
 import time
-import zipfile
 from collections import OrderedDict
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -76,6 +85,7 @@ from worker.evidence.logs.incremental import CacheEntry
 from worker.evidence.model import Evidence
 from worker.pipeline.failures import describe, is_time_limit
 from worker.pipeline.metrics import log_cache_used
+from worker.pipeline.parts import job_id, part_matches, part_name, stored_parts
 from worker.pipeline.store import ObjectMissingError, ObjectStore
 
 __all__ = ["CacheRun", "FileRead", "JobLogCache", "Limits", "collect_cached", "job_id"]
@@ -88,14 +98,15 @@ Read = Callable[[LogCache | None], Evidence]
 PREFIX: Final = "logcache/"
 _SYNCED: Final = ".shared"
 _CLEAN: Final = ".clean"
-_MANIFEST: Final = "manifest.json"
-_FORMAT: Final = 1
-_ARCHIVE_NAME: Final = re.compile(r"^\d{8}T\d{12}Z-[0-9a-f]{16}\.zip$")
-_MEMBER: Final = re.compile(
-    r"^[0-9a-f]{32}/(?:meta\.json|state\.json|"
-    r"(?:stitched_)?[a-z_]{1,40}(?:-[0-9a-f]{16})?\.parquet)$"
-)
-_MAX_MEMBERS: Final = 4096
+_FORMAT: Final = 2  # 2: a manifest and content-addressed parts; 1: one zip of every entry
+_MANIFEST_NAME: Final = re.compile(r"^\d{8}T\d{12}Z-[0-9a-f]{16}\.json$")
+_LEGACY_NAME: Final = re.compile(r"^\d{8}T\d{12}Z-[0-9a-f]{16}\.zip$")
+_PARTS: Final = "parts/"
+_ENTRY: Final = re.compile(r"^[0-9a-f]{32}$")
+_FILE: Final = re.compile(r"^(?:stitched_)?[a-z_]{1,40}(?:-[0-9a-f]{16})?\.parquet$")
+_SHA: Final = re.compile(r"^[0-9a-f]{64}$")
+_PART_GRACE_S: Final = 3600  # an unreferenced part younger than this may be another capture's
+_MAX_ENTRIES: Final = 4096
 _MAX_JSON_BYTES: Final = 16 * 2**20
 _LEFTOVER_S: Final = 3600  # a staging folder this old belongs to a process that died
 KEPT_BYTES: Final = 512 * 2**20
@@ -141,8 +152,10 @@ class CacheRun:
     reads: list[FileRead] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
     shared: list[str] = field(default_factory=list)  # outcomes for the S3 copy
-    pulled: str | None = None  # the archive downloaded
-    uploaded: str | None = None  # the archive written
+    pulled: str | None = None  # the manifest downloaded
+    uploaded: str | None = None  # the manifest written
+    parts_read: int = 0  # the parts read from S3 (the others were on the disk)
+    parts_written: int = 0  # the parts written to S3 (the others were there)
 
     @property
     def parsed_bytes(self) -> int:
@@ -159,6 +172,10 @@ class CacheRun:
         told = f"; resumed {files}" if files else ""
         stale = ", ".join(r.source for r in self.reads if r.stale)
         told += f"; read whole, their entry was of another version: {stale}" if stale else ""
+        if self.pulled is not None:
+            told += f"; read {self.parts_read} parts from S3"
+        if self.uploaded is not None:
+            told += f"; wrote {self.parts_written} parts to S3"
         return (
             f"log cache ({self.origin}) for {self.job}: parsed {self.parsed_bytes:,} bytes, "
             f"reused {self.reused_bytes:,}{told}"
@@ -258,11 +275,6 @@ class _WatchedCache(LogCache):
             _KEPT.forget(folder)
 
 
-def job_id(job: str) -> str:
-    """The folder and key segment of a job key."""
-    return hashlib.sha256(job.encode("utf-8", errors="surrogateescape")).hexdigest()[:32]
-
-
 def _must_propagate(exc: BaseException) -> bool:
     return is_time_limit(exc) or isinstance(exc, MemoryError)
 
@@ -307,16 +319,20 @@ class JobLogCache:
         return f"{PREFIX}{job_id(job)}/"
 
     def _pull(self, job: str, folder: Path, run: CacheRun) -> None:
-        """Replace `folder` by the job's newest archive, when it was not synced with it."""
+        """Replace `folder` by the entries of the job's newest manifest, when it was not synced
+        with it: the parts the disk holds already (same name, same SHA-256 in its meta.json) are
+        taken from there, the others read from S3."""
         run.origin = "disk" if _entries(folder) else "none"
-        newest = self._archives(job)[-1:]
+        newest = self._manifests(job)[-1:]
         synced = _read_synced(folder)
         if not newest or newest[0] == synced.get("key"):
             return
         key = newest[0]
         staging = Path(tempfile.mkdtemp(prefix=".pull-", dir=_made(self.root)))
         try:
-            _unpack(self._fetch(key), staging, job, self.limits.archive_bytes)
+            body = self._fetch(key)
+            bound = self.limits.archive_bytes - len(body)
+            run.parts_read = _assemble(_manifest(body, job), staging, folder, self._part, bound)
         except _RefusedError as exc:
             shutil.rmtree(staging, ignore_errors=True)
             run.notes.append(f"ignored the shared log cache {key}: {exc}; the logs are read whole")
@@ -328,16 +344,31 @@ class JobLogCache:
         run.origin, run.pulled = "s3", key
         run.shared.append("downloaded")
 
+    def _part(self, job: str, sha: str, size: int) -> bytes:
+        """The part of SHA-256 `sha` of the job's log cache, checked; `_RefusedError` when it is
+        missing, of another size or damaged."""
+        name = part_name(sha[:32], sha)
+        try:
+            body = self.store.get(self._parts_prefix(job) + name)
+        except ObjectMissingError as exc:
+            raise _RefusedError(f"its part {name} is missing") from exc
+        if len(body) != size or not part_matches(name, body):
+            raise _RefusedError(f"its part {name} does not match its hash")
+        return body
+
     def _drop(self, key: str | None) -> None:
         if key is not None:
             self.store.delete(key)
 
-    def _archives(self, job: str) -> list[str]:
+    def _parts_prefix(self, job: str) -> str:
+        return f"{self._prefix(job)}{_PARTS}"
+
+    def _manifests(self, job: str) -> list[str]:
         prefix = self._prefix(job)
-        return [k for k in self.store.keys(prefix) if _ARCHIVE_NAME.match(k[len(prefix) :])]
+        return [k for k in self.store.keys(prefix) if _MANIFEST_NAME.match(k[len(prefix) :])]
 
     def _fetch(self, key: str) -> bytes:
-        bound = self.limits.archive_bytes
+        bound = min(self.limits.archive_bytes, _MAX_JSON_BYTES)
         try:
             size = self.store.size(key)
             if size > bound:
@@ -350,7 +381,8 @@ class JobLogCache:
         return body
 
     def _push(self, job: str, folder: Path, run: CacheRun) -> None:
-        """Archive the shareable entries of `folder` to S3 when they changed since the sync."""
+        """Write the shareable entries of `folder` to S3 when they changed since the sync: the
+        parts not stored yet, then a manifest naming every entry's parts."""
         digest = _digest(folder)
         if not digest or digest == _read_synced(folder).get("digest"):
             return
@@ -360,19 +392,51 @@ class JobLogCache:
             run.shared.append("withheld")
         if not shareable:
             return
-        body = _pack(job, shareable)
-        if len(body) > self.limits.archive_bytes:
-            run.notes.append(f"the log cache of {job} is too large to share ({len(body):,} bytes)")
+        manifest = _described(job, shareable)
+        body = json.dumps(manifest).encode()
+        total = len(body) + sum(manifest["sizes"].values())
+        if total > self.limits.archive_bytes or len(body) > _MAX_JSON_BYTES:
+            run.notes.append(f"the log cache of {job} is too large to share ({total:,} bytes)")
             return
+        prefix = self._parts_prefix(job)
+        stored = set(stored_parts(self.store, prefix).values())
+        for path, sha in _files(shareable):
+            if sha not in stored:
+                self.store.put_once(prefix + part_name(sha[:32], sha), path.read_bytes())
+                stored.add(sha)
+                run.parts_written += 1
         stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%S%fZ")
-        key = f"{self._prefix(job)}{stamp}-{digest[:16]}.zip"
-        self.store.put_once(key, body, "application/zip")
+        key = f"{self._prefix(job)}{stamp}-{digest[:16]}.json"
+        self.store.put_once(key, body, "application/json")
         _write_synced(folder, key, digest)
         run.uploaded = key
         run.shared.append("uploaded")
-        for old in self._archives(job)[: -self.limits.kept_archives]:
+        self._expire(job, key, manifest)
+
+    def _expire(self, job: str, key: str, manifest: dict[str, Any]) -> None:
+        """Delete the manifests older than the newest `kept_archives` (and any archive of the
+        first format), then the parts no kept manifest names that are older than an hour."""
+        prefix = self._prefix(job)
+        for old in self.store.keys(prefix):
+            if _LEGACY_NAME.match(old[len(prefix) :]):
+                self.store.delete(old)
+        manifests = self._manifests(job)
+        for old in manifests[: -self.limits.kept_archives]:
             if old != key:
                 self.store.delete(old)
+        named = set(manifest["sizes"])
+        for other in manifests[-self.limits.kept_archives :]:
+            if other != key:
+                named |= set(_manifest(self._fetch(other), job)["sizes"])
+        parts = self._parts_prefix(job)
+        cutoff = time.time() - _PART_GRACE_S
+        for sha in set(stored_parts(self.store, parts).values()) - named:
+            name = parts + part_name(sha[:32], sha)
+            try:
+                if self.store.modified(name) < cutoff:
+                    self.store.delete(name)
+            except ObjectMissingError:
+                continue
 
     # --- disk -----------------------------------------------------------------------------------
 
@@ -495,64 +559,131 @@ def _swap(staging: Path, folder: Path) -> None:
     shutil.rmtree(old, ignore_errors=True)
 
 
-def _pack(job: str, entries: list[Path]) -> bytes:
-    """A stored (uncompressed: Parquet is compressed already) zip of the entries."""
-    buffer = io.BytesIO()
-    with zipfile.ZipFile(buffer, "w", compression=zipfile.ZIP_STORED) as archive:
-        archive.writestr(_MANIFEST, json.dumps({"format": _FORMAT, "job": job}))
-        for entry in entries:
-            for path in sorted(p for p in entry.iterdir() if p.is_file()):
-                name = f"{entry.name}/{path.name}"
-                if _MEMBER.match(name):  # what a reader accepts, nothing else
-                    archive.write(path, name)
-    return buffer.getvalue()
+def _meta(entry: Path) -> dict[str, Any]:
+    data = json.loads((entry / "meta.json").read_text(encoding="utf-8"))
+    return data if isinstance(data, dict) else {}
 
 
-def _members(archive: zipfile.ZipFile, bound: int) -> Iterator[zipfile.ZipInfo]:
-    """The entry files of the archive, after checking its shape; raises `_RefusedError`."""
-    infos = archive.infolist()
-    if len(infos) > _MAX_MEMBERS:
-        raise _RefusedError(f"it has {len(infos):,} members")
-    names = [info.filename for info in infos]
-    if len(set(names)) != len(names):
-        raise _RefusedError("it names a member twice")
-    if sum(info.file_size for info in infos) > bound:
-        raise _RefusedError(f"its members hold more than the {bound:,} bytes allowed")
-    for info in infos:
-        if info.compress_type != zipfile.ZIP_STORED:
-            raise _RefusedError(f"{info.filename!r} is compressed (only stored members are read)")
-        if info.filename != _MANIFEST and not _MEMBER.match(info.filename):
-            raise _RefusedError(f"{info.filename[:80]!r} is not a cache entry's file")
-    return (info for info in infos if info.filename != _MANIFEST)
+def _files(entries: list[Path]) -> Iterator[tuple[Path, str]]:
+    """The Parquet files of the entries with their SHA-256 (as each meta.json lists them)."""
+    for entry in entries:
+        for name, sha in _meta(entry).get("files", {}).items():
+            if _FILE.match(name):
+                yield entry / name, str(sha)
 
 
-def _manifest(archive: zipfile.ZipFile, job: str) -> None:
+def _described(job: str, entries: list[Path]) -> dict[str, Any]:
+    """The manifest of the entries: each one's meta.json and state.json as text, and the size
+    of every part they name."""
+    return {
+        "format": _FORMAT,
+        "job": job,
+        "entries": {
+            entry.name: {
+                "meta": (entry / "meta.json").read_text(encoding="utf-8"),
+                "state": (entry / "state.json").read_text(encoding="utf-8"),
+            }
+            for entry in entries
+        },
+        "sizes": {sha: path.stat().st_size for path, sha in _files(entries)},
+    }
+
+
+def _manifest(body: bytes, job: str) -> dict[str, Any]:
+    """A manifest of the job's log cache after checking its shape; raises `_RefusedError`."""
     try:
-        info = archive.getinfo(_MANIFEST)
-    except KeyError:
-        raise _RefusedError("it has no manifest") from None
-    if info.file_size > _MAX_JSON_BYTES:
-        raise _RefusedError("its manifest is too large")
-    manifest = json.loads(archive.read(info))
+        manifest = json.loads(body)
+    except ValueError as exc:
+        raise _RefusedError(f"it cannot be read ({type(exc).__name__}: {exc})") from exc
     if not isinstance(manifest, dict) or manifest.get("format") != _FORMAT:
         raise _RefusedError("its manifest is not of this format")
     if manifest.get("job") != job:
         raise _RefusedError("it belongs to another job")
+    entries, sizes = manifest.get("entries"), manifest.get("sizes")
+    if not isinstance(entries, dict) or not isinstance(sizes, dict):
+        raise _RefusedError("it does not list the entries and their parts")
+    if len(entries) > _MAX_ENTRIES or not all(_ENTRY.match(str(name)) for name in entries):
+        raise _RefusedError("it names an entry that is not a cache entry's folder")
+    for texts in entries.values():
+        if not isinstance(texts, dict) or not all(
+            isinstance(texts.get(name), str) for name in ("meta", "state")
+        ):
+            raise _RefusedError("an entry lacks its meta.json or state.json")
+    for sha, size in sizes.items():
+        if not _SHA.match(str(sha)) or not isinstance(size, int) or size < 0:
+            raise _RefusedError("it lists a part that is not a SHA-256 and a size")
+    return manifest
 
 
-def _unpack(body: bytes, target: Path, job: str, bound: int) -> None:
-    """The entries of an archive into `target`; raises `_RefusedError` for anything off."""
+def _entry_files(meta_text: str, sizes: dict[str, int]) -> dict[str, str]:
+    """The Parquet files an entry's meta.json names, with their SHA-256 (each listed with a
+    size in the manifest); `_RefusedError` for any other name."""
     try:
-        with zipfile.ZipFile(io.BytesIO(body)) as archive:
-            _manifest(archive, job)
-            for info in _members(archive, bound):
-                path = target / info.filename
-                path.parent.mkdir(exist_ok=True)
-                path.write_bytes(archive.read(info))  # checks the CRC
-    except (zipfile.BadZipFile, zipfile.LargeZipFile, ValueError, EOFError, OSError) as exc:
-        if isinstance(exc, _RefusedError):
-            raise
-        raise _RefusedError(f"it cannot be read ({type(exc).__name__}: {exc})") from exc
+        files = json.loads(meta_text).get("files")
+    except (ValueError, AttributeError) as exc:
+        raise _RefusedError("an entry's meta.json does not read") from exc
+    if not isinstance(files, dict):
+        raise _RefusedError("an entry's meta.json lists no files")
+    found = {}
+    for name, sha in files.items():
+        if name == "state.json":
+            continue
+        if not _FILE.match(str(name)):
+            raise _RefusedError(f"{str(name)[:80]!r} is not a cache entry's file")
+        if str(sha) not in sizes:
+            raise _RefusedError(f"{name} is not listed with a size")
+        found[str(name)] = str(sha)
+    return found
+
+
+def _assemble(
+    manifest: dict[str, Any],
+    target: Path,
+    disk: Path,
+    fetch: Callable[[str, str, int], bytes],
+    bound: int,
+) -> int:
+    """The entries of a manifest in `target`, each part taken from the entry of `disk` that
+    lists it with the same SHA-256 or read through `fetch(job, sha, size)`; returns how many
+    were read. `_RefusedError` for anything off (the cache checks every hash again)."""
+    sizes: dict[str, int] = manifest["sizes"]
+    if sum(sizes.values()) > bound:
+        raise _RefusedError(f"with its parts it holds more than the {bound:,} bytes allowed")
+    read = 0
+    for name, texts in manifest["entries"].items():
+        files = _entry_files(texts["meta"], sizes)
+        folder = target / name
+        folder.mkdir()
+        local = _local_files(disk / name)
+        for file, sha in files.items():
+            if local.get(file) == sha and _linked(disk / name / file, folder / file):
+                continue
+            (folder / file).write_bytes(fetch(manifest["job"], sha, sizes[sha]))
+            read += 1
+        (folder / "state.json").write_text(texts["state"], encoding="utf-8")
+        (folder / "meta.json").write_text(texts["meta"], encoding="utf-8")
+    return read
+
+
+def _local_files(entry: Path) -> dict[str, str]:
+    """The files an entry on the disk lists in its meta.json, with their SHA-256 (none when it
+    does not read)."""
+    try:
+        files = _meta(entry).get("files", {})
+    except (OSError, ValueError):
+        return {}
+    return {str(name): str(sha) for name, sha in files.items()} if isinstance(files, dict) else {}
+
+
+def _linked(source: Path, target: Path) -> bool:
+    try:
+        os.link(source, target)
+    except OSError:
+        try:
+            shutil.copy2(source, target)
+        except OSError:
+            return False
+    return True
 
 
 # --- what may leave the worker --------------------------------------------------------------------

@@ -30,7 +30,6 @@ from typing import Final
 
 from shared.alerts import OutsideBundleRootError, confine
 from worker.evidence.frozen import MARKER, FrozenEvidenceError, referenced_parts
-from worker.pipeline.logcache import job_id
 from worker.pipeline.store import ObjectMissingError, ObjectStore
 from worker.retention import FrozenRecord, expired_evidence, unreferenced_parts
 
@@ -39,7 +38,10 @@ __all__ = [
     "THAW_CACHE_BYTES",
     "SharedParts",
     "Swept",
+    "job_id",
     "job_parts",
+    "part_matches",
+    "part_name",
     "stored_parts",
     "sweep",
 ]
@@ -55,6 +57,16 @@ _EVIDENCE: Final = "evidence/"
 GRACE_S: Final = 6 * 3600
 
 
+def job_id(job: str) -> str:
+    """The folder and key segment of a job key (the log cache's and the parts')."""
+    return hashlib.sha256(job.encode("utf-8", errors="surrogateescape")).hexdigest()[:32]
+
+
+def part_name(digest: str, sha256: str) -> str:
+    """The object name of a part: its digest (32 hex) and the SHA-256 of its bytes."""
+    return f"{digest}-{sha256}.parquet"
+
+
 def job_parts(bundle_root: Path, job_dir: str) -> str:
     """The S3 prefix of the parts of a job (the job key as the coalescer and log cache see it)."""
     try:
@@ -64,7 +76,8 @@ def job_parts(bundle_root: Path, job_dir: str) -> str:
     return f"{PARTS_PREFIX}{job_id(job)}/"
 
 
-def _matches(name: str, body: bytes) -> bool:
+def part_matches(name: str, body: bytes) -> bool:
+    """Whether `body` is the part `name` says (its SHA-256)."""
     match = _PART_NAME.match(name)
     return match is not None and hashlib.sha256(body).hexdigest() == match.group(2)
 
@@ -100,7 +113,7 @@ class SharedParts:
         try:
             body = local.read_bytes()
             os.utime(local)
-            if _matches(name, body):  # else a damaged copy: S3's is read instead
+            if part_matches(name, body):  # else a damaged copy: S3's is read instead
                 return body
         except OSError:
             pass

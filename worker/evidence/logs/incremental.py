@@ -5,23 +5,31 @@ the file keeps its inode, has not shrunk, still starts with the same bytes (a ha
 and still holds the same bytes just before the committed offset (a hash of the 4 KiB there: a log
 rewritten in place with the same first lines is read whole, not resumed in the middle of other
 text). It holds the parser state at the last committed line, the rows read up to there and (when
-made by `parse_log_file`) their stitched METRICS and PHASES; the lines after (an open construct, a
-partial last line) are read again on every parse.
+made by `parse_log_file`, or for a key given to `keep_stitched`, as `parse_job_logs` does for the
+finelog) their stitched METRICS and PHASES; the lines after (an open construct, a partial last
+line) are read again on every parse. An entry read on from the one before (the same file grown)
+is re-stitched from that one's stitched tables: only the steps its new rows touch are stitched
+again (`stitch.restitch`), so `stitched(key, rows)` gives a whole stitch's tables at the cost of
+what the file gained.
 
 Entries live in an in-process LRU and, with `directory`, on disk, one folder per entry:
 
     <directory>/<sha256 of the key, 32 hex>/meta.json     key, version, file identity, the parts
-                                                          of each table, and the SHA-256 of
-                                                          every other file
+                                                          of each table and their rows, and the
+                                                          SHA-256 of every other file
                                           /state.json    the parser state
                                           /<table>.parquet, stitched_<table>.parquet
                                           /<table>-<16 hex>.parquet   later parts of a table
 
 `meta.json` is written last and each folder is renamed into place whole, so a crash never leaves
-half an entry. A table is kept in parts: when an entry replaces one whose rows are the start of its
-own (a grown log), the earlier parts are hard-linked into the new folder (copied where links do not
-work) and only the new rows are written, as one more part named by their hash; past
-`MAX_PARTS` parts a table is written whole again.
+half an entry. A table (the stitched ones too) is kept in parts: when an entry replaces one it was
+read on from (same inode, head and no shrink: its rows then start with the earlier rows, told by
+their count, not compared), the earlier parts within the rows that did not change are hard-linked
+into the new folder (copied where links do not work) and only the rows after them are written, as
+one more part named by their hash; a stitched table keeps the parts before the first step the new
+rows touch (a restart that resumes earlier steps rewrites from there). An entry that replaces one
+it was not read on from has its rows compared; past `MAX_PARTS` parts a table is written whole
+again.
 
 An entry of another cache version, or one whose files do not match their hashes or do not read
 back with the expected columns, is ignored (never trusted) and said in `notes`; the file is then
@@ -49,7 +57,7 @@ import polars as pl
 from worker.evidence import schema
 from worker.evidence.logs.chunk import SCHEMAS
 from worker.evidence.logs.state import ParserState
-from worker.evidence.logs.stitch import Stitched
+from worker.evidence.logs.stitch import Stitched, restitch, stitch, unchanged_rows
 
 __all__ = [
     "VERSION",
@@ -62,12 +70,13 @@ __all__ = [
 ]
 
 HEAD_BYTES: Final = 4096
-VERSION: Final = "7"  # 7: tables in parts; 6: cut lines, the hash before the offset, hashes
+VERSION: Final = "8"  # 8: stitched tables in parts, rows per part; 7: tables in parts
 MAX_PARTS: Final = 16
 _STITCHED: Final[dict[str, dict[str, pl.DataType]]] = {
     "metrics": schema.METRICS,
     "phases": schema.PHASES,
 }
+_STEPPED: Final = ("metrics", "batches", "timers")  # the raw tables stitching reads
 _META: Final = "meta.json"
 _STATE: Final = "state.json"
 # what a damaged entry raises while it is read back (it is then ignored, never trusted)
@@ -118,6 +127,10 @@ class CacheEntry:
     # where it is on disk, when it is: each table's part files, and every file's SHA-256
     parts: dict[str, tuple[str, ...]] = field(default_factory=dict)
     hashes: dict[str, str] = field(default_factory=dict)
+    part_rows: dict[str, tuple[int, ...]] = field(default_factory=dict)  # rows of each part
+    # with `stitched`: how many of its first rows (metrics, phases) equal the `stitched` of the
+    # entry it was re-stitched from (the parts on disk that stay)
+    stitched_same: dict[str, int] = field(default_factory=dict)
 
     def matches(self, path: Path) -> bool:
         """True while `path` is the same file, grown or unchanged."""
@@ -164,6 +177,47 @@ def _sha256(path: Path) -> str:
     return digest.hexdigest()
 
 
+def _starts(frame: pl.DataFrame | None, head: pl.DataFrame | None) -> bool:
+    """Whether `frame` starts with `head`, as far as its height and last row tell (O(1): the
+    caller made `frame` from `head` and more rows)."""
+    if head is None or head.is_empty():
+        return True
+    if frame is None or frame.height < head.height:
+        return False
+    last = head.height - 1
+    return frame.slice(last, 1).equals(head.slice(last, 1))
+
+
+def _resumed(entry: CacheEntry, previous: CacheEntry) -> bool:
+    """Whether `entry` was read on from `previous` (the same file grown: inode, head, no shrink,
+    committed no earlier), so `previous.rows` are the first rows of `entry.rows`; a rewritten
+    head or a rotated file fails here."""
+    return (
+        entry.inode == previous.inode
+        and entry.head_len == previous.head_len
+        and entry.head_hash == previous.head_hash
+        and entry.size >= previous.size
+        and entry.state.offset >= previous.state.offset
+        and all(_starts(entry.rows.get(name), rows) for name, rows in previous.rows.items())
+    )
+
+
+def _with_stitched(entry: CacheEntry, previous: CacheEntry | None) -> CacheEntry:
+    """`entry` with the stitched tables of its rows: re-stitched from `previous`'s when it was
+    read on from `previous`, else stitched whole."""
+    if previous is None or previous.stitched is None or not _resumed(entry, previous):
+        return replace(entry, stitched=stitch(entry.rows), stitched_same={})
+    fresh = {
+        name: frame.slice(previous.rows[name].height if name in previous.rows else 0)
+        for name, frame in entry.rows.items()
+        if name in _STEPPED
+    }
+    same = unchanged_rows(previous.stitched, [fresh])
+    return replace(
+        entry, stitched=restitch(previous.stitched, entry.rows, [fresh]), stitched_same=same
+    )
+
+
 class LogCache:
     """An LRU of cache entries, optionally backed by a directory (see the module docstring)."""
 
@@ -172,6 +226,8 @@ class LogCache:
         self.directory = directory
         self.notes: list[str] = []  # entries on disk that were ignored, and why
         self._entries: OrderedDict[str, CacheEntry] = OrderedDict()
+        self._stitch: set[str] = set()  # keys whose entries keep their stitched tables
+        self._stored: dict[str, CacheEntry] = {}  # the entry stored last for each key
 
     def lookup(self, key: str, path: Path) -> CacheEntry | None:
         """The valid entry for `key`, or None (a stale entry is dropped)."""
@@ -188,13 +244,39 @@ class LogCache:
         """Keep `entry` (and write it to the directory when there is one; a write that fails,
         a full disk or another process writing the same entry, is a note, not an error)."""
         previous = self._entries.get(key)
+        if key in self._stitch and entry.stitched is None:
+            entry = _with_stitched(entry, previous)
         self._remember(key, entry)
+        self._stored[key] = entry
         if self.directory is None:
             return
         try:
             self._remember(key, self._save(key, entry, previous))
         except OSError as exc:
             self.notes.append(f"could not write the cache entry of {key}: {exc}")
+
+    def keep_stitched(self, key: str) -> None:
+        """Keep the stitched tables of `key`'s entries: each is re-stitched from the one before
+        (only the steps its new rows touch), so `stitched` costs what the file gained. Call it
+        before each read of the file: an entry stored by an earlier read is forgotten."""
+        self._stitch.add(key)
+        self._stored.pop(key, None)
+
+    def stitched(self, key: str, rows: dict[str, pl.DataFrame]) -> Stitched | None:
+        """`stitch(rows)`, where `rows` are the rows of the file whose entry was stored last
+        under `key` (its committed rows, then those of its open tail), from the entry's stitched
+        tables; None when there is no such entry or `rows` do not start with its rows."""
+        entry = self._stored.pop(key, None)
+        if entry is None or entry.stitched is None:
+            return None
+        if not all(_starts(rows.get(name), entry.rows.get(name)) for name in _STEPPED):
+            return None
+        tail: dict[str, pl.DataFrame] = {
+            name: rows[name].slice(entry.rows[name].height if name in entry.rows else 0)
+            for name in _STEPPED
+            if name in rows
+        }
+        return restitch(entry.stitched, rows, [tail])
 
     def files(self) -> list[Path]:
         """Every file of every entry in the directory, relative to it (what to copy to share
@@ -243,7 +325,8 @@ class LogCache:
         folder.parent.mkdir(parents=True, exist_ok=True)
         staging = Path(tempfile.mkdtemp(prefix=".entry-", dir=folder.parent))
         try:
-            written = _write_entry(staging, key, entry, _Reuse(folder, previous))
+            resumed = previous is not None and _resumed(entry, previous)
+            written = _write_entry(staging, key, entry, _Reuse(folder, previous, resumed))
             old = folder.with_name(f".old-{folder.name}-{os.getpid()}")
             if folder.exists():
                 folder.rename(old)
@@ -273,17 +356,41 @@ class _Reuse:
 
     folder: Path
     previous: CacheEntry | None
+    resumed: bool  # the new entry was read on from `previous` (its rows start with its rows)
 
-    def kept(self, name: str, frame: pl.DataFrame) -> tuple[tuple[str, ...], int]:
-        """The parts of `previous` that hold the first rows of `frame`, and how many rows."""
+    def same(self, entry: CacheEntry, name: str, frame: pl.DataFrame) -> int:
+        """How many first rows of table `name` (a raw table, or `stitched_<name>`) are those
+        of `previous`: O(1) when the entry was read on from it, else compared."""
         old = self.previous
-        if old is None or name not in old.parts or name not in old.rows:
+        if old is None:
+            return 0
+        if name.startswith("stitched_"):
+            if old.stitched is None or not self.resumed:
+                return 0
+            return entry.stitched_same.get(name.removeprefix("stitched_"), 0)
+        rows = old.rows.get(name)
+        if rows is None or rows.height > frame.height:
+            return 0
+        if self.resumed or frame.head(rows.height).equals(rows):
+            return rows.height
+        return 0
+
+    def kept(self, name: str, same: int) -> tuple[tuple[str, ...], int]:
+        """The first parts of `previous`'s table `name` within its `same` first rows, and
+        their rows."""
+        old = self.previous
+        if old is None or name not in old.parts or name not in old.part_rows:
             return (), 0
-        parts, rows = old.parts[name], old.rows[name]
-        fits = len(parts) < MAX_PARTS and all(part in old.hashes for part in parts)
-        if not fits or rows.height > frame.height or not frame.head(rows.height).equals(rows):
+        parts, counts = old.parts[name], old.part_rows[name]
+        if len(parts) >= MAX_PARTS or len(counts) != len(parts):
             return (), 0
-        return parts, rows.height
+        kept, done = [], 0
+        for part, count in zip(parts, counts, strict=True):
+            if done + count > same or part not in old.hashes:
+                break
+            kept.append(part)
+            done += count
+        return tuple(kept), done
 
     def link(self, part: str, target: Path) -> str:
         """`part` of the old folder in `target`; returns its hash (as the old meta.json says)."""
@@ -296,43 +403,57 @@ class _Reuse:
         return self.previous.hashes[part]
 
 
+@dataclass
+class _Written:
+    """The parts written for an entry: each table's part files and rows, every file's hash."""
+
+    parts: dict[str, tuple[str, ...]] = field(default_factory=dict)
+    rows: dict[str, tuple[int, ...]] = field(default_factory=dict)
+    hashes: dict[str, str] = field(default_factory=dict)
+
+
 def _write_table(
-    folder: Path, name: str, frame: pl.DataFrame, reuse: _Reuse, hashes: dict[str, str]
-) -> tuple[str, ...]:
-    """The parts of one table in `folder` (the reused ones linked, the new rows written)."""
-    parts, done = reuse.kept(name, frame)
+    folder: Path, name: str, frame: pl.DataFrame, same: int, reuse: _Reuse, out: _Written
+) -> None:
+    """The parts of one table in `folder`: those of the previous entry within its first `same`
+    rows linked, the rows after them written as one more part named by its hash."""
+    parts, done = reuse.kept(name, same)
+    counts = list(reuse.previous.part_rows[name][: len(parts)]) if reuse.previous else []
     for part in parts:
-        hashes[part] = reuse.link(part, folder)
+        out.hashes[part] = reuse.link(part, folder)
     if parts and done == frame.height:
-        return parts
+        out.parts[name], out.rows[name] = parts, tuple(counts)
+        return
     if not parts:
         frame.write_parquet(folder / f"{name}.parquet")
-        hashes[f"{name}.parquet"] = _sha256(folder / f"{name}.parquet")
-        return (f"{name}.parquet",)
+        out.hashes[f"{name}.parquet"] = _sha256(folder / f"{name}.parquet")
+        out.parts[name], out.rows[name] = (f"{name}.parquet",), (frame.height,)
+        return
     staged = folder / f".{name}.new"
     frame.slice(done).write_parquet(staged)
     digest = _sha256(staged)
     part = f"{name}-{digest[:16]}.parquet"
     staged.rename(folder / part)
-    hashes[part] = digest
-    return (*parts, part)
+    out.hashes[part] = digest
+    out.parts[name], out.rows[name] = (*parts, part), (*counts, frame.height - done)
+
+
+def _tables(entry: CacheEntry) -> dict[str, pl.DataFrame]:
+    """The tables of `entry` as written: the raw ones, then `stitched_<name>` when kept."""
+    tables = dict(entry.rows)
+    if entry.stitched is not None:
+        tables.update({f"stitched_{name}": getattr(entry.stitched, name) for name in _STITCHED})
+    return tables
 
 
 def _write_entry(folder: Path, key: str, entry: CacheEntry, reuse: _Reuse) -> CacheEntry:
     """Every file of `entry` in `folder`, `meta.json` (with the others' hashes) last; returns
     `entry` with its parts and hashes."""
-    hashes: dict[str, str] = {}
-    parts = {
-        name: _write_table(folder, name, frame, reuse, hashes) for name, frame in entry.rows.items()
-    }
-    names = list(hashes)
-    if entry.stitched is not None:
-        for name in _STITCHED:
-            getattr(entry.stitched, name).write_parquet(folder / f"stitched_{name}.parquet")
-            names.append(f"stitched_{name}.parquet")
+    out = _Written()
+    for name, frame in _tables(entry).items():
+        _write_table(folder, name, frame, reuse.same(entry, name, frame), reuse, out)
     (folder / _STATE).write_text(entry.state.to_json())
-    names.append(_STATE)
-    files = {name: hashes.get(name) or _sha256(folder / name) for name in names}
+    files = {**out.hashes, _STATE: _sha256(folder / _STATE)}
     meta = {
         "version": VERSION,
         "key": key,
@@ -341,12 +462,13 @@ def _write_entry(folder: Path, key: str, entry: CacheEntry, reuse: _Reuse) -> Ca
         "head_len": entry.head_len,
         "head_hash": entry.head_hash,
         "before_hash": entry.before_hash,
-        "tables": {name: list(parts[name]) for name in sorted(parts)},
+        "tables": {name: list(out.parts[name]) for name in sorted(out.parts)},
+        "rows": {name: list(out.rows[name]) for name in sorted(out.rows)},
         "stitched": entry.stitched is not None,
         "files": files,
     }
     (folder / _META).write_text(json.dumps(meta))
-    return replace(entry, parts=parts, hashes=files)
+    return replace(entry, parts=out.parts, hashes=files, part_rows=out.rows)
 
 
 def _read_meta(folder: Path, key: str) -> dict[str, Any]:
@@ -364,26 +486,27 @@ def _read_meta(folder: Path, key: str) -> dict[str, Any]:
     return meta
 
 
-def _read_frame(folder: Path, name: str, meta: dict[str, Any]) -> pl.DataFrame:
-    if f"{name}.parquet" not in meta["files"]:
-        raise _DamagedError(f"{name}.parquet is not listed with a hash")
-    return pl.read_parquet(folder / f"{name}.parquet")
-
-
-def _table_parts(meta: dict[str, Any]) -> dict[str, tuple[str, ...]]:
-    """Each table's part files, as `meta.json` lists them (each with a hash)."""
-    tables = meta["tables"]
-    if not isinstance(tables, dict):
+def _table_parts(
+    meta: dict[str, Any],
+) -> tuple[dict[str, tuple[str, ...]], dict[str, tuple[int, ...]]]:
+    """Each table's part files (each listed with a hash) and their rows, as `meta.json` says."""
+    tables, counts = meta["tables"], meta["rows"]
+    if not isinstance(tables, dict) or not isinstance(counts, dict):
         raise _DamagedError("meta.json does not list the parts of each table")
     parts = {str(name): tuple(str(part) for part in names) for name, names in tables.items()}
+    rows = {str(name): tuple(int(n) for n in numbers) for name, numbers in counts.items()}
     for name, names in parts.items():
         if not names or any(part not in meta["files"] or "/" in part for part in names):
             raise _DamagedError(f"{name} has a part that is not listed with a hash")
-    return parts
+        if len(rows.get(name, ())) != len(names) or any(n < 0 for n in rows[name]):
+            raise _DamagedError(f"{name} does not list the rows of each part")
+    return parts, rows
 
 
-def _read_table(folder: Path, parts: tuple[str, ...]) -> pl.DataFrame:
+def _read_table(folder: Path, parts: tuple[str, ...], rows: tuple[int, ...]) -> pl.DataFrame:
     frames = [pl.read_parquet(folder / part) for part in parts]
+    if [frame.height for frame in frames] != list(rows):
+        raise _DamagedError(f"{parts[0]} does not hold the rows meta.json lists")
     return frames[0] if len(frames) == 1 else pl.concat(frames, how="vertical")
 
 
@@ -413,12 +536,18 @@ def _read_entry(folder: Path, key: str) -> CacheEntry:
     if _STATE not in meta["files"]:
         raise _DamagedError("state.json is not listed with a hash")
     state = _state((folder / _STATE).read_text())
-    parts = _table_parts(meta)
-    rows = _checked({name: _read_table(folder, names) for name, names in parts.items()}, SCHEMAS)
+    parts, counts = _table_parts(meta)
+    tables = {name: _read_table(folder, names, counts[name]) for name, names in parts.items()}
+    raw = {name: frame for name, frame in tables.items() if not name.startswith("stitched_")}
+    rows = _checked(raw, SCHEMAS)
     stitched = None
     if meta["stitched"]:
-        frames = {name: _read_frame(folder, f"stitched_{name}", meta) for name in _STITCHED}
-        stitched = Stitched(**_checked(frames, _STITCHED))
+        frames = {name: tables.get(f"stitched_{name}") for name in _STITCHED}
+        if any(frame is None for frame in frames.values()):
+            raise _DamagedError("meta.json does not list the stitched tables")
+        stitched = Stitched(
+            **_checked({k: v for k, v in frames.items() if v is not None}, _STITCHED)
+        )
     return CacheEntry(
         inode=int(meta["inode"]),
         size=int(meta["size"]),
@@ -430,4 +559,5 @@ def _read_entry(folder: Path, key: str) -> CacheEntry:
         before_hash=str(meta["before_hash"]),
         parts=parts,
         hashes={str(name): str(digest) for name, digest in meta["files"].items()},
+        part_rows=counts,
     )

@@ -16,9 +16,9 @@ from typing import Any, Final
 import polars as pl
 
 from worker.evidence.logs.budget import LogBudgetError, MemoryBudget
-from worker.evidence.logs.incremental import LogCache
+from worker.evidence.logs.incremental import LogCache, cache_key
 from worker.evidence.logs.reader import FileRows, parse_file_rows
-from worker.evidence.logs.stitch import build_tables
+from worker.evidence.logs.stitch import Stitched, build_tables
 from worker.evidence.model import ClockSkew, LogTables, ParseSummary
 from worker.evidence.paths import BundleFiles
 
@@ -172,15 +172,30 @@ def parse_job_logs(
     every = [*main, *pods, *rays]
     tick = _announcer(files, every, progress) if progress else lambda _path: None
     budget = MemoryBudget.for_logs(sum(path.stat().st_size for path in every), memory_mb)
+    keys = [_stitch_key(files, path, reference_date, cache) for path in main]
     primary = _parse_all(files, main, reference_date, cache, budget, tick)
     secondary = _parse_all(files, pods, reference_date, cache, budget, tick)
     extras = _parse_all(files, rays, reference_date, cache, budget, tick)
+    stitched: Stitched | None = None
     if not (primary and _usable(primary[0])):
         primary, secondary = primary + secondary, []
+    elif cache is not None:
+        stitched = cache.stitched(keys[0], primary[0].rows)
     rows = _union(primary) if primary else {}
     for extra in secondary + extras:
         rows = _fill(rows, extra)
-    return build_tables(rows, _merge_summaries(primary + secondary + extras))
+    return build_tables(rows, _merge_summaries(primary + secondary + extras), stitched)
+
+
+def _stitch_key(
+    files: BundleFiles, path: Path, reference_date: date | None, cache: LogCache | None
+) -> str:
+    """The cache key of the finelog, whose entries keep their stitched tables (the tables are
+    the finelog's alone when it is usable: the other logs add engine and error rows only)."""
+    key = cache_key(path, files.relative(path), reference_date)
+    if cache is not None:
+        cache.keep_stitched(key)
+    return key
 
 
 def read_job_logs(

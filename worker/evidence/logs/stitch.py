@@ -29,6 +29,7 @@ __all__ = [
     "restitch",
     "stitch",
     "stitch_metrics",
+    "unchanged_rows",
     "with_batch_metrics",
 ]
 
@@ -155,6 +156,22 @@ def restitch(
         metrics=_merged(known.metrics, redone.metrics, touched),
         phases=_merged(known.phases, redone.phases, touched),
     )
+
+
+def unchanged_rows(known: Stitched, fresh: Iterable[dict[str, pl.DataFrame]]) -> dict[str, int]:
+    """How many first rows of `known`'s metrics and phases `restitch(known, ..., fresh)` keeps as
+    they are: those of the steps before the first step `fresh` touches (both sorted by step)."""
+    touched = _touched_steps(fresh)
+    first = touched.min() if not touched.is_empty() else None
+    assert first is None or isinstance(first, int)
+    found = {}
+    for name in ("metrics", "phases"):
+        frame: pl.DataFrame = getattr(known, name)
+        if first is None:
+            found[name] = frame.height
+        else:
+            found[name] = int(frame.get_column("step").search_sorted(first, side="left"))
+    return found
 
 
 def build_tables(

@@ -1,0 +1,115 @@
+"""A job's finelog re-read as it grows: the cache keeps its stitched tables, re-stitched from the
+ones before, and the tables equal a whole read (through the real parser, `parse_job_logs`)."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+from polars.testing import assert_frame_equal
+
+from bench.gen_finelog import generate
+from worker.evidence.logs import LogCache
+from worker.evidence.logs.incremental import CacheEntry
+from worker.evidence.logs.job import parse_job_logs
+from worker.evidence.model import LogTables
+
+TABLES = ("metrics", "timers", "phases", "engines", "progress", "batches", "errors", "resumes")
+RESUMING = b"Resuming from global_step:"
+
+
+def _same(left: LogTables | None, right: LogTables | None) -> None:
+    assert left is not None and right is not None
+    for name in TABLES:
+        assert_frame_equal(getattr(left, name), getattr(right, name), check_row_order=True)
+    assert left.summary == right.summary
+
+
+def _log(tmp_path: Path) -> bytes:
+    """About 1 MB of generated finelog, then a restart (Iris setup, "Resuming from ...") and
+    the last 40 % of it again: the new attempt writes steps the first one wrote."""
+    data = generate(tmp_path / "source.log", 0.6).read_bytes()
+    lines = data.splitlines(keepends=True)
+    setup, scratch = lines[0], next(line for line in lines if b"No checkpoint found" in line)
+    resume = scratch.replace(
+        b"No checkpoint found, starting training from scratch", RESUMING + b" 5"
+    )
+    again = b"".join(lines[(len(lines) * 3) // 5 :])
+    return data + setup + resume + again
+
+
+def _entry(cache: LogCache) -> CacheEntry:
+    (entry,) = [e for k, e in cache._entries.items() if k.split("|")[1] == "finelog.log"]
+    return entry
+
+
+def _cuts(data: bytes) -> list[int]:
+    """Growth points: mid-line, just before a restart, just after it, and the end."""
+    restart = data.index(RESUMING)
+    return [len(data) // 3 + 7, restart - 40, restart + 200, (len(data) * 3) // 4, len(data)]
+
+
+@pytest.mark.parametrize("on_disk", [False, True])
+def test_grown_finelog_restitched_equals_a_whole_read(tmp_path: Path, on_disk: bool) -> None:
+    """Each growth (one starting a new attempt that resumes earlier steps) gives the tables of
+    a whole read, and the cache entry's stitched tables keep the rows before the new steps."""
+    data = _log(tmp_path)
+    job = tmp_path / "job"
+    job.mkdir()
+    path = job / "finelog.log"
+    path.write_bytes(b"")
+    cache = LogCache(directory=tmp_path / "cache" if on_disk else None)
+    kept = []
+    for cut in _cuts(data):
+        with path.open("ab") as handle:
+            handle.write(data[path.stat().st_size : cut])
+        grown = parse_job_logs(job, cache=cache)
+        _same(grown, parse_job_logs(job))
+        entry = _entry(cache)
+        assert entry.stitched is not None
+        kept.append(entry.stitched_same.get("metrics", 0))
+    assert kept[0] == 0 and all(n > 0 for n in kept[1:])  # re-stitched, not stitched whole
+
+
+def test_disk_entry_keeps_stitched_parts_and_a_new_cache_reads_them(tmp_path: Path) -> None:
+    """On disk the stitched tables are parts like the raw ones: a growth links the unchanged
+    first parts, and a new cache object reading the folder gives the same tables."""
+    data = _log(tmp_path)
+    job = tmp_path / "job"
+    job.mkdir()
+    path = job / "finelog.log"
+    path.write_bytes(data[: len(data) // 4])
+    parse_job_logs(job, cache=LogCache(directory=tmp_path / "c"))
+    with path.open("ab") as handle:  # within the first attempt: no earlier step is touched
+        handle.write(data[len(data) // 4 : data.index(RESUMING) - 100])
+    cache = LogCache(directory=tmp_path / "c")
+    _same(parse_job_logs(job, cache=cache), parse_job_logs(job))
+    entry = _entry(cache)
+    assert len(entry.parts["stitched_metrics"]) == 2
+    assert sum(entry.part_rows["stitched_metrics"]) == entry.stitched.metrics.height  # type: ignore[union-attr]
+
+
+def test_rewritten_finelog_is_stitched_whole(tmp_path: Path) -> None:
+    """A finelog rewritten in place (same inode, other head) or rotated (a new file) is read
+    whole: its tables equal a whole read, nothing of the old stitched tables is kept."""
+    data = _log(tmp_path)
+    job = tmp_path / "job"
+    job.mkdir()
+    path = job / "finelog.log"
+    path.write_bytes(data[: len(data) // 2])
+    cache = LogCache(directory=tmp_path / "c")
+    parse_job_logs(job, cache=cache)
+    inode = path.stat().st_ino
+    with path.open("r+b") as handle:  # rewritten in place: the head changes, the size grows
+        handle.write(b"[iris setup] step 2/2 \n")
+        handle.seek(0, os.SEEK_END)
+        handle.write(data[len(data) // 2 :])
+    assert path.stat().st_ino == inode
+    _same(parse_job_logs(job, cache=cache), parse_job_logs(job))
+    assert _entry(cache).stitched_same == {}
+    rotated = tmp_path / "rotated.log"
+    rotated.write_bytes(data[len(data) // 4 :])
+    rotated.replace(path)
+    _same(parse_job_logs(job, cache=cache), parse_job_logs(job))
+    assert _entry(cache).stitched_same == {}
