@@ -5,11 +5,13 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from tests.drills.drills import Session, session
 
+_DESELECTED = pytest.StashKey[int]()
 FAST_ENV = {
     "RLHEALTH_LEASE_S": "10",  # a lost workflow is noticed in seconds, not minutes
     "RLHEALTH_GATE_TIME_LIMIT_S": "15",  # soft 12 s: a stopped gate passes it quickly
@@ -23,6 +25,18 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     if slow:
         config.hook.pytest_deselected(items=slow)
         items[:] = [item for item in items if not item.get_closest_marker("drill")]
+        config.stash[_DESELECTED] = len(slow)
+
+
+def pytest_terminal_summary(terminalreporter: Any, config: pytest.Config) -> None:
+    """Say why the long drills did not run (they are deselected, not skipped)."""
+    count = config.stash.get(_DESELECTED, 0)
+    if count:
+        terminalreporter.write_line(
+            f"{count} long fault drills deselected: they run with `make drills` "
+            "(pytest -m drill tests/drills; docs/reliability.md); "
+            "the fast drills run with every make test"
+        )
 
 
 @pytest.fixture(scope="module")
