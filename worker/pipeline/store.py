@@ -251,26 +251,21 @@ class S3Store:
         return _retrying(head)
 
     def size(self, key: str) -> int:
-        def head() -> int:
-            try:
-                response = self.client.head_object(Bucket=self.bucket, Key=self._key(key))
-            except botocore.exceptions.ClientError as exc:
-                if _error_code(exc) in {"NoSuchKey", "404", "NotFound"}:
-                    raise ObjectMissingError(key) from exc
-                raise
-            return int(response["ContentLength"])
-
-        return _retrying(head)
+        return int(self._head(key)["ContentLength"])
 
     def modified(self, key: str) -> float:
-        def head() -> float:
+        return float(self._head(key)["LastModified"].timestamp())
+
+    def _head(self, key: str) -> dict[str, Any]:
+        """The object's metadata (HEAD); raises `ObjectMissingError`."""
+
+        def head() -> dict[str, Any]:
             try:
-                response = self.client.head_object(Bucket=self.bucket, Key=self._key(key))
+                return dict(self.client.head_object(Bucket=self.bucket, Key=self._key(key)))
             except botocore.exceptions.ClientError as exc:
                 if _error_code(exc) in {"NoSuchKey", "404", "NotFound"}:
                     raise ObjectMissingError(key) from exc
                 raise
-            return float(response["LastModified"].timestamp())
 
         return _retrying(head)
 
