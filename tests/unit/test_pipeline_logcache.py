@@ -409,6 +409,7 @@ def test_a_store_that_fails_costs_the_cache_not_the_capture(world: World) -> Non
         raise ConnectionError("S3 is down")
 
     world.store.keys = broken  # type: ignore[method-assign]
+    world.store.listing = broken  # type: ignore[method-assign,assignment]
     evidence, run = world.capture()
     assert any("S3 is down" in note for note in run.notes)
     _same_logs(evidence.logs, world.read(None).logs)

@@ -26,7 +26,7 @@ from worker.cli.options import load_settings
 
 if TYPE_CHECKING:
     from worker.pipeline.parts import Swept
-    from worker.pipeline.store import ObjectStore
+    from worker.pipeline.store import Listed, ObjectStore
 
 __all__ = ["DURATION", "DryRunStore", "sweep_command"]
 
@@ -81,6 +81,9 @@ class DryRunStore:
 
     def keys(self, prefix: str) -> list[str]:
         return self.store.keys(prefix)
+
+    def listing(self, prefix: str) -> dict[str, Listed]:
+        return self.store.listing(prefix)
 
     def uri(self, key: str) -> str:
         return self.store.uri(key)

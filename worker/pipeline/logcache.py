@@ -69,7 +69,7 @@ import shutil
 import tempfile
 import time
 from collections import OrderedDict
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -85,8 +85,8 @@ from worker.evidence.logs.incremental import CacheEntry
 from worker.evidence.model import Evidence
 from worker.pipeline.failures import describe, is_time_limit
 from worker.pipeline.metrics import log_cache_used
-from worker.pipeline.parts import job_id, part_matches, part_name, stored_parts
-from worker.pipeline.store import ObjectMissingError, ObjectStore
+from worker.pipeline.parts import job_id, part_matches, part_name, parts_among, stored_parts
+from worker.pipeline.store import ObjectMissingError, ObjectStore, put_all
 
 __all__ = ["CacheRun", "FileRead", "JobLogCache", "Limits", "collect_cached", "job_id"]
 
@@ -156,6 +156,7 @@ class CacheRun:
     uploaded: str | None = None  # the manifest written
     parts_read: int = 0  # the parts read from S3 (the others were on the disk)
     parts_written: int = 0  # the parts written to S3 (the others were there)
+    stored: frozenset[str] | None = None  # the SHA-256 of the job's parts listed before the read
 
     @property
     def parsed_bytes(self) -> int:
@@ -323,7 +324,9 @@ class JobLogCache:
         with it: the parts the disk holds already (same name, same SHA-256 in its meta.json) are
         taken from there, the others read from S3."""
         run.origin = "disk" if _entries(folder) else "none"
-        newest = self._manifests(job)[-1:]
+        listed = self.store.listing(self._prefix(job))
+        run.stored = frozenset(parts_among(listed, self._parts_prefix(job)).values())
+        newest = self._manifests_among(job, listed)[-1:]
         synced = _read_synced(folder)
         if not newest or newest[0] == synced.get("key"):
             return
@@ -332,14 +335,16 @@ class JobLogCache:
         try:
             body = self._fetch(key)
             bound = self.limits.archive_bytes - len(body)
-            run.parts_read = _assemble(_manifest(body, job), staging, folder, self._part, bound)
+            manifest = _manifest(body, job)
+            run.parts_read = _assemble(manifest, staging, folder, self._part, bound)
         except _RefusedError as exc:
             shutil.rmtree(staging, ignore_errors=True)
             run.notes.append(f"ignored the shared log cache {key}: {exc}; the logs are read whole")
             run.shared.append("ignored")
             self.store.delete(key)  # no other worker fetches it again
             return
-        _write_synced(staging, key, _digest(staging))
+        _write_synced(staging, key, _digest(staging), manifest["sizes"])
+        _write_clean(staging, set(manifest["sizes"]))  # shared, so found clean by its writer
         _swap(staging, folder)
         run.origin, run.pulled = "s3", key
         run.shared.append("downloaded")
@@ -363,9 +368,10 @@ class JobLogCache:
     def _parts_prefix(self, job: str) -> str:
         return f"{self._prefix(job)}{_PARTS}"
 
-    def _manifests(self, job: str) -> list[str]:
+    def _manifests_among(self, job: str, keys: Iterable[str]) -> list[str]:
+        """The job's manifests among `keys`, oldest first."""
         prefix = self._prefix(job)
-        return [k for k in self.store.keys(prefix) if _MANIFEST_NAME.match(k[len(prefix) :])]
+        return sorted(k for k in keys if _MANIFEST_NAME.match(k[len(prefix) :]))
 
     def _fetch(self, key: str) -> bytes:
         bound = min(self.limits.archive_bytes, _MAX_JSON_BYTES)
@@ -382,9 +388,10 @@ class JobLogCache:
 
     def _push(self, job: str, folder: Path, run: CacheRun) -> None:
         """Write the shareable entries of `folder` to S3 when they changed since the sync: the
-        parts not stored yet, then a manifest naming every entry's parts."""
-        digest = _digest(folder)
-        if not digest or digest == _read_synced(folder).get("digest"):
+        parts not stored yet (those the capture's listing did not show, a few at once), then a
+        manifest naming every entry's parts."""
+        digest, synced = _digest(folder), _read_synced(folder)
+        if not digest or digest == synced.get("digest"):
             return
         shareable, withheld = _shareable(folder)
         for entry in withheld:
@@ -399,44 +406,47 @@ class JobLogCache:
             run.notes.append(f"the log cache of {job} is too large to share ({total:,} bytes)")
             return
         prefix = self._parts_prefix(job)
-        stored = set(stored_parts(self.store, prefix).values())
-        for path, sha in _files(shareable):
-            if sha not in stored:
-                self.store.put_once(prefix + part_name(sha[:32], sha), path.read_bytes())
-                stored.add(sha)
-                run.parts_written += 1
+        if run.stored is None:  # the listing before the read failed: list now
+            run.stored = frozenset(stored_parts(self.store, prefix).values())
+        new = {sha: path for path, sha in _files(shareable) if sha not in run.stored}
+        put_all(self.store, [(prefix + part_name(sha[:32], sha), p) for sha, p in new.items()])
+        run.parts_written = len(new)
         stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%S%fZ")
         key = f"{self._prefix(job)}{stamp}-{digest[:16]}.json"
         self.store.put_once(key, body, "application/json")
-        _write_synced(folder, key, digest)
+        _write_synced(folder, key, digest, manifest["sizes"])
         run.uploaded = key
         run.shared.append("uploaded")
-        self._expire(job, key, manifest)
+        self._expire(job, key, manifest, _synced_parts(synced))
 
-    def _expire(self, job: str, key: str, manifest: dict[str, Any]) -> None:
+    def _expire(
+        self, job: str, key: str, manifest: dict[str, Any], known: dict[str, set[str]]
+    ) -> None:
         """Delete the manifests older than the newest `kept_archives` (and any archive of the
-        first format), then the parts no kept manifest names that are older than an hour."""
+        first format), then the parts no kept manifest names that are older than an hour; from
+        one listing of the job's prefix. `known` holds the parts of a manifest this worker
+        synced with (not read again)."""
         prefix = self._prefix(job)
-        for old in self.store.keys(prefix):
+        listed = self.store.listing(prefix)
+        for old in listed:
             if _LEGACY_NAME.match(old[len(prefix) :]):
                 self.store.delete(old)
-        manifests = self._manifests(job)
+        manifests = self._manifests_among(job, {*listed, key})
         for old in manifests[: -self.limits.kept_archives]:
             if old != key:
                 self.store.delete(old)
         named = set(manifest["sizes"])
         for other in manifests[-self.limits.kept_archives :]:
-            if other != key:
+            if other in known:
+                named |= known[other]
+            elif other != key:
                 named |= set(_manifest(self._fetch(other), job)["sizes"])
         parts = self._parts_prefix(job)
         cutoff = time.time() - _PART_GRACE_S
-        for sha in set(stored_parts(self.store, parts).values()) - named:
-            name = parts + part_name(sha[:32], sha)
-            try:
-                if self.store.modified(name) < cutoff:
-                    self.store.delete(name)
-            except ObjectMissingError:
-                continue
+        for digest, sha in parts_among(listed, parts).items():
+            name = parts + part_name(digest, sha)
+            if sha not in named and listed[name].modified < cutoff:
+                self.store.delete(name)
 
     # --- disk -----------------------------------------------------------------------------------
 
@@ -546,8 +556,20 @@ def _read_synced(folder: Path) -> dict[str, Any]:
     return data if isinstance(data, dict) else {}
 
 
-def _write_synced(folder: Path, key: str, digest: str) -> None:
-    (folder / _SYNCED).write_text(json.dumps({"key": key, "digest": digest}))
+def _write_synced(folder: Path, key: str, digest: str, sizes: dict[str, int]) -> None:
+    """Which manifest `folder` was synced with, the digest of its entries, the parts it names."""
+    synced = {"key": key, "digest": digest, "parts": sorted(sizes)}
+    (folder / _SYNCED).write_text(json.dumps(synced))
+
+
+def _synced_parts(synced: dict[str, Any]) -> dict[str, set[str]]:
+    """The parts of the manifest a folder was synced with, by its key (none when not noted)."""
+    key, parts = synced.get("key"), synced.get("parts")
+    if not isinstance(key, str) or not isinstance(parts, list):
+        return {}
+    if not all(isinstance(sha, str) and _SHA.match(sha) for sha in parts):
+        return {}
+    return {key: set(parts)}
 
 
 def _swap(staging: Path, folder: Path) -> None:
@@ -700,8 +722,12 @@ def _shareable(folder: Path) -> tuple[list[Path], list[Path]]:
     seen: set[str] = set()
     for entry in _entries(folder):
         (good if _clean_entry(entry, known, seen) else held).append(entry)
-    (folder / _CLEAN).write_text(json.dumps(sorted(known & seen)))
+    _write_clean(folder, known & seen)
     return good, held
+
+
+def _write_clean(folder: Path, hashes: set[str]) -> None:
+    (folder / _CLEAN).write_text(json.dumps(sorted(hashes)))
 
 
 def _read_clean(folder: Path) -> set[str]:

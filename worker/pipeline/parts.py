@@ -24,13 +24,14 @@ import os
 import re
 import tempfile
 import time
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Final
 
 from shared.alerts import OutsideBundleRootError, confine
 from worker.evidence.frozen import MARKER, FrozenEvidenceError, referenced_parts
-from worker.pipeline.store import ObjectMissingError, ObjectStore
+from worker.pipeline.store import ObjectMissingError, ObjectStore, put_all
 from worker.retention import FrozenRecord, expired_evidence, unreferenced_parts
 
 __all__ = [
@@ -42,6 +43,7 @@ __all__ = [
     "job_parts",
     "part_matches",
     "part_name",
+    "parts_among",
     "stored_parts",
     "sweep",
 ]
@@ -84,8 +86,15 @@ def part_matches(name: str, body: bytes) -> bool:
 
 def stored_parts(store: ObjectStore, prefix: str) -> dict[str, str]:
     """The digest and SHA-256 of every part stored under `prefix`."""
+    return parts_among(store.keys(prefix), prefix)
+
+
+def parts_among(keys: Iterable[str], prefix: str) -> dict[str, str]:
+    """The digest and SHA-256 of every part among `keys` directly under `prefix`."""
     found: dict[str, str] = {}
-    for key in store.keys(prefix):
+    for key in keys:
+        if not key.startswith(prefix):
+            continue
         match = _PART_NAME.match(key[len(prefix) :])
         if match is not None:
             found[match.group(1)] = match.group(2)
@@ -101,8 +110,14 @@ class SharedParts:
 
     def keep(self, prefix: str, path: Path) -> None:
         """Store the part file `path` under `prefix` (once), and keep a disk copy."""
-        self.store.put_once(prefix + path.name, path.read_bytes())
-        self._copy(path.name, path.read_bytes())
+        self.keep_all(prefix, [path])
+
+    def keep_all(self, prefix: str, paths: list[Path]) -> None:
+        """Store the part files `paths` under `prefix` (once each, a few at once: parts are
+        content-addressed, their order does not matter), and keep their disk copies."""
+        put_all(self.store, [(prefix + path.name, path) for path in paths])
+        for path in paths:
+            self._copy(path.name, path.read_bytes())
 
     def fetch(self, prefix: str, name: str) -> bytes:
         """The bytes of part `name` of `prefix` (frozen.Fetch); raises `FrozenEvidenceError` for

@@ -216,21 +216,24 @@ class Pipeline:
 
     def _frozen_whole(self, prefix: str) -> bool:
         """Whether `prefix` holds a marked freeze whose every referenced table part is in S3 (a
-        part gone makes it lost evidence, captured again like a freeze gone whole)."""
+        part gone makes it lost evidence, captured again like a freeze gone whole); the parts
+        are looked up in one listing of the place that keeps them, not one request each."""
         try:
             referenced = referenced_parts(self.store.get(prefix + MARKER))
         except ObjectMissingError:
             return False
         except FrozenEvidenceError:
             return True  # not ours to remove (another format?): the gates say what is wrong
-        return all(self.store.exists(key) for key in sorted(referenced))
+        places: dict[str, set[str]] = {}
+        for key in referenced:
+            places.setdefault(key.rpartition("/")[0] + "/", set()).add(key)
+        return all(keys <= set(self.store.keys(place)) for place, keys in sorted(places.items()))
 
     def _clear(self, prefix: str) -> None:
         """Remove what a capture that died left under `prefix`, or a freeze whose parts are
-        gone (its marker first)."""
-        if self.store.exists(prefix + MARKER):
-            self.store.delete(prefix + MARKER)
-        for key in self.store.keys(prefix):
+        gone (its marker first), from one listing."""
+        marker = prefix + MARKER
+        for key in sorted(self.store.keys(prefix), key=lambda key: key != marker):
             self.store.delete(key)
 
     def _collect(self, event: Event, label: str, live: LiveProbes | None = None) -> Evidence:
@@ -259,6 +262,9 @@ class Pipeline:
             return failure_evidence(event, label, describe(exc))
 
     def _capture_fresh(self, event: Event, prefix: str, holder: CaptureClaim) -> None:
+        """Collect and freeze the evidence; store its new table parts (a few at once: they are
+        content-addressed, so their order does not matter), then its other files one by one
+        with the claim checked before each, the marker last."""
         label = self.store.uri(prefix)
         with tempfile.TemporaryDirectory(prefix="rlhealth-freeze-") as tmp:
             directory = Path(tmp)
@@ -267,14 +273,15 @@ class Pipeline:
             frozen = directory / "frozen"
             parts_at = job_parts(self.settings.bundle_root, event.job_dir)
             stored = stored_parts(self.store, parts_at)
-            for path in _frozen_files(evidence, live, frozen, parts_at, stored):  # marker last
-                if not holder.held():
-                    raise CaptureBusyError(f"lost the capture claim on {prefix} (too slow)")
-                relative = path.relative_to(frozen)
-                if relative.parts[0] == PARTS:  # a new part of the job's tables
-                    self.parts.keep(parts_at, path)
-                    continue
-                self.store.put_once(prefix + relative.as_posix(), path.read_bytes())
+            written = _frozen_files(evidence, live, frozen, parts_at, stored)  # marker last
+            new_parts = [path for path in written if path.relative_to(frozen).parts[0] == PARTS]
+            _check_held(holder, prefix)
+            self.parts.keep_all(parts_at, new_parts)
+            for path in written:
+                if path.relative_to(frozen).parts[0] != PARTS:
+                    _check_held(holder, prefix)
+                    relative = path.relative_to(frozen).as_posix()
+                    self.store.put_once(prefix + relative, path.read_bytes())
 
     # --- live capture -----------------------------------------------------------------------
 
@@ -637,6 +644,11 @@ class Pipeline:
 
 def _text(value: Any) -> str:
     return value.decode() if isinstance(value, bytes) else str(value)
+
+
+def _check_held(holder: CaptureClaim, prefix: str) -> None:
+    if not holder.held():
+        raise CaptureBusyError(f"lost the capture claim on {prefix} (too slow)")
 
 
 def _unread(evidence: Evidence) -> bool:

@@ -9,6 +9,10 @@ sweep (`worker.pipeline.parts.sweep`) removes expired frozen evidence and the ta
 evidence references. Transient faults
 are retried inside the adapter with tenacity; what still fails is raised as `InfrastructureError`.
 
+A few helpers spare round trips: `listing` gives every key under a prefix with its size and
+write time in one paginated listing (no HEAD per object), and `put_all` writes objects whose
+order does not matter (content-addressed parts) from a small thread pool.
+
 Keys are checked before any request: a key with an empty, `.` or `..` segment, or a control
 character, is refused (`UnsafeKeyError`), so no value read from a bundle or an event can climb the
 key path. `key_segment` turns such a value into a safe segment.
@@ -19,9 +23,10 @@ from __future__ import annotations
 import string
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any, Final, Protocol, TypeVar, runtime_checkable
+from typing import Any, Final, NamedTuple, Protocol, TypeVar, runtime_checkable
 
 import boto3
 import botocore.exceptions
@@ -38,6 +43,8 @@ from shared.settings import Settings
 from worker.pipeline.failures import InfrastructureError, describe, is_infrastructure
 
 __all__ = [
+    "PUT_THREADS",
+    "Listed",
     "MemoryStore",
     "ObjectMissingError",
     "ObjectStore",
@@ -46,6 +53,7 @@ __all__ = [
     "check_key",
     "download_prefix",
     "key_segment",
+    "put_all",
     "store_from_settings",
     "upload_directory",
 ]
@@ -53,6 +61,15 @@ __all__ = [
 T = TypeVar("T")
 BINARY = "application/octet-stream"
 _SAFE: Final = frozenset(string.ascii_letters + string.digits + "-_.:@+=,")
+PUT_THREADS: Final = 4
+"""The uploads `put_all` runs at once (boto3's pool holds 16 connections)."""
+
+
+class Listed(NamedTuple):
+    """An object as a listing shows it: its size in bytes and when it was written."""
+
+    size: int
+    modified: float
 
 
 class ObjectMissingError(KeyError):
@@ -119,6 +136,10 @@ class ObjectStore(Protocol):
         """Keys under `prefix` (relative to the store's own prefix), sorted."""
         ...
 
+    def listing(self, prefix: str) -> dict[str, Listed]:
+        """Every key under `prefix` with its size and write time, from one listing."""
+        ...
+
     def uri(self, key: str) -> str:
         """The s3:// URI (or memory:// for the fake) of a key."""
         ...
@@ -166,6 +187,11 @@ class MemoryStore:
 
     def keys(self, prefix: str) -> list[str]:
         return sorted(key for key in self.objects if key.startswith(prefix))
+
+    def listing(self, prefix: str) -> dict[str, Listed]:
+        with self._lock:
+            found = [(k, v) for k, v in self.objects.items() if k.startswith(prefix)]
+            return {k: Listed(len(v), self.written_at.get(k, 0.0)) for k, v in sorted(found)}
 
     def uri(self, key: str) -> str:
         full = f"{self.prefix}/{key}" if self.prefix else key
@@ -286,6 +312,19 @@ class S3Store:
 
         return _retrying(list_keys)
 
+    def listing(self, prefix: str) -> dict[str, Listed]:
+        def list_objects() -> dict[str, Listed]:
+            paginator = self.client.get_paginator("list_objects_v2")
+            strip = len(self._key(""))
+            found: dict[str, Listed] = {}
+            for page in paginator.paginate(Bucket=self.bucket, Prefix=self._key(prefix)):
+                for item in page.get("Contents", []):
+                    written = float(item["LastModified"].timestamp())
+                    found[item["Key"][strip:]] = Listed(int(item["Size"]), written)
+            return dict(sorted(found.items()))
+
+        return _retrying(list_objects)
+
     def uri(self, key: str) -> str:
         return f"s3://{self.bucket}/{self._key(key)}"
 
@@ -312,6 +351,24 @@ def store_from_settings(settings: Settings | None = None) -> S3Store:
     )
     client = boto3.client("s3", endpoint_url=settings.s3_endpoint_url, config=config)
     return S3Store(client, settings.s3_bucket, settings.s3_prefix)
+
+
+def put_all(
+    store: ObjectStore, items: Sequence[tuple[str, bytes | Path]], content_type: str = BINARY
+) -> list[bool]:
+    """`put_once` each `(key, body or file)`, up to PUT_THREADS at once, for objects whose order
+    does not matter (a file is read by the thread that sends it); returns what each call
+    returned. Every upload has ended when this returns; the first failure is raised then."""
+
+    def put(key: str, body: bytes | Path) -> bool:
+        data = body.read_bytes() if isinstance(body, Path) else body
+        return store.put_once(key, data, content_type)
+
+    if len(items) < 2:
+        return [put(key, body) for key, body in items]
+    with ThreadPoolExecutor(max_workers=min(PUT_THREADS, len(items))) as pool:
+        futures = [pool.submit(put, key, body) for key, body in items]
+    return [future.result() for future in futures]
 
 
 def download_prefix(store: ObjectStore, prefix: str, directory: Path) -> list[Path]:
