@@ -67,13 +67,14 @@ import os
 import re
 import shutil
 import tempfile
+import threading
 import time
 from collections import OrderedDict
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any, Final
+from typing import Any, ClassVar, Final
 
 import polars as pl
 
@@ -86,9 +87,17 @@ from worker.evidence.model import Evidence
 from worker.pipeline.failures import describe, is_time_limit
 from worker.pipeline.metrics import log_cache_used
 from worker.pipeline.parts import job_id, part_matches, part_name, parts_among, stored_parts
-from worker.pipeline.store import ObjectMissingError, ObjectStore, put_all
+from worker.pipeline.store import ObjectMissingError, ObjectStore, in_parallel, put_all
 
-__all__ = ["CacheRun", "FileRead", "JobLogCache", "Limits", "collect_cached", "job_id"]
+__all__ = [
+    "CacheRun",
+    "FileRead",
+    "JobLogCache",
+    "Limits",
+    "collect_cached",
+    "finish_sharing",
+    "job_id",
+]
 
 log = logging.getLogger(__name__)
 
@@ -290,14 +299,20 @@ class JobLogCache:
         self.store = store
         self.limits = limits or Limits.from_settings(settings)
 
-    def collect(self, job_dir: str, read: Read) -> tuple[Evidence, CacheRun]:
-        """The evidence, its logs read through the job's cache; and what the cache did."""
+    def collect(
+        self, job_dir: str, read: Read, *, share_later: bool = False
+    ) -> tuple[Evidence, CacheRun]:
+        """The evidence, its logs read through the job's cache; and what the cache did. With
+        `share_later`, the S3 copy is written by a thread of this process while the caller
+        goes on (the run is complete once `finish_sharing` returned); a later collect of the
+        same job in this process waits for it first."""
         try:
             job = confine(self.bundle_root, job_dir)
         except OutsideBundleRootError:
             return read(None), CacheRun(job=job_dir, notes=["outside the bundle root: no cache"])
         run = CacheRun(job=job)
         folder = self.root / job_id(job)
+        finish_sharing(folder)
         self._guarded(run, "read the shared log cache", lambda: self._pull(job, folder, run))
         cache = _WatchedCache(folder)
         evidence = read(cache)
@@ -310,9 +325,15 @@ class JobLogCache:
             # so the one written after this capture is the newest
             self._guarded(run, "delete a useless archive", lambda: self._drop(run.pulled))
         self._guarded(run, "tidy the log cache", lambda: self._tidy(cache, folder))
+        if share_later:
+            _Share.start_for(folder, lambda: self._share(job, folder, run))
+        else:
+            self._share(job, folder, run)
+        return evidence, run
+
+    def _share(self, job: str, folder: Path, run: CacheRun) -> None:
         self._guarded(run, "share the log cache", lambda: self._push(job, folder, run))
         self._report(run)
-        return evidence, run
 
     # --- S3 -------------------------------------------------------------------------------------
 
@@ -333,7 +354,7 @@ class JobLogCache:
         key = newest[0]
         staging = Path(tempfile.mkdtemp(prefix=".pull-", dir=_made(self.root)))
         try:
-            body = self._fetch(key)
+            body = self._fetch(key, listed[key].size)
             bound = self.limits.archive_bytes - len(body)
             manifest = _manifest(body, job)
             run.parts_read = _assemble(manifest, staging, folder, self._part, bound)
@@ -373,10 +394,12 @@ class JobLogCache:
         prefix = self._prefix(job)
         return sorted(k for k in keys if _MANIFEST_NAME.match(k[len(prefix) :]))
 
-    def _fetch(self, key: str) -> bytes:
+    def _fetch(self, key: str, listed_size: int | None = None) -> bytes:
+        """The manifest `key`, its size checked before it is read (the size a listing gave, or
+        asked for); `_RefusedError` when it is too large or gone."""
         bound = min(self.limits.archive_bytes, _MAX_JSON_BYTES)
         try:
-            size = self.store.size(key)
+            size = self.store.size(key) if listed_size is None else listed_size
             if size > bound:
                 raise _RefusedError(f"it holds {size:,} bytes, more than the {bound:,} allowed")
             body = self.store.get(key)
@@ -440,7 +463,7 @@ class JobLogCache:
             if other in known:
                 named |= known[other]
             elif other != key:
-                named |= set(_manifest(self._fetch(other), job)["sizes"])
+                named |= set(_manifest(self._fetch(other, listed[other].size), job)["sizes"])
         parts = self._parts_prefix(job)
         cutoff = time.time() - _PART_GRACE_S
         for digest, sha in parts_among(listed, parts).items():
@@ -503,9 +526,56 @@ class JobLogCache:
         )
 
 
-def collect_cached(settings: Settings, store: ObjectStore, job_dir: str, read: Read) -> Evidence:
-    """`read` with the job's log cache (the pipeline's capture calls this)."""
-    return JobLogCache(settings, store).collect(job_dir, read)[0]
+def collect_cached(
+    settings: Settings, store: ObjectStore, job_dir: str, read: Read, *, share_later: bool = False
+) -> Evidence:
+    """`read` with the job's log cache (the pipeline's capture calls this, `share_later`: its
+    S3 copy written while the capture freezes the evidence, waited for by `finish_sharing`)."""
+    return JobLogCache(settings, store).collect(job_dir, read, share_later=share_later)[0]
+
+
+class _Share(threading.Thread):
+    """The S3 copy of one job's log cache, written beside the capture (`share_later`)."""
+
+    _under_way: ClassVar[dict[Path, _Share]] = {}
+    _lock: ClassVar[threading.Lock] = threading.Lock()
+
+    def __init__(self, step: Callable[[], None]) -> None:
+        super().__init__(name="rlhealth-log-cache-share", daemon=True)
+        self.step = step
+        self.failure: BaseException | None = None
+
+    def run(self) -> None:
+        try:
+            self.step()
+        except BaseException as exc:  # handed to the thread that waits (a MemoryError, say)
+            self.failure = exc
+
+    @classmethod
+    def start_for(cls, folder: Path, step: Callable[[], None]) -> None:
+        share = cls(step)
+        with cls._lock:
+            cls._under_way[folder] = share
+        share.start()
+
+    @classmethod
+    def taken(cls, folder: Path | None) -> list[_Share]:
+        with cls._lock:
+            if folder is None:
+                shares = list(cls._under_way.values())
+                cls._under_way.clear()
+                return shares
+            share = cls._under_way.pop(folder, None)
+            return [] if share is None else [share]
+
+
+def finish_sharing(folder: Path | None = None) -> None:
+    """Wait for the S3 copies this process is writing (of the job folder `folder`, or all);
+    what failed in one of them that is not a note (a memory error) is raised here."""
+    for share in _Share.taken(folder):
+        share.join()
+        if share.failure is not None:
+            raise share.failure
 
 
 # --- the archive ----------------------------------------------------------------------------------
@@ -671,20 +741,23 @@ def _assemble(
     sizes: dict[str, int] = manifest["sizes"]
     if sum(sizes.values()) > bound:
         raise _RefusedError(f"with its parts it holds more than the {bound:,} bytes allowed")
-    read = 0
+    wanted: list[tuple[Path, str]] = []
     for name, texts in manifest["entries"].items():
         files = _entry_files(texts["meta"], sizes)
         folder = target / name
         folder.mkdir()
         local = _local_files(disk / name)
         for file, sha in files.items():
-            if local.get(file) == sha and _linked(disk / name / file, folder / file):
-                continue
-            (folder / file).write_bytes(fetch(manifest["job"], sha, sizes[sha]))
-            read += 1
+            if not (local.get(file) == sha and _linked(disk / name / file, folder / file)):
+                wanted.append((folder / file, sha))
         (folder / "state.json").write_text(texts["state"], encoding="utf-8")
         (folder / "meta.json").write_text(texts["meta"], encoding="utf-8")
-    return read
+
+    def fetched(path: Path, sha: str) -> Callable[[], int]:
+        return lambda: path.write_bytes(fetch(manifest["job"], sha, sizes[sha]))
+
+    in_parallel([fetched(path, sha) for path, sha in wanted])  # a few parts at once
+    return len(wanted)
 
 
 def _local_files(entry: Path) -> dict[str, str]:

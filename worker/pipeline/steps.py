@@ -32,6 +32,8 @@ import tempfile
 import time
 import uuid
 from collections import OrderedDict
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from functools import cached_property
@@ -81,7 +83,7 @@ from worker.pipeline.failures import (
     is_time_limit,
 )
 from worker.pipeline.lease import Leases
-from worker.pipeline.logcache import collect_cached
+from worker.pipeline.logcache import collect_cached, finish_sharing
 from worker.pipeline.metrics import dead_lettered, html_drawn
 from worker.pipeline.parts import THAW_CACHE_BYTES, SharedParts, job_parts, stored_parts
 from worker.pipeline.second_look import (
@@ -255,6 +257,7 @@ class Pipeline:
                     evidence_label=label,
                     log_cache=cache,
                 ),
+                share_later=True,
             )
         except Exception as exc:
             if _must_propagate(exc):
@@ -266,7 +269,7 @@ class Pipeline:
         content-addressed, so their order does not matter), then its other files one by one
         with the claim checked before each, the marker last."""
         label = self.store.uri(prefix)
-        with tempfile.TemporaryDirectory(prefix="rlhealth-freeze-") as tmp:
+        with tempfile.TemporaryDirectory(prefix="rlhealth-freeze-") as tmp, _shared_at_end():
             directory = Path(tmp)
             live = directory / "live"
             evidence = self._probed(event, label, self._collect(event, label), live)
@@ -644,6 +647,15 @@ class Pipeline:
 
 def _text(value: Any) -> str:
     return value.decode() if isinstance(value, bytes) else str(value)
+
+
+@contextmanager
+def _shared_at_end() -> Iterator[None]:
+    """The log cache's S3 copy, written while the capture freezes, is done when it ends."""
+    try:
+        yield
+    finally:
+        finish_sharing()
 
 
 def _check_held(holder: CaptureClaim, prefix: str) -> None:

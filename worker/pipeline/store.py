@@ -10,8 +10,8 @@ evidence references. Transient faults
 are retried inside the adapter with tenacity; what still fails is raised as `InfrastructureError`.
 
 A few helpers spare round trips: `listing` gives every key under a prefix with its size and
-write time in one paginated listing (no HEAD per object), and `put_all` writes objects whose
-order does not matter (content-addressed parts) from a small thread pool.
+write time in one paginated listing (no HEAD per object), and `in_parallel` / `put_all` send
+requests whose order does not matter (content-addressed parts) from a small thread pool.
 
 Keys are checked before any request: a key with an empty, `.` or `..` segment, or a control
 character, is refused (`UnsafeKeyError`), so no value read from a bundle or an event can climb the
@@ -52,6 +52,7 @@ __all__ = [
     "UnsafeKeyError",
     "check_key",
     "download_prefix",
+    "in_parallel",
     "key_segment",
     "put_all",
     "store_from_settings",
@@ -62,7 +63,7 @@ T = TypeVar("T")
 BINARY = "application/octet-stream"
 _SAFE: Final = frozenset(string.ascii_letters + string.digits + "-_.:@+=,")
 PUT_THREADS: Final = 4
-"""The uploads `put_all` runs at once (boto3's pool holds 16 connections)."""
+"""The requests `in_parallel` and `put_all` run at once (boto3's pool holds 16 connections)."""
 
 
 class Listed(NamedTuple):
@@ -353,6 +354,16 @@ def store_from_settings(settings: Settings | None = None) -> S3Store:
     return S3Store(client, settings.s3_bucket, settings.s3_prefix)
 
 
+def in_parallel(calls: Sequence[Callable[[], T]], threads: int = PUT_THREADS) -> list[T]:
+    """Run `calls` (requests whose order does not matter), up to `threads` at once; their
+    results in order. Every call has ended when this returns; the first failure is raised then."""
+    if len(calls) < 2:
+        return [call() for call in calls]
+    with ThreadPoolExecutor(max_workers=min(threads, len(calls))) as pool:
+        futures = [pool.submit(call) for call in calls]
+    return [future.result() for future in futures]
+
+
 def put_all(
     store: ObjectStore, items: Sequence[tuple[str, bytes | Path]], content_type: str = BINARY
 ) -> list[bool]:
@@ -360,15 +371,14 @@ def put_all(
     does not matter (a file is read by the thread that sends it); returns what each call
     returned. Every upload has ended when this returns; the first failure is raised then."""
 
-    def put(key: str, body: bytes | Path) -> bool:
-        data = body.read_bytes() if isinstance(body, Path) else body
-        return store.put_once(key, data, content_type)
+    def put(key: str, body: bytes | Path) -> Callable[[], bool]:
+        def call() -> bool:
+            data = body.read_bytes() if isinstance(body, Path) else body
+            return store.put_once(key, data, content_type)
 
-    if len(items) < 2:
-        return [put(key, body) for key, body in items]
-    with ThreadPoolExecutor(max_workers=min(PUT_THREADS, len(items))) as pool:
-        futures = [pool.submit(put, key, body) for key, body in items]
-    return [future.result() for future in futures]
+        return call
+
+    return in_parallel([put(key, body) for key, body in items])
 
 
 def download_prefix(store: ObjectStore, prefix: str, directory: Path) -> list[Path]:
