@@ -51,7 +51,9 @@ __all__ = ["growth"]
 
 _LOGURU: re.Pattern[bytes] = re.compile(rb"(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d)\.\d{3} \|")
 _TIMEOUT_S = 1800.0
-_SUCCEEDED: re.Pattern[str] = re.compile(r"Task rlhealth\.(\w+)\[[^\]]*\] succeeded in ([\d.]+)s")
+_SUCCEEDED: re.Pattern[str] = re.compile(
+    r"/([\w-]+)\] Task rlhealth\.(\w+)\[[^\]]*\] succeeded in ([\d.]+)s"
+)
 _DRAWN: re.Pattern[str] = re.compile(r"Task rlhealth\.html\[[^\]]*\] succeeded")
 
 
@@ -92,21 +94,25 @@ def _timed(stack: Stack, watcher: Watcher, job: str, now: datetime | None, log: 
     return took
 
 
-def _stages(log: str) -> list[dict[str, float]]:
+def _stages(log: str) -> list[dict[str, float | str]]:
     """Each diagnosis's task times from the worker's log (alerts run one at a time): capture,
     the slowest gate and all gates, verdict; a diagnosis ends with its publish, after which its
-    HTML page is drawn (`html`)."""
-    found: list[dict[str, float]] = []
+    HTML page is drawn (`html`). `capture_in` names the pool process that captured (a process
+    other than the previous capture's holds none of the job's parsed rows in memory)."""
+    found: list[dict[str, float | str]] = []
     current: dict[str, float] = {"capture": 0.0, "gate_max": 0.0, "gates": 0.0, "verdict": 0.0}
-    for task, seconds in _SUCCEEDED.findall(log):
+    process = ""
+    for worker, task, seconds in _SUCCEEDED.findall(log):
         took = float(seconds)
         if task == "gate":
             current["gate_max"] = max(current["gate_max"], took)
             current["gates"] += took
         elif task in ("capture", "verdict"):
             current[task] += took
+            process = worker if task == "capture" else process
         elif task == "publish":
             found.append({name: round(value, 2) for name, value in current.items()})
+            found[-1]["capture_in"] = process
             current = dict.fromkeys(current, 0.0)
         elif task == "html" and found:
             found[-1]["html"] = round(took, 2)

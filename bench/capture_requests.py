@@ -7,7 +7,8 @@ redis-server and moto's S3 server (as the integration tests start them) behind o
 under a temporary directory), captured three times as `bench.bench_growth` does it — *first*
 (no cache), *second* (the log grew by `--grow-pct` %, the disk holds the job's log cache) and
 *cold* (grown as much again, the disk cache removed: log cache, frozen copies, table parts; the
-process's memory kept, as a worker process keeps it). For each capture: its wall time, the S3
+process's memory kept, as a worker process keeps it; `--fresh-process` drops it, as for a
+capture that lands on the other pool process). For each capture: its wall time, the S3
 requests by operation (counted on the boto3 client's `before-send` event, one per HTTP request,
 pagination and retries included), the Redis round trips (commands and pipelines), and the time
 spent in each phase (wrapped functions, inclusive, so nested phases overlap).
@@ -153,10 +154,15 @@ def _diff(after: Counter[str], before: Counter[str]) -> dict[str, float]:
 
 
 def counted_captures(
-    base: Path, megabytes: float, grow_pct: float, profile: dict[str, Path] | None = None
+    base: Path,
+    megabytes: float,
+    grow_pct: float,
+    profile: dict[str, Path] | None = None,
+    fresh_process: bool = False,
 ) -> dict[str, Any]:
     """The three captures' wall times, S3 requests, Redis round trips and phase times;
-    `profile` names a cProfile output file for the captures to profile."""
+    `profile` names a cProfile output file for the captures to profile; `fresh_process` takes
+    the second and cold captures as another pool process would (no entry or part in memory)."""
     profile = profile or {}
     counted = Counted()
     _instrument(counted)
@@ -179,6 +185,9 @@ def counted_captures(
             if label == "cold":
                 for folder in ("logs", "evidence", "parts"):
                     shutil.rmtree(base / "cache" / folder, ignore_errors=True)
+            if fresh_process and label != "first":  # another pool process: nothing in memory
+                logcache._KEPT._items.clear()
+                pipeline = steps.Pipeline(settings, store, client)
             event = _event(job, _last_time(log), label)
             pipeline.archive(event)
             before = counted.snapshot()
@@ -206,6 +215,9 @@ def main() -> None:
     parser.add_argument("--grow-pct", type=float, default=1)
     parser.add_argument("--json", action="store_true")
     parser.add_argument(
+        "--fresh-process", action="store_true", help="second and cold without the first's memory"
+    )
+    parser.add_argument(
         "--profile", metavar="DIR", type=Path, help="write <DIR>/<capture>.prof (cProfile)"
     )
     args = parser.parse_args()
@@ -213,7 +225,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="rlhealth-bench-requests-") as tmp:
         named = ("first", "second", "cold")
         profile = {n: args.profile / f"{n}.prof" for n in named} if args.profile else None
-        result = counted_captures(Path(tmp), args.mb, args.grow_pct, profile)
+        result = counted_captures(Path(tmp), args.mb, args.grow_pct, profile, args.fresh_process)
     result["loadavg_before"] = [round(x, 2) for x in load_before]
     result["loadavg_after"] = [round(x, 2) for x in os.getloadavg()]
     print(json.dumps(result, indent=None if args.json else 2))
