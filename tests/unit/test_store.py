@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import socket
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -21,7 +21,9 @@ from worker.pipeline.store import (
     UnsafeKeyError,
     check_key,
     download_prefix,
+    in_parallel,
     key_segment,
+    put_all,
     upload_directory,
 )
 
@@ -187,3 +189,55 @@ def test_modified_says_when_an_object_was_written(store: ObjectStore) -> None:
     assert before - 2 <= store.modified("evidence-parts/j/p") <= time.time() + 2
     with pytest.raises(ObjectMissingError):
         store.modified("evidence-parts/j/none")
+
+
+def test_listing_gives_each_key_its_size_and_write_time(store: ObjectStore) -> None:
+    """listing() names every key under a prefix with its size and write time (what a HEAD of
+    each would say), in one listing; keys just outside the prefix are not in it."""
+    before = time.time()
+    store.put_once("logcache/j/a", b"one")
+    store.put_once("logcache/j/parts/b", b"three")
+    store.put_once("logcache/k/c", b"x")
+    listed = store.listing("logcache/j/")
+    assert list(listed) == ["logcache/j/a", "logcache/j/parts/b"]
+    assert [item.size for item in listed.values()] == [3, 5]
+    for key, item in listed.items():
+        assert before - 2 <= item.modified <= time.time() + 2
+        assert item.modified == pytest.approx(store.modified(key), abs=1)
+    assert store.listing("logcache/none/") == {}
+
+
+def test_put_all_writes_every_object_once(store: ObjectStore, tmp_path: Path) -> None:
+    """put_all() writes bodies and files (read by the thread that sends them), says for each
+    whether it wrote it, and leaves an existing object as it was."""
+    store.put_once("parts/x/0", b"there already")
+    (tmp_path / "f").write_bytes(b"from a file")
+    items: list[tuple[str, bytes | Path]] = [
+        (f"parts/x/{n}", f"body {n}".encode()) for n in range(6)
+    ]
+    items.append(("parts/x/file", tmp_path / "f"))
+    assert put_all(store, items) == [False, True, True, True, True, True, True]
+    assert store.get("parts/x/0") == b"there already"
+    assert store.get("parts/x/5") == b"body 5"
+    assert store.get("parts/x/file") == b"from a file"
+
+
+def test_in_parallel_raises_the_first_failure_once_every_call_ended() -> None:
+    """A failing call is raised, but only after the others ran to their end (nothing is left
+    writing behind the caller's back)."""
+    ended: list[int] = []
+
+    def call(n: int) -> Callable[[], int]:
+        def run() -> int:
+            if n == 0:
+                raise ConnectionError("S3 is down")
+            time.sleep(0.05)
+            ended.append(n)
+            return n
+
+        return run
+
+    with pytest.raises(ConnectionError, match="S3 is down"):
+        in_parallel([call(n) for n in range(5)], threads=2)
+    assert sorted(ended) == [1, 2, 3, 4]
+    assert in_parallel([call(n) for n in range(1, 4)]) == [1, 2, 3]

@@ -32,8 +32,8 @@ import tempfile
 import time
 import uuid
 from collections import OrderedDict
-from collections.abc import Iterator
-from contextlib import contextmanager
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager, suppress
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from functools import cached_property
@@ -111,6 +111,7 @@ __all__ = [
 log = logging.getLogger(__name__)
 
 _THAWED_KEPT: Final = 4
+_UNCHECKED: Final = ".unchecked"  # a local copy the capture left, not yet checked against S3
 _CACHE_MAX_AGE_S: Final = 3600
 _CLAIM_TTL_S: Final = 60
 
@@ -211,6 +212,7 @@ class Pipeline:
             raise CaptureBusyError(f"another capture of {event_id} is under way")
         with holder.kept():
             if not self._frozen_whole(prefix):  # finished while we waited for the claim?
+                self._forget(evidence_id)
                 self._clear(prefix)
                 self._capture_fresh(event, prefix, holder)
         holder.release()
@@ -265,9 +267,8 @@ class Pipeline:
             return failure_evidence(event, label, describe(exc))
 
     def _capture_fresh(self, event: Event, prefix: str, holder: CaptureClaim) -> None:
-        """Collect and freeze the evidence; store its new table parts (a few at once: they are
-        content-addressed, so their order does not matter), then its other files one by one
-        with the claim checked before each, the marker last."""
+        """Collect, freeze and store the evidence (the log cache's S3 copy written meanwhile),
+        and keep the freeze on this worker's disk for its gates."""
         label = self.store.uri(prefix)
         with tempfile.TemporaryDirectory(prefix="rlhealth-freeze-") as tmp, _shared_at_end():
             directory = Path(tmp)
@@ -277,14 +278,48 @@ class Pipeline:
             parts_at = job_parts(self.settings.bundle_root, event.job_dir)
             stored = stored_parts(self.store, parts_at)
             written = _frozen_files(evidence, live, frozen, parts_at, stored)  # marker last
-            new_parts = [path for path in written if path.relative_to(frozen).parts[0] == PARTS]
-            _check_held(holder, prefix)
-            self.parts.keep_all(parts_at, new_parts)
-            for path in written:
-                if path.relative_to(frozen).parts[0] != PARTS:
-                    _check_held(holder, prefix)
-                    relative = path.relative_to(frozen).as_posix()
-                    self.store.put_once(prefix + relative, path.read_bytes())
+            if self._store_freeze(frozen, written, parts_at, prefix, holder):
+                self._keep_local(event.event_id, frozen)  # a fresh capture's evidence id
+
+    def _store_freeze(
+        self, frozen: Path, written: list[Path], parts_at: str, prefix: str, holder: CaptureClaim
+    ) -> bool:
+        """Store the files of a freeze: its new table parts a few at once (content-addressed,
+        so their order does not matter), then the others one by one with the claim checked
+        before each, the marker last. True when this call wrote every file under `prefix`."""
+        new_parts = [path for path in written if path.relative_to(frozen).parts[0] == PARTS]
+        _check_held(holder, prefix)
+        self.parts.keep_all(parts_at, new_parts)
+        ours = True
+        for path in written:
+            if path.relative_to(frozen).parts[0] != PARTS:
+                _check_held(holder, prefix)
+                relative = path.relative_to(frozen).as_posix()
+                ours = self.store.put_once(prefix + relative, path.read_bytes()) and ours
+        return ours
+
+    def _keep_local(self, evidence_id: str, frozen: Path) -> None:
+        """Leave the freeze just stored where this worker's gates look for their local copy
+        (`_local_copy`), as a download would give it (its new parts are on the disk already,
+        `SharedParts`), marked to be checked against S3 once before it is used. A disk that
+        fails costs the copy: the gates download it."""
+        target = self.cache_root / evidence_id
+        staging: Path | None = None
+        try:
+            self.cache_root.mkdir(parents=True, exist_ok=True)
+            staging = Path(tempfile.mkdtemp(prefix=".partial-", dir=self.cache_root))
+            shutil.copytree(frozen, staging, dirs_exist_ok=True, ignore=_top_parts(frozen))
+            (staging / _UNCHECKED).touch()
+            _replace_dir(staging, target)
+        except OSError as exc:
+            log.warning("the freeze of %s is not kept on this disk: %s", evidence_id, exc)
+            if staging is not None:
+                shutil.rmtree(staging, ignore_errors=True)
+
+    def _forget(self, evidence_id: str) -> None:
+        """Drop what this worker holds of an evidence about to be captured again."""
+        self._thawed.pop(evidence_id, None)
+        shutil.rmtree(self.cache_root / evidence_id, ignore_errors=True)
 
     # --- live capture -----------------------------------------------------------------------
 
@@ -346,10 +381,16 @@ class Pipeline:
         return evidence
 
     def _local_copy(self, evidence_id: str) -> Path:
-        target = self.cache_root / evidence_id
+        """The frozen evidence on this worker's disk: left by the capture (checked once that
+        S3 still holds its marker) or downloaded."""
+        target, prefix = self.cache_root / evidence_id, evidence_prefix(evidence_id)
         if (target / MARKER).is_file():
+            if (target / _UNCHECKED).exists():
+                if not self.store.exists(prefix + MARKER):
+                    shutil.rmtree(target, ignore_errors=True)
+                    raise EvidenceLostError(f"the frozen evidence of {evidence_id} is gone from S3")
+                (target / _UNCHECKED).unlink(missing_ok=True)
             return target
-        prefix = evidence_prefix(evidence_id)
         if not self.store.exists(prefix + MARKER):
             raise EvidenceLostError(f"the frozen evidence of {evidence_id} is gone from S3")
         self._prune_cache()
@@ -647,6 +688,20 @@ class Pipeline:
 
 def _text(value: Any) -> str:
     return value.decode() if isinstance(value, bytes) else str(value)
+
+
+def _top_parts(top: Path) -> Callable[[str, list[str]], list[str]]:
+    """A `copytree` filter leaving out the `parts/` folder at the top of `top`."""
+    return lambda folder, names: [PARTS] if Path(folder) == top and PARTS in names else []
+
+
+def _replace_dir(staging: Path, target: Path) -> None:
+    """Put `staging` where `target` is, whole (a process reading the old one keeps its files)."""
+    old = target.with_name(f".old-{target.name}-{uuid.uuid4().hex[:8]}")
+    with suppress(FileNotFoundError):
+        target.rename(old)
+    staging.rename(target)
+    shutil.rmtree(old, ignore_errors=True)
 
 
 @contextmanager
