@@ -9,6 +9,7 @@ import json
 import os
 import shutil
 import tempfile
+import threading
 import time
 from collections.abc import Callable, Iterator
 from datetime import UTC, datetime
@@ -22,11 +23,13 @@ from polars.testing import assert_frame_equal
 
 from shared.settings import Settings
 from tests.integration.bundles import write_job_bundle
+from tests.unit.test_capture_requests import CountingStore
 from worker.diagnosis import collect_evidence
 from worker.evidence.logs import LogCache, incremental, reader
 from worker.evidence.logs.lines import Read
 from worker.evidence.model import Evidence, LogTables
-from worker.pipeline.logcache import PREFIX, CacheRun, JobLogCache, Limits, job_id
+from worker.pipeline import logcache
+from worker.pipeline.logcache import PREFIX, CacheRun, JobLogCache, Limits, finish_sharing, job_id
 from worker.pipeline.store import MemoryStore
 
 NOW = datetime(2026, 3, 27, 12, 0, tzinfo=UTC)
@@ -590,3 +593,151 @@ def test_a_process_takes_the_entry_it_wrote_unless_its_folder_changed(
     meta.write_text(meta.read_text().replace('"size": ', '"size":  '))  # another meta.json
     _, run = world.capture()
     assert len(reads) == 1 and run.reused_bytes > 0
+
+
+# --- fewer requests, same guarantees --------------------------------------------------------------
+
+
+def _counting(world: World) -> CountingStore:
+    world.store = CountingStore()
+    return world.store
+
+
+def test_a_grown_logs_share_lists_twice_and_asks_nothing_per_object(world: World) -> None:
+    """A warm capture of the grown log lists the job's prefix before the read and for the expiry,
+    and nothing else: no listing of the parts before the push (the first listing said which are
+    stored), no read of the manifest it synced with (its parts are noted on the disk), no HEAD."""
+    store = _counting(world)
+    world.capture()
+    world.grow(_log_bytes()[world.half : world.half + 200_000])
+    world.capture()
+    world.grow(_log_bytes()[world.half + 200_000 :])
+    store.counted()
+    _, third = world.capture()
+    calls = store.counted()
+    assert third.uploaded is not None and third.parts_written > 0
+    assert calls["listing"] == 2 and calls["keys"] == 0, calls
+    assert calls["get"] == 0 and not any(calls[n] for n in ("exists", "size", "modified")), calls
+    assert len(world.archives()) == 2
+
+
+def test_a_cold_worker_reads_the_manifest_and_parts_and_nothing_else(world: World) -> None:
+    """A cold worker reads the newest manifest (its size from the listing, no HEAD) and the parts
+    it lacks, a few at once; and does not look at those parts again for secrets (they were shared,
+    so their writer found them clean): only the parts its read added are checked."""
+    store = _counting(world)
+    world.capture("w1")
+    world.grow()
+    store.counted()
+    checked: list[int] = []
+    original = logcache._clean_frame
+
+    def clean_frame(frame: pl.DataFrame) -> bool:
+        checked.append(frame.height)
+        return original(frame)
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(logcache, "_clean_frame", clean_frame)
+        evidence, cold = world.capture("w2")
+    calls = store.counted()
+    assert cold.origin == "s3" and cold.parts_read > 0
+    assert calls["get"] == 1 + cold.parts_read and calls["size"] == 0, calls
+    assert calls["listing"] == 2 and calls["keys"] == 0, calls
+    assert 0 < len(checked) <= cold.parts_written < cold.parts_read
+    _same_logs(evidence.logs, world.read(None).logs)
+
+
+def test_a_secret_in_rows_a_cold_worker_adds_is_not_shared(world: World) -> None:
+    """Trusting the parts read from S3 does not wave through new rows: a cold worker whose read
+    adds a secret keeps the entry to itself."""
+    world.capture("w1")
+    line = f"2026-03-27 00:00:00.000 | ERROR    | x:y:1 - RuntimeError: login failed {SECRET}\n"
+    world.grow(line.encode() + _log_bytes()[world.half : world.half + 100_000])
+    _, cold = world.capture("w2")
+    assert cold.origin == "s3" and "withheld" in cold.shared and cold.uploaded is None
+    assert all(SECRET.encode() not in body for body in world.store.objects.values())
+
+
+def test_a_part_gone_between_the_listing_and_the_push_costs_a_whole_read(
+    world: World, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A part the listing before the read showed, deleted before the push, is named again by the
+    new manifest without being written again; the next cold worker finds it missing, ignores the
+    manifest with a note (and deletes it), reads the log whole: time lost, never evidence."""
+    world.capture("w1")
+    world.grow(_log_bytes()[world.half : world.half + 200_000])
+    victim = max(world.parts(), key=world.store.size)
+    pull = JobLogCache._pull
+
+    def pull_then_lose(self: JobLogCache, job: str, folder: Path, run: CacheRun) -> None:
+        pull(self, job, folder, run)
+        world.store.delete(victim)
+
+    monkeypatch.setattr(JobLogCache, "_pull", pull_then_lose)
+    _, second = world.capture("w1")
+    monkeypatch.undo()
+    assert second.uploaded is not None and victim not in world.parts()
+    world.grow(_log_bytes()[world.half + 200_000 :])
+    evidence, cold = world.capture("w2")
+    assert cold.origin == "none" and any("missing" in note for note in cold.notes)
+    assert _finelog(cold) == (0, world.log.stat().st_size)
+    assert second.uploaded not in world.archives()
+    _same_logs(evidence.logs, world.read(None).logs)
+
+
+def test_parts_no_manifest_names_go_once_an_hour_old(world: World) -> None:
+    """The expiry (from one listing, its write times) deletes a part no kept manifest names once
+    it is an hour old, and keeps one a few seconds younger (another capture's, perhaps)."""
+    world.capture()
+    prefix = f"{PREFIX}{job_id(JOB)}/parts/"
+    stale, young = (prefix + "a" * 32 + "-" + c * 64 + ".parquet" for c in "bc")
+    for key, age in ((stale, 3600 + 5), (young, 3600 - 5)):
+        world.store.put_once(key, b"orphan")
+        world.store.written_at[key] = time.time() - age
+    world.grow()
+    _, run = world.capture()
+    assert run.uploaded is not None
+    assert stale not in world.parts() and young in world.parts()
+
+
+def test_the_share_written_beside_the_capture_is_done_when_finish_sharing_returns(
+    world: World, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With `share_later`, `collect` returns before the S3 copy is written; `finish_sharing` waits
+    for it, and a later collect of the job waits for it before it reads the cache."""
+    release, order = threading.Event(), []
+    push = JobLogCache._push
+
+    def slow_push(self: JobLogCache, job: str, folder: Path, run: CacheRun) -> None:
+        release.wait(10)
+        push(self, job, folder, run)
+        order.append("pushed")
+
+    monkeypatch.setattr(JobLogCache, "_push", slow_push)
+    _, run = world.worker().collect(JOB, world.read, share_later=True)
+    assert run.uploaded is None and world.archives() == []
+    pull = JobLogCache._pull
+    monkeypatch.setattr(
+        JobLogCache, "_pull", lambda *args: (order.append("pulled"), pull(*args))[-1]
+    )
+    threading.Timer(0.2, release.set).start()
+    world.worker().collect(JOB, world.read)
+    assert order == ["pushed", "pulled", "pushed"]
+    finish_sharing()
+    assert run.uploaded is not None and run.uploaded in world.archives()
+
+
+def test_a_memory_error_in_the_share_reaches_the_capture(
+    world: World, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A memory error while the S3 copy is written beside the capture is raised by
+    `finish_sharing` (the capture fails as it would have), not lost with its thread."""
+
+    def exhausted(self: JobLogCache, job: str, folder: Path, run: CacheRun) -> None:
+        raise MemoryError("no room")
+
+    monkeypatch.setattr(JobLogCache, "_push", exhausted)
+    world.worker().collect(JOB, world.read, share_later=True)
+    with pytest.raises(MemoryError, match="no room"):
+        finish_sharing()
+    finish_sharing()  # raised once

@@ -86,7 +86,14 @@ from worker.evidence.logs.incremental import CacheEntry
 from worker.evidence.model import Evidence
 from worker.pipeline.failures import describe, is_time_limit
 from worker.pipeline.metrics import log_cache_used
-from worker.pipeline.parts import job_id, part_matches, part_name, parts_among, stored_parts
+from worker.pipeline.parts import (
+    job_id,
+    part_matches,
+    part_name,
+    part_of,
+    parts_among,
+    stored_parts,
+)
 from worker.pipeline.store import ObjectMissingError, ObjectStore, in_parallel, put_all
 
 __all__ = [
@@ -466,9 +473,9 @@ class JobLogCache:
                 named |= set(_manifest(self._fetch(other, listed[other].size), job)["sizes"])
         parts = self._parts_prefix(job)
         cutoff = time.time() - _PART_GRACE_S
-        for digest, sha in parts_among(listed, parts).items():
-            name = parts + part_name(digest, sha)
-            if sha not in named and listed[name].modified < cutoff:
+        for name, item in listed.items():
+            part = part_of(name, parts)
+            if part is not None and part[1] not in named and item.modified < cutoff:
                 self.store.delete(name)
 
     # --- disk -----------------------------------------------------------------------------------

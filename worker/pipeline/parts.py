@@ -43,6 +43,7 @@ __all__ = [
     "job_parts",
     "part_matches",
     "part_name",
+    "part_of",
     "parts_among",
     "stored_parts",
     "sweep",
@@ -91,14 +92,13 @@ def stored_parts(store: ObjectStore, prefix: str) -> dict[str, str]:
 
 def parts_among(keys: Iterable[str], prefix: str) -> dict[str, str]:
     """The digest and SHA-256 of every part among `keys` directly under `prefix`."""
-    found: dict[str, str] = {}
-    for key in keys:
-        if not key.startswith(prefix):
-            continue
-        match = _PART_NAME.match(key[len(prefix) :])
-        if match is not None:
-            found[match.group(1)] = match.group(2)
-    return found
+    return dict(part for part in (part_of(key, prefix) for key in keys) if part is not None)
+
+
+def part_of(key: str, prefix: str) -> tuple[str, str] | None:
+    """The digest and SHA-256 of the part `key` names directly under `prefix` (None: no part)."""
+    match = _PART_NAME.match(key[len(prefix) :]) if key.startswith(prefix) else None
+    return None if match is None else (match.group(1), match.group(2))
 
 
 class SharedParts:
