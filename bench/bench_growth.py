@@ -20,8 +20,9 @@ alert is diagnosed (RLHEALTH_COALESCE_S=0); the capture time limit is raised so 
 does not cut the first capture. `stages_s` splits each diagnosis into its task times from the
 worker's log (capture, the slowest gate and all gates, verdict), `cache` quotes the worker's log
 cache line of each capture (bytes parsed and reused, the log cache's parts read from and written
-to S3), `thaws` each worker process's thaw of each frozen evidence (its time, the table parts
-taken from the process's part cache and those read).
+to S3), `captures` the phases of each capture (collect, freeze, store, and the wait for the
+log cache's S3 copy written meanwhile), `thaws` each worker process's thaw of each frozen
+evidence (its time, the table parts taken from the process's part cache and those read).
 
 The HTML report is drawn by its own task after publish (docs/pipeline.md): each timing ends at
 the verdict, and the next alert is sent once the previous diagnosis's page is stored (a grown
@@ -123,6 +124,11 @@ def _cache_lines(log: str) -> list[str]:
     return [line.split("] ", 1)[-1] for line in log.splitlines() if "log cache (" in line][1:]
 
 
+def _capture_lines(log: str) -> list[str]:
+    """Each capture's phases (collect, freeze, store, the wait for the log cache's S3 copy)."""
+    return [line.split("] ", 1)[-1] for line in log.splitlines() if "] captured " in line][1:]
+
+
 def _thaw_lines(log: str) -> list[str]:
     """Each worker process's thaw of each frozen evidence (the warm-up's first): its time and
     the parts it took from the process's part cache or read."""
@@ -169,6 +175,7 @@ def growth(base: Path, megabytes: float, grow_pct: float) -> dict[str, Any]:
         "verdicts": verdicts,
         "stages_s": dict(zip(("first", "second", "cold"), stages, strict=False)),
         "cache": _cache_lines((base / "worker.log").read_text(errors="replace")),
+        "captures": _capture_lines((base / "worker.log").read_text(errors="replace")),
         "thaws": _thaw_lines((base / "worker.log").read_text(errors="replace")),
     }
 

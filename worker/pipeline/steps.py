@@ -34,7 +34,7 @@ import uuid
 from collections import OrderedDict
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager, suppress
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from functools import cached_property
 from pathlib import Path
@@ -268,18 +268,24 @@ class Pipeline:
 
     def _capture_fresh(self, event: Event, prefix: str, holder: CaptureClaim) -> None:
         """Collect, freeze and store the evidence (the log cache's S3 copy written meanwhile),
-        and keep the freeze on this worker's disk for its gates."""
-        label = self.store.uri(prefix)
-        with tempfile.TemporaryDirectory(prefix="rlhealth-freeze-") as tmp, _shared_at_end():
-            directory = Path(tmp)
-            live = directory / "live"
-            evidence = self._probed(event, label, self._collect(event, label), live)
-            frozen = directory / "frozen"
-            parts_at = job_parts(self.settings.bundle_root, event.job_dir)
-            stored = stored_parts(self.store, parts_at)
-            written = _frozen_files(evidence, live, frozen, parts_at, stored)  # marker last
-            if self._store_freeze(frozen, written, parts_at, prefix, holder):
+        and keep the freeze on this worker's disk for its gates; logs the time of each phase."""
+        label, took = self.store.uri(prefix), _Phases()
+        with tempfile.TemporaryDirectory(prefix="rlhealth-freeze-") as tmp:
+            with _shared_at_end(took):
+                directory = Path(tmp)
+                live = directory / "live"
+                evidence = self._probed(event, label, self._collect(event, label), live)
+                took.mark("collect")
+                frozen = directory / "frozen"
+                parts_at = job_parts(self.settings.bundle_root, event.job_dir)
+                stored = stored_parts(self.store, parts_at)
+                written = _frozen_files(evidence, live, frozen, parts_at, stored)  # marker last
+                took.mark("freeze")
+                ours = self._store_freeze(frozen, written, parts_at, prefix, holder)
+                took.mark("store")
+            if ours:
                 self._keep_local(event.event_id, frozen)  # a fresh capture's evidence id
+        log.info("captured %s: %s", event.event_id, took)
 
     def _store_freeze(
         self, frozen: Path, written: list[Path], parts_at: str, prefix: str, holder: CaptureClaim
@@ -704,13 +710,31 @@ def _replace_dir(staging: Path, target: Path) -> None:
     shutil.rmtree(old, ignore_errors=True)
 
 
+@dataclass
+class _Phases:
+    """The seconds each phase of a capture took, for its log line."""
+
+    seconds: dict[str, float] = field(default_factory=dict)
+    since: float = field(default_factory=time.perf_counter)
+
+    def mark(self, phase: str) -> None:
+        now = time.perf_counter()
+        self.seconds[phase] = self.seconds.get(phase, 0.0) + now - self.since
+        self.since = now
+
+    def __str__(self) -> str:
+        return ", ".join(f"{phase} {seconds:.2f}s" for phase, seconds in self.seconds.items())
+
+
 @contextmanager
-def _shared_at_end() -> Iterator[None]:
-    """The log cache's S3 copy, written while the capture freezes, is done when it ends."""
+def _shared_at_end(took: _Phases) -> Iterator[None]:
+    """The log cache's S3 copy, written while the capture freezes, is done when it ends (the
+    wait for it is the phase `share`)."""
     try:
         yield
     finally:
         finish_sharing()
+        took.mark("share")
 
 
 def _check_held(holder: CaptureClaim, prefix: str) -> None:
