@@ -741,3 +741,47 @@ def test_a_memory_error_in_the_share_reaches_the_capture(
     with pytest.raises(MemoryError, match="no room"):
         finish_sharing()
     finish_sharing()  # raised once
+
+
+def test_the_entry_written_beside_the_capture_is_resumed_by_another_process(
+    world: World, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With `share_later` the entry is kept for the read but written to the disk by the share
+    (before its S3 copy): nothing is on the disk when `collect` returns, all of it once
+    `finish_sharing` did, and a process that holds nothing in memory resumes the grown log
+    from it."""
+    release = threading.Event()
+    write = logcache._WatchedCache.write_stored
+
+    def held_back(self: Any) -> None:
+        release.wait(10)
+        write(self)
+
+    monkeypatch.setattr(logcache._WatchedCache, "write_stored", held_back)
+    folder = world.tmp / "w1" / "logs" / job_id(JOB)
+    _, first = world.worker().collect(JOB, world.read, share_later=True)
+    assert not list(folder.glob("*/meta.json"))
+    release.set()
+    finish_sharing()
+    assert list(folder.glob("*/meta.json")) and first.uploaded is not None
+    monkeypatch.setattr(logcache, "_KEPT", logcache._Kept(logcache.KEPT_BYTES))  # another process
+    world.grow()
+    evidence, second = world.capture()
+    assert second.origin == "disk" and _finelog(second)[0] > world.half - 64 * 1024
+    _same_logs(evidence.logs, world.read(None).logs)
+
+
+def test_an_entry_write_that_fails_beside_the_capture_is_a_note(
+    world: World, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A full disk while the entry is written beside the capture costs the cache, not the
+    evidence: a note, nothing shared, the evidence that of a full read."""
+
+    def full(self: Any, key: str, entry: Any, previous: Any) -> Any:
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(incremental.LogCache, "_save", full)
+    evidence, run = world.worker().collect(JOB, world.read, share_later=True)
+    finish_sharing()
+    assert any("No space left" in note for note in run.notes) and run.uploaded is None
+    _same_logs(evidence.logs, world.read(None).logs)

@@ -73,6 +73,7 @@ from collections import OrderedDict
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
+from functools import partial
 from pathlib import Path
 from typing import Any, ClassVar, Final
 
@@ -256,11 +257,16 @@ _KEPT: Final = _Kept(KEPT_BYTES)
 
 class _WatchedCache(LogCache):
     """A `LogCache` that remembers each lookup (the bytes a read reuses), and takes the entries
-    this process kept (`_Kept`) when their folder did not change since."""
+    this process kept (`_Kept`) when their folder did not change since. With `write_later`,
+    `store` keeps an entry (stitched, remembered, as the read needs it) without writing it to
+    the disk; `write_stored` writes it afterwards, as `store` would have (the capture does it
+    beside its freeze)."""
 
-    def __init__(self, directory: Path) -> None:
+    def __init__(self, directory: Path, *, write_later: bool = False) -> None:
         super().__init__(max_entries=1024, directory=directory)
         self.reads: dict[str, FileRead] = {}
+        self.write_later = write_later
+        self._unwritten: list[tuple[str, CacheEntry, CacheEntry | None]] = []
 
     def lookup(self, key: str, path: Path) -> CacheEntry | None:
         had, notes = self.stored(key), len(self.notes)
@@ -282,14 +288,46 @@ class _WatchedCache(LogCache):
         return entry
 
     def store(self, key: str, entry: CacheEntry) -> None:
+        if self.write_later:
+            previous, directory = self._entries.get(key), self.directory
+            self.directory = None  # kept and stitched as the read needs it, not written yet
+            try:
+                super().store(key, entry)
+            finally:
+                self.directory = directory
+            self._unwritten.append((key, self._entries[key], previous))
+            return
         notes = len(self.notes)
         super().store(key, entry)
+        self._keep(key, self._entries.get(key) if len(self.notes) == notes else None)
+
+    def write_stored(self) -> None:
+        """Write the entries `store` kept back (a write that fails is a note, as in `store`)."""
+        while self._unwritten:
+            key, entry, previous = self._unwritten.pop(0)
+            try:
+                saved: CacheEntry | None = self._save(key, entry, previous)
+            except OSError as exc:
+                self.notes.append(f"could not write the cache entry of {key}: {exc}")
+                saved = None
+            if saved is not None:
+                self._remember(key, saved)
+            self._keep(key, saved)
+
+    def _keep(self, key: str, saved: CacheEntry | None) -> None:
+        """Keep `saved` in this process (with its parts and hashes, as its meta.json says)."""
         folder = self._folder(key)
-        saved = self._entries.get(key)
-        if saved is not None and len(self.notes) == notes and self.stored(key):
-            _KEPT.put(folder, saved)  # with its parts and hashes, as its meta.json says
+        if saved is not None and self.stored(key):
+            _KEPT.put(folder, saved)
         else:
             _KEPT.forget(folder)
+
+
+def _noted(run: CacheRun, notes: list[str]) -> None:
+    """The cache's notes (entries ignored, writes failed) in the run: their logs read whole."""
+    run.notes.extend(notes)
+    if notes:
+        run.shared.append("ignored")
 
 
 def _must_propagate(exc: BaseException) -> bool:
@@ -321,24 +359,27 @@ class JobLogCache:
         folder = self.root / job_id(job)
         finish_sharing(folder)
         self._guarded(run, "read the shared log cache", lambda: self._pull(job, folder, run))
-        cache = _WatchedCache(folder)
+        cache = _WatchedCache(folder, write_later=share_later)
         evidence = read(cache)
         run.reads = list(cache.reads.values())
-        run.notes.extend(cache.notes)
-        if cache.notes:
-            run.shared.append("ignored")
+        _noted(run, cache.notes)
         if run.pulled is not None and (cache.notes or not run.reused_bytes):
             # an archive with a damaged entry, or of no use (all of another version): it goes,
             # so the one written after this capture is the newest
             self._guarded(run, "delete a useless archive", lambda: self._drop(run.pulled))
-        self._guarded(run, "tidy the log cache", lambda: self._tidy(cache, folder))
+        finish = partial(self._finish, job, folder, cache, run)
         if share_later:
-            _Share.start_for(folder, lambda: self._share(job, folder, run))
+            _Share.start_for(folder, finish)
         else:
-            self._share(job, folder, run)
+            finish()
         return evidence, run
 
-    def _share(self, job: str, folder: Path, run: CacheRun) -> None:
+    def _finish(self, job: str, folder: Path, cache: _WatchedCache, run: CacheRun) -> None:
+        """After the read: write the entries kept back, tidy the disk, share, report."""
+        notes = len(cache.notes)
+        self._guarded(run, "write the log cache", cache.write_stored)
+        _noted(run, cache.notes[notes:])
+        self._guarded(run, "tidy the log cache", lambda: self._tidy(cache, folder))
         self._guarded(run, "share the log cache", lambda: self._push(job, folder, run))
         self._report(run)
 
