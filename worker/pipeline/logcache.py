@@ -19,15 +19,25 @@ disk, and a copy of it in S3, so the worker that takes the job's next alert find
                                                    worker.pipeline.parts), written once
 
 `<job id>` is the SHA-256 (32 hex) of the job key: the job directory relative to the bundle root,
-the key the coalescer uses. Before a capture reads the logs, the newest manifest of the job is
-read when the directory was not synced with it (a cold disk, or another worker answered a later
-alert) and the entries assembled from it: each part the disk holds already (the same file name
-with the same SHA-256 in its entry's meta.json) is linked from there, the others read from S3.
-After, when the entries changed, the parts not in S3 yet are written (a grown log: the last part
-of each grown table and the new ones, see `worker.evidence.logs.incremental`), then the manifest;
-manifests older than the newest two are deleted, and the parts no kept manifest names once they
-are an hour old (a younger one may be another capture's, its manifest not written yet). Zip
-archives of the first format (`<stamp>-<digest>.zip`) are not read; the next write deletes them.
+the key the coalescer uses. Before a capture reads the logs, one listing of the job's prefix
+says which manifests and parts S3 holds; the newest manifest of the job is read when the
+directory was not synced with it (a cold disk, or another worker answered a later alert) and the
+entries assembled from it: each part the disk holds already (the same file name with the same
+SHA-256 in its entry's meta.json) is linked from there, the others read from S3, a few at once.
+After, when the entries changed, the parts that listing did not show are written (a grown log:
+the last part of each grown table and the new ones, see `worker.evidence.logs.incremental`), a
+few at once, then the manifest; manifests older than the newest two are deleted, and the parts
+no kept manifest names once they are an hour old (a younger one may be another capture's, its
+manifest not written yet), from one more listing (its write times; the parts of the manifest the
+directory was synced with are noted in `.shared`, not read again). A part deleted between the
+first listing and the push leaves a manifest that names it: the next reader finds it missing and
+reads the log whole (time, never evidence). Zip archives of the first format
+(`<stamp>-<digest>.zip`) are not read; the next write deletes them.
+
+The pipeline's capture (`share_later`) writes the new entries to the disk, then the S3 copy, from
+a thread of the worker process while it freezes the evidence (the read itself keeps the entries
+in memory); `finish_sharing` waits for it at the end of the capture, and a later read of the same
+job in the process waits for it before it starts.
 
 What is checked before anything downloaded is used: the manifest's size and the sum of the parts'
 (at most the memory one parse may use, RLHEALTH_PARSE_MEMORY_MB), its shape (entry folder and
@@ -47,7 +57,9 @@ give exactly the rows a full read gives; the frozen evidence is redacted when it
 the worker's disk they sit beside the logs they came from. Only entries that pass the redactor
 unchanged leave the worker: an entry with a string the redactor would rewrite (a token in an error
 line, say) is withheld from the manifest, its parts are not written (`outcome="withheld"`), and
-its log is read whole by the next worker.
+its log is read whole by the next worker. The parts assembled from a manifest count as clean
+(a manifest only ever names entries found clean, and they are in S3 already), so a cold worker
+checks only the parts its own read adds.
 
 The disk is bounded: job folders unused for `max_age_s` are removed, then the least recently used
 until all fit in `disk_bytes`. In memory, each worker process keeps the entries it read or wrote
