@@ -20,7 +20,7 @@ from shared.supervisor import VerdictReader
 from tests.integration.bundles import write_job_bundle
 from tests.integration.conftest import Services
 from tests.integration.services import RL_HEALTH, free_port, spawn, stop, wait_for
-from tests.integration.test_observability import _delta, _scrape
+from tests.integration.test_observability import Samples, _delta, _scrape
 from tests.integration.test_pipeline import _key, _verdicts_for
 from worker.pipeline.app import make_app
 
@@ -53,11 +53,25 @@ def _page_key(services: Services, entry: VerdictEntry) -> str:
     return _key(services, entry.report_uri).removesuffix(".json") + ".html"
 
 
+def _pages_settled(metrics: str) -> Samples:
+    """The worker's metrics once every diagnosis published so far had its page task counted (an
+    earlier test's page may still be drawn when this one starts: its count is not this test's)."""
+    outcomes = ("drawn", "without_plots", "report_gone")
+
+    def settled() -> bool:
+        now = _scrape(metrics)
+        pages = sum(_delta({}, now, "rlhealth_html_reports_total", outcome=o) for o in outcomes)
+        return pages >= _delta({}, now, "rlhealth_diagnoses_finished_total")
+
+    wait_for(settled, 30, "the pages of the diagnoses before this test")
+    return _scrape(metrics)
+
+
 def test_the_verdict_is_published_then_its_page_appears(pipeline_services: Services) -> None:
     """The verdict comes on the stream; the `html` task (counted as drawn, its stage timed)
     then stores the page with its plots beside the JSON report."""
     services = pipeline_services
-    before = _scrape(services.metrics["worker"])
+    before = _pages_settled(services.metrics["worker"])
     event_id = publish_alert(services.redis, _job(services, "html-after"), now=NOW)
     (entry,) = _verdicts_for(services, {event_id})
     page = _page_key(services, entry)
