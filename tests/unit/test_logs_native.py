@@ -481,3 +481,40 @@ def test_random_noise_with_flag_literals_scans_the_same_with_the_drop(
 ) -> None:
     data = ("\n".join([NOISE] * first + body) + "\n").encode()
     _assert_same_scan(*_both_scans(data))
+
+
+SCALAR = native.rules(
+    KEEP.literals, KEEP.blocks, KEEP.window, KEEP.first_lines, KEEP.long_line, vector=False
+)
+
+
+@settings(max_examples=60, deadline=None)
+@given(body=_mixed_body(), pad=st.integers(0, 40))
+def test_the_vector_and_scalar_literal_searches_keep_the_same_lines(body: list[str], pad: int) -> None:
+    """The AVX2 search (32 positions at a time, reading past a line's end within the read) and
+    the scalar one keep the same lines, the last line ending at the read's last byte or not."""
+    data = ("\n".join([NOISE] * (FIRST + 1) + body) + "\n" + "y" * pad).encode()
+    for end in (len(data), len(data) - pad):
+        kept = [native.native_scan(data, end, rules) for rules in (KEEP, SCALAR)]
+        assert kept[0] is not None and kept[1] is not None
+        assert kept[0].where.to_list() == kept[1].where.to_list()
+        assert kept[0].rest == kept[1].rest
+
+
+@pytest.mark.parametrize("rules", [KEEP, SCALAR], ids=["vector", "scalar"])
+def test_a_literal_at_every_offset_of_a_line_is_found(rules: native.Rules) -> None:
+    """Every literal at each offset 0-69 (across the 32-byte blocks of the vector search), at
+    the end of its line or not, and at the very end of the read (no newline after it)."""
+    for literal in detect.FLAG_LITERALS:
+        body = [
+            ("x" * offset + literal + tail).encode()
+            for offset in range(70)
+            for tail in ("", "y", "y" * 40)
+        ]
+        lines = [NOISE.encode()] * (FIRST + 1) + body
+        data = b"\n".join(lines)
+        result = native.native_scan(data, len(data), rules)
+        assert result is not None
+        kept = [*range(FIRST), *range(FIRST + 1, len(lines))]
+        assert result.where.to_list() == kept, literal
+        assert result.dropped == 1, literal  # the noise line just past the first lines

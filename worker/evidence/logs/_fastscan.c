@@ -487,7 +487,7 @@ static void teddy(Rules *r, const Lit *lits, const uint8_t *bucket_of, size_t n)
     }
 #ifdef VECTOR
     __builtin_cpu_init();
-    r->vector = __builtin_cpu_supports("avx2");
+    r->vector = r->vector && __builtin_cpu_supports("avx2");
 #endif
 }
 
@@ -564,9 +564,10 @@ static PyObject *rules(PyObject *self, PyObject *args) {
     Py_buffer buckets_view;
     PyObject *literals, *blocks;
     Py_ssize_t window, first_lines, long_line;
+    int vector = 1;
     (void)self;
-    if (!PyArg_ParseTuple(args, "O!y*O!nnn", &PyTuple_Type, &literals, &buckets_view,
-                          &PyTuple_Type, &blocks, &window, &first_lines, &long_line))
+    if (!PyArg_ParseTuple(args, "O!y*O!nnn|p", &PyTuple_Type, &literals, &buckets_view,
+                          &PyTuple_Type, &blocks, &window, &first_lines, &long_line, &vector))
         return NULL;
     Py_ssize_t n = PyTuple_GET_SIZE(literals), nb = PyTuple_GET_SIZE(blocks);
     int bad = n > MAX_LITERALS || nb > 2 || window < 0 || first_lines < 0 || long_line < 1 ||
@@ -617,6 +618,7 @@ static PyObject *rules(PyObject *self, PyObject *args) {
         r->pairs[pair >> 6] |= UINT64_C(1) << (pair & 63);
     }
     r->n_lits = (size_t)n;
+    r->vector = vector;
     teddy(r, all, bucket_of, (size_t)n);
     r->window = (size_t)window;
     r->first_lines = (size_t)first_lines;
@@ -958,7 +960,8 @@ static PyMethodDef methods[] = {
     {"scan", scan, METH_VARARGS,
      "scan(data, end, rules=None) -> the lines of data[:end], stat lines read."},
     {"rules", rules, METH_VARARGS,
-     "rules(literals, blocks, window, first_lines, long_line) -> which rest lines to keep."},
+     "rules(literals, buckets, blocks, window, first_lines, long_line, vector=True) -> which "
+     "rest lines to keep (vector: AVX2 when the CPU has it)."},
     {NULL, NULL, 0, NULL},
 };
 

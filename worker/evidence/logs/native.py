@@ -49,6 +49,9 @@ class Rules:
     _capsule: object | None
 
 
+_MAX_LITERALS, _MAX_LITERAL = 1024, 1024  # as _fastscan.c takes them
+
+
 # How often a byte comes in log text, roughly: letters, digits and spaces three times as often as
 # anything else (what a Teddy bucket's masks let through; it only steers the bucket choice).
 def _weight(byte: int) -> float:
@@ -80,13 +83,27 @@ def buckets(literals: list[bytes]) -> list[int]:
 
 
 def rules(
-    literals: tuple[str, ...], blocks: tuple[str, ...], window: int, first_lines: int, long_line: int
+    literals: tuple[str, ...],
+    blocks: tuple[str, ...],
+    window: int,
+    first_lines: int,
+    long_line: int,
+    *,
+    vector: bool = True,
 ) -> Rules:
     """The rules; without the extension, or with a literal the raw bytes cannot show as such
-    (shorter than 2 bytes, or holding a NUL, CR, newline or U+FFFD), none (every line is kept)."""
-    usable = _fastscan is not None and all(
-        len(lit.encode()) >= 2 and not any(c in lit for c in "\x00\r\n\ufffd")
-        for lit in (*literals, *blocks)
+    (shorter than 2 bytes, or holding a NUL, CR, newline or U+FFFD), none (every line is kept).
+    `vector`: the literal search uses AVX2 when the CPU has it (off: the scalar search, to
+    compare both)."""
+    usable = (
+        _fastscan is not None
+        and len(literals) <= _MAX_LITERALS
+        and len(blocks) <= 2
+        and all(
+            2 <= len(lit.encode()) <= _MAX_LITERAL
+            and not any(c in lit for c in "\x00\r\n\ufffd")
+            for lit in (*literals, *blocks)
+        )
     )
     capsule = (
         _fastscan.rules(
@@ -96,6 +113,7 @@ def rules(
             window,
             first_lines,
             long_line,
+            vector,
         )
         if usable and _fastscan is not None
         else None
