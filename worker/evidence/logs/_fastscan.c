@@ -371,8 +371,6 @@ typedef struct {
      * literals; bit b of lo[j][x] (hi[j][x]) is set when a literal of bucket b has low (high)
      * nibble x at its byte j. A position is a candidate when its 3 bytes pass for one bucket. */
     uint8_t lo[3][16], hi[3][16];
-    uint16_t bucket[9];              /* bucket b: by_bucket[bucket[b]:bucket[b + 1]] */
-    Lit by_bucket[MAX_LITERALS];
     int vector;                      /* the CPU has AVX2 */
     Lit blocks[2];                   /* the literals that open a traceback window */
     size_t n_blocks;
@@ -417,7 +415,9 @@ static int holds_literal_scalar(const Rules *r, const unsigned char *p, size_t n
 
 /* holds_literal with AVX2: 32 positions at a time through the Teddy masks; the candidates are
  * checked against the literals of their buckets. Reads up to p[avail) (the bytes after the line
- * in the read), so a block may run past the line's end; candidates past it are ignored. */
+ * in the read), so a block may run past the line's end; candidates past it are ignored. A
+ * candidate is checked against the bitmap of the literals' first two bytes, then against the
+ * literals of its first byte. */
 __attribute__((target("avx2"))) static int holds_literal_avx2(const Rules *r,
                                                               const unsigned char *p, size_t n,
                                                               size_t avail) {
@@ -438,20 +438,11 @@ __attribute__((target("avx2"))) static int holds_literal_avx2(const Rules *r,
         }
         uint32_t mask = ~(uint32_t)_mm256_movemask_epi8(_mm256_cmpeq_epi8(hits, _mm256_setzero_si256()));
         if (!mask) continue;
-        uint8_t buckets[32];
-        _mm256_storeu_si256((__m256i *)buckets, hits);
         for (; mask; mask &= mask - 1) {
-            size_t k = (size_t)__builtin_ctz(mask), at = i + k;
+            size_t at = i + (size_t)__builtin_ctz(mask);
             if (at + 1 >= n) break; /* past the line: later bits are too */
-            for (unsigned b = buckets[k]; b; b &= b - 1) {
-                unsigned bucket = (unsigned)__builtin_ctz(b);
-                for (size_t q = r->bucket[bucket]; q < r->bucket[bucket + 1]; q++) {
-                    const Lit *lit = &r->by_bucket[q];
-                    if (lit->len <= n - at && p[at] == (unsigned char)lit->data[0] &&
-                        memcmp(p + at, lit->data, lit->len) == 0)
-                        return 1;
-                }
-            }
+            unsigned pair = (unsigned)p[at] | ((unsigned)p[at + 1] << 8);
+            if (((r->pairs[pair >> 6] >> (pair & 63)) & 1) && literal_at(r, p, n, at)) return 1;
         }
     }
     return holds_literal_scalar(r, p, n, i);
@@ -470,13 +461,8 @@ static int holds_literal(const Rules *r, const unsigned char *p, size_t n, size_
 /* Teddy masks: the literals (sorted) in 8 buckets of consecutive ones, so that a bucket's
  * literals share most nibbles. A literal of 2 bytes passes any third byte. */
 static void teddy(Rules *r, const Lit *lits, const uint8_t *bucket_of, size_t n) {
-    size_t count[9] = {0};
-    for (size_t i = 0; i < n; i++) count[bucket_of[i] + 1]++;
-    for (int b = 0; b < 8; b++) count[b + 1] += count[b];
-    for (int b = 0; b <= 8; b++) r->bucket[b] = (uint16_t)count[b];
     for (size_t i = 0; i < n; i++) {
         unsigned b = bucket_of[i];
-        r->by_bucket[count[b]++] = lits[i];
         for (size_t j = 0; j < 3; j++) {
             for (unsigned x = 0; x < 16; x++) {
                 unsigned c = j < lits[i].len ? (unsigned char)lits[i].data[j] : 256;
@@ -496,6 +482,11 @@ static void teddy(Rules *r, const Lit *lits, const uint8_t *bucket_of, size_t n)
 static int valid_utf8(const unsigned char *s, size_t n) {
     size_t i = 0;
     while (i < n) {
+        uint64_t word;
+        if (n - i >= 8 && (memcpy(&word, s + i, 8), !(word & UINT64_C(0x8080808080808080)))) {
+            i += 8; /* eight ASCII bytes */
+            continue;
+        }
         unsigned c = s[i];
         if (c < 0x80) {
             i++;
@@ -525,15 +516,15 @@ static int valid_utf8(const unsigned char *s, size_t n) {
 enum { HAS_NUL = 1, HAS_CR = 2, HAS_HIGH = 4, HAS_PRINTABLE = 8 };
 
 static unsigned byte_classes(const unsigned char *p, size_t n) {
-    unsigned nul = 0, cr = 0, high = 0, printable = 0;
-    for (size_t i = 0; i < n; i++) { /* no early exit: vectorised */
-        unsigned char c = p[i];
-        nul |= c == 0;
-        cr |= c == '\r';
-        high |= c >= 0x80;
-        printable |= (unsigned char)(c - 0x21) < 0x5e;
+    uint8_t nul = 0, cr = 0, high = 0, printable = 0; /* bytes: the loop stays in byte lanes */
+    for (size_t i = 0; i < n; i++) {                  /* no early exit: vectorised */
+        uint8_t c = p[i];
+        nul |= (uint8_t)(c == 0);
+        cr |= (uint8_t)(c == '\r');
+        high |= (uint8_t)(c >> 7);
+        printable |= (uint8_t)((uint8_t)(c - 0x21) < 0x5e);
     }
-    return nul * HAS_NUL | cr * HAS_CR | high * HAS_HIGH | printable * HAS_PRINTABLE;
+    return (unsigned)(nul * HAS_NUL | cr * HAS_CR | high * HAS_HIGH | printable * HAS_PRINTABLE);
 }
 
 /* Per read: the line up to which every rest line is kept, and whether the read's first
