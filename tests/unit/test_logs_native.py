@@ -389,7 +389,9 @@ def test_a_cr_byte_keeps_its_line() -> None:
 
 
 def test_invalid_utf8_keeps_its_line_and_valid_non_ascii_does_not() -> None:
-    _check([b"x \xff y", NOISE.encode(), "Trajectories: 79%|███████   |".encode(), b"\xe2\x82"], [0, 3])
+    _check(
+        [b"x \xff y", NOISE.encode(), "Trajectories: 79%|███████   |".encode(), b"\xe2\x82"], [0, 3]
+    )
 
 
 def test_a_line_that_could_be_cut_is_kept() -> None:
@@ -441,8 +443,15 @@ def test_most_of_the_continuous_log_is_dropped(tmp_path: Path) -> None:
 
 
 _NOISE_LINES = st.sampled_from(
-    [NOISE, "", "   ", "\u3000", "plain words here", "batch_num_seq: 5228, padded: 1172",
-     "Generating Trajectories: 21%|██        | 1071/5120"]
+    [
+        NOISE,
+        "",
+        "   ",
+        "\u3000",
+        "plain words here",
+        "batch_num_seq: 5228, padded: 1172",
+        "Generating Trajectories: 21%|██        | 1071/5120",
+    ]
 )
 
 
@@ -468,7 +477,9 @@ def _mixed_body(draw: st.DrawFn) -> list[str]:
         elif kind == 5:
             noise = draw(_NOISE_LINES)
             at = draw(st.integers(0, len(noise)))
-            body.append(noise[:at] + draw(st.sampled_from(["\x00", "\r", "\x00error"])) + noise[at:])
+            body.append(
+                noise[:at] + draw(st.sampled_from(["\x00", "\r", "\x00error"])) + noise[at:]
+            )
         else:
             body.append(draw(_OTHER))
     return body
@@ -490,7 +501,9 @@ SCALAR = native.rules(
 
 @settings(max_examples=60, deadline=None)
 @given(body=_mixed_body(), pad=st.integers(0, 40))
-def test_the_vector_and_scalar_literal_searches_keep_the_same_lines(body: list[str], pad: int) -> None:
+def test_the_vector_and_scalar_literal_searches_keep_the_same_lines(
+    body: list[str], pad: int
+) -> None:
     """The AVX2 search (32 positions at a time, reading past a line's end within the read) and
     the scalar one keep the same lines, the last line ending at the read's last byte or not."""
     data = ("\n".join([NOISE] * (FIRST + 1) + body) + "\n" + "y" * pad).encode()

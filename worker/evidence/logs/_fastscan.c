@@ -7,14 +7,18 @@
  * traceback or Ray's unhandled-error block. For such a line it reads what the polars path of
  * worker/evidence/logs/engines.py reads, with the same semantics (the leftmost match of each of
  * its patterns on the part before the literal), so the values are identical. Every other line
- * is copied, byte for byte with its newline, into `rest`, for the polars path.
+ * (a rest line) is copied, byte for byte with its newline, into `rest`, for the polars path —
+ * every one without rules, else only those the rules keep (`rules`, below: a line that holds no
+ * flag literal, lies in no window and that nothing else of the polars path reads is counted and
+ * dropped).
  *
- * Returns (n_lines, rows, rest, starts, stops, ((schema, array), (schema, array))):
- * the line count, the stat lines read, the rest lines' bytes, each stat line's byte offsets
- * (int64, its newline excluded), then two Arrow C data interface capsule pairs that polars
- * imports without a copy: a struct of the stat columns (idx, index, pid, ip, vts, tod, prompt,
- * generation, running, waiting, kv, hit) and `where` (uint32: the line index of each rest line). Every read of the input is bounded by the
- * line it is in; the GIL is released during the pass.
+ * scan(data, end, rules=None) returns (n_lines, rows, rest, starts, stops, ((schema, array),
+ * (schema, array)), dropped): the line count, the stat lines read, the rest lines' bytes, each
+ * stat line's byte offsets (int64, its newline excluded), then two Arrow C data interface
+ * capsule pairs that polars imports without a copy: a struct of the stat columns (idx, index,
+ * pid, ip, vts, tod, prompt, generation, running, waiting, kv, hit) and `where` (uint32: the line
+ * index of each rest line kept), then the rest lines dropped. Every read of the input is bounded
+ * by the read (data[:end]); the GIL is released during the pass.
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -367,9 +371,9 @@ typedef struct {
     uint16_t first[257];             /* literals starting with byte c: lits[first[c]:first[c+1]] */
     Lit lits[MAX_LITERALS];          /* sorted by first byte */
     size_t n_lits;
-    /* The vector prefilter (Teddy, as in Hyperscan and Rust's aho-corasick): 8 buckets of
-     * literals; bit b of lo[j][x] (hi[j][x]) is set when a literal of bucket b has low (high)
-     * nibble x at its byte j. A position is a candidate when its 3 bytes pass for one bucket. */
+    /* The vector prefilter (the Teddy idea of Hyperscan): 8 buckets of literals; bit b of
+     * lo[j][x] (hi[j][x]) is set when a literal of bucket b has low (high) nibble x at its byte
+     * j. A position is a candidate when its 3 bytes pass for one bucket. */
     uint8_t lo[3][16], hi[3][16];
     int vector;                      /* the CPU has AVX2 */
     Lit blocks[2];                   /* the literals that open a traceback window */
@@ -413,11 +417,10 @@ static int holds_literal_scalar(const Rules *r, const unsigned char *p, size_t n
 #include <immintrin.h>
 #define VECTOR 1
 
-/* holds_literal with AVX2: 32 positions at a time through the Teddy masks; the candidates are
- * checked against the literals of their buckets. Reads up to p[avail) (the bytes after the line
- * in the read), so a block may run past the line's end; candidates past it are ignored. A
- * candidate is checked against the bitmap of the literals' first two bytes, then against the
- * literals of its first byte. */
+/* holds_literal with AVX2: 32 positions at a time through the Teddy masks. Reads up to p[avail)
+ * (the bytes after the line in the read), so a block may run past the line's end; candidates
+ * past it are ignored. A candidate is checked against the bitmap of the literals' first two
+ * bytes, then against the literals of its first byte. */
 __attribute__((target("avx2"))) static int holds_literal_avx2(const Rules *r,
                                                               const unsigned char *p, size_t n,
                                                               size_t avail) {
@@ -458,8 +461,8 @@ static int holds_literal(const Rules *r, const unsigned char *p, size_t n, size_
     return holds_literal_scalar(r, p, n, 0);
 }
 
-/* Teddy masks: the literals (sorted) in 8 buckets of consecutive ones, so that a bucket's
- * literals share most nibbles. A literal of 2 bytes passes any third byte. */
+/* Teddy masks of the literals in their buckets (0-7, chosen by native.buckets so that a bucket's
+ * literals share most nibbles). A literal of 2 bytes passes any third byte. */
 static void teddy(Rules *r, const Lit *lits, const uint8_t *bucket_of, size_t n) {
     for (size_t i = 0; i < n; i++) {
         unsigned b = bucket_of[i];

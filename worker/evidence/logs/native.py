@@ -56,7 +56,7 @@ _MAX_LITERALS, _MAX_LITERAL = 1024, 1024  # as _fastscan.c takes them
 # anything else (what a Teddy bucket's masks let through; it only steers the bucket choice).
 def _weight(byte: int) -> float:
     char = chr(byte)
-    return 3.0 if char.isalnum() and char.isascii() or char == " " else 1.0
+    return 3.0 if (char.isalnum() and char.isascii()) or char == " " else 1.0
 
 
 def _volume(prefixes: list[bytes]) -> float:
@@ -100,8 +100,7 @@ def rules(
         and len(literals) <= _MAX_LITERALS
         and len(blocks) <= 2
         and all(
-            2 <= len(lit.encode()) <= _MAX_LITERAL
-            and not any(c in lit for c in "\x00\r\n\ufffd")
+            2 <= len(lit.encode()) <= _MAX_LITERAL and not any(c in lit for c in "\x00\r\n\ufffd")
             for lit in (*literals, *blocks)
         )
     )
