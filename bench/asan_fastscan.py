@@ -29,11 +29,11 @@ from worker.evidence.logs.lines import Read  # noqa: E402
 from worker.evidence.logs.scan import KEEP, scan  # noqa: E402
 
 STAT = (
-    "[21:00:04] task=/ops/rl-bench/0 | (EngineCore_DP0 pid=28723, ip=10.0.0.3) "
-    "INFO 03-26 21:00:04 [loggers.py:123] Engine 000: Avg prompt throughput: 512.3 tokens/s, "
-    "Avg generation throughput: 1024.0 tokens/s, Running: 24 reqs, Waiting: 2 reqs, "
-    "GPU KV cache usage: 72.4%, Prefix cache hit rate: 28.5%"
-).encode()
+    b"[21:00:04] task=/ops/rl-bench/0 | (EngineCore_DP0 pid=28723, ip=10.0.0.3) "
+    b"INFO 03-26 21:00:04 [loggers.py:123] Engine 000: Avg prompt throughput: 512.3 tokens/s, "
+    b"Avg generation throughput: 1024.0 tokens/s, Running: 24 reqs, Waiting: 2 reqs, "
+    b"GPU KV cache usage: 72.4%, Prefix cache hit rate: 28.5%"
+)
 
 
 def main() -> None:
