@@ -59,6 +59,10 @@ def _weight(byte: int) -> float:
     return 3.0 if (char.isalnum() and char.isascii()) or char == " " else 1.0
 
 
+# _WEIGHTS[high][low]: the weight of the byte with those nibbles.
+_WEIGHTS: Final = tuple(tuple(_weight(high << 4 | low) for low in range(16)) for high in range(16))
+
+
 def _volume(prefixes: list[bytes]) -> float:
     """The share of 3-byte strings that pass the Teddy masks of a bucket with `prefixes`."""
     volume = 1.0
@@ -66,19 +70,21 @@ def _volume(prefixes: list[bytes]) -> float:
         if any(len(p) <= j for p in prefixes):
             continue
         lows, highs = {p[j] & 15 for p in prefixes}, {p[j] >> 4 for p in prefixes}
-        volume *= sum(_weight(b) for b in range(256) if b & 15 in lows and b >> 4 in highs)
+        volume *= sum(_WEIGHTS[high][low] for high in highs for low in lows)
     return volume
 
 
 def buckets(literals: list[bytes]) -> list[int]:
-    """A bucket (0-7) for each literal, greedily: each (rarest first) joins the bucket whose
-    masks then let through the least text."""
+    """A bucket (0-7) for each literal, greedily: each (the one whose own masks let through the
+    most text first) joins the bucket whose masks then let through the least more text."""
     groups: list[list[bytes]] = [[] for _ in range(8)]
+    volumes = [0.0] * 8  # of each group (none for an empty one)
     chosen = [0] * len(literals)
     for i in sorted(range(len(literals)), key=lambda i: -_volume([literals[i]])):
-        cost = [_volume([*g, literals[i]]) - (_volume(g) if g else 0.0) for g in groups]
-        chosen[i] = min(range(8), key=lambda b: cost[b])
-        groups[chosen[i]].append(literals[i])
+        grown = [_volume([*group, literals[i]]) for group in groups]
+        best = min(range(8), key=lambda b: grown[b] - volumes[b])
+        chosen[i], volumes[best] = best, grown[best]
+        groups[best].append(literals[i])
     return chosen
 
 
