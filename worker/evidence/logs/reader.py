@@ -8,10 +8,11 @@ parse run on two cores at once.
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from datetime import date, datetime
+from io import BufferedReader
 from pathlib import Path
 from typing import Final
 
@@ -21,7 +22,7 @@ from worker.evidence.logs import detect, errors
 from worker.evidence.logs.budget import Held, MemoryBudget
 from worker.evidence.logs.chunk import TABLES, parse_chunk
 from worker.evidence.logs.incremental import CacheEntry, LogCache, cache_key, entry_for
-from worker.evidence.logs.lines import LINE_MAX_BYTES, iter_reads, read_tail, split_lines
+from worker.evidence.logs.lines import LINE_MAX_BYTES, Read, iter_reads, read_tail, split_lines
 from worker.evidence.logs.scan import Scan, scan
 from worker.evidence.logs.state import ParserState
 from worker.evidence.logs.stitch import Stitched, build_tables, restitch, stitch
@@ -33,6 +34,8 @@ _LOGURU_TS: Final = r"(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d(?:\.\d+)?) \|"
 PREFETCH: Final = 2
 _WORKERS: Final = 2
 _WORST_DENSITY: Final = 4.0
+# The first read of a file is at most this long (`_reads`).
+FIRST_READ_BYTES: Final = 2 * 2**20
 # A log file that starts with one of these is compressed: it is not read (a few MB of gzip can
 # expand to more than any budget), the report says so.
 COMPRESSED_MAGIC: Final = {
@@ -108,6 +111,18 @@ class _Chunks:
         return _Run(self.committed, saved, tail, self.state, saved.offset + chunk.size)
 
 
+def _reads(handle: BufferedReader, chunk_bytes: int) -> Iterator[Read]:
+    """The reads of `handle` from where it is: a short first one (its scan soon tells how much
+    a read of this log costs, so the next reads are scanned at once), then `chunk_bytes` each."""
+    first = min(chunk_bytes, FIRST_READ_BYTES)
+    if first < chunk_bytes:
+        read = next(iter_reads(handle, first, LINE_MAX_BYTES))
+        yield read
+        if read.final:
+            return
+    yield from iter_reads(handle, chunk_bytes, LINE_MAX_BYTES)
+
+
 def _run(path: Path, state: ParserState, source: str, chunks: _Chunks, chunk_bytes: int) -> _Run:
     """Scan reads ahead in the pool, as many as the budget has room for (at most PREFETCH + 1),
     while the chunks are parsed in order; on `LogBudgetError` the reads not begun are dropped."""
@@ -115,7 +130,7 @@ def _run(path: Path, state: ParserState, source: str, chunks: _Chunks, chunk_byt
     with path.open("rb") as handle, ThreadPoolExecutor(_WORKERS) as pool:
         try:
             handle.seek(state.offset)
-            for read in iter_reads(handle, chunk_bytes, LINE_MAX_BYTES):
+            for read in _reads(handle, chunk_bytes):
                 while pending and (len(pending) > PREFETCH or not chunks.room(len(pending))):
                     chunks.add(pending.popleft().result())
                 pending.append(pool.submit(scan, read))
