@@ -5,12 +5,15 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import polars as pl
 import pytest
 from polars.testing import assert_frame_equal
 
 from bench.gen_continuous import generate_continuous
+from bench.gen_finelog import generate as generate_finelog
 from worker.evidence.logs import parse_log_file, reader
-from worker.evidence.logs.reader import FIRST_READ_BYTES, _reads
+from worker.evidence.logs.reader import FIRST_READ_BYTES, _reads, parse_file_rows
+from worker.evidence.logs.stitch import Stitched, build_tables, stitch
 
 MB = 2**20
 
@@ -76,3 +79,44 @@ def test_tables_do_not_depend_on_the_short_first_read(
         assert_frame_equal(getattr(short, name), getattr(even, name))
     assert short.summary == even.summary
     assert short.engines.height > 10_000
+
+
+@pytest.fixture(scope="module")
+def restarts(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """About 5 MB of generated finelog: restarts that rewind steps, tracebacks, pprint-ed dicts,
+    truncated records."""
+    return generate_finelog(tmp_path_factory.mktemp("reads") / "finelog.log", 5)
+
+
+@pytest.mark.parametrize("which", ["log", "restarts"])
+@pytest.mark.parametrize("chunk", [MB // 2, 3 * MB])
+def test_stitching_early_equals_stitching_at_the_end(
+    which: str, chunk: int, request: pytest.FixtureRequest
+) -> None:
+    """A single file's first rows are stitched while its last chunks are parsed (`early`); the
+    tables equal those stitched from all rows at the end (`parse_file_rows`: no early stitch)."""
+    path: Path = request.getfixturevalue(which)
+    early = parse_log_file(path, "finelog.log", chunk_bytes=chunk)
+    found = parse_file_rows(path, "finelog.log", chunk_bytes=chunk)
+    late = build_tables(found.rows, found.summary)
+    assert early.metrics.height > 100 and early.phases.height > 100
+    for name in ("metrics", "phases", "timers", "batches", "engines"):
+        assert_frame_equal(getattr(early, name), getattr(late, name))
+
+
+def test_early_stitching_happens_when_the_file_has_several_chunks(
+    log: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The early stitch runs (on a part of the rows, not all of them), and only for one file
+    read without a cache."""
+    seen: list[int] = []
+
+    def counted(parts: list[dict[str, pl.DataFrame]]) -> Stitched:
+        seen.append(len(parts))
+        return stitch(reader._concat(parts))
+
+    monkeypatch.setattr(reader, "_stitch_parts", counted)
+    parse_log_file(log, "finelog.log", chunk_bytes=MB // 2)
+    assert len(seen) == 1 and seen[0] >= 1
+    parse_file_rows(log, "finelog.log", chunk_bytes=MB // 2)
+    assert len(seen) == 1

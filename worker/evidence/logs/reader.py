@@ -65,6 +65,14 @@ def _concat(parts: list[dict[str, pl.DataFrame]]) -> dict[str, pl.DataFrame]:
     }
 
 
+@dataclass(frozen=True)
+class _Early:
+    """The stitched tables of the first `parts` committed parts, made in the pool."""
+
+    parts: int
+    stitched: Future[Stitched]
+
+
 @dataclass
 class _Run:
     committed: list[dict[str, pl.DataFrame]]
@@ -72,6 +80,14 @@ class _Run:
     tail: dict[str, pl.DataFrame]
     state: ParserState
     bytes_read: int
+    early: _Early | None = None
+
+    def stitched(self, rows: dict[str, pl.DataFrame]) -> Stitched | None:
+        """The stitched tables of `rows` (this run's rows) from `early`, when it was made."""
+        if self.early is None:
+            return None
+        fresh = [*self.committed[self.early.parts :], self.tail]
+        return restitch(self.early.stitched.result(), rows, fresh)
 
 
 class _Chunks:
@@ -88,6 +104,7 @@ class _Chunks:
         self.kept = kept
         self.carry: Scan | None = None
         self.committed: list[dict[str, pl.DataFrame]] = []
+        self.early: _Early | None = None
         # the last scan's frames for each byte read (records: ~3; busy: ~0.2); until a scan is
         # seen, the worst is assumed, so the first reads of a tight budget are not run at once
         self.density = _WORST_DENSITY
@@ -108,7 +125,8 @@ class _Chunks:
         saved = self.state.copy()
         chunk = self.carry.then(piece) if self.carry is not None else piece
         tail, _ = parse_chunk(chunk, self.state, self.source, final=True)
-        return _Run(self.committed, saved, tail, self.state, saved.offset + chunk.size)
+        bytes_read = saved.offset + chunk.size
+        return _Run(self.committed, saved, tail, self.state, bytes_read, self.early)
 
 
 def _reads(handle: BufferedReader, chunk_bytes: int) -> Iterator[Read]:
@@ -123,9 +141,19 @@ def _reads(handle: BufferedReader, chunk_bytes: int) -> Iterator[Read]:
     yield from iter_reads(handle, chunk_bytes, LINE_MAX_BYTES)
 
 
-def _run(path: Path, state: ParserState, source: str, chunks: _Chunks, chunk_bytes: int) -> _Run:
+def _stitch_parts(parts: list[dict[str, pl.DataFrame]]) -> Stitched:
+    return stitch(_concat(parts))
+
+
+def _run(
+    path: Path, state: ParserState, source: str, chunks: _Chunks, chunk_bytes: int, *, early: bool
+) -> _Run:
     """Scan reads ahead in the pool, as many as the budget has room for (at most PREFETCH + 1),
-    while the chunks are parsed in order; on `LogBudgetError` the reads not begun are dropped."""
+    while the chunks are parsed in order; on `LogBudgetError` the reads not begun are dropped.
+
+    With `early`, once every read is scanned or queued, the rows committed so far are stitched in
+    the pool while the last chunks are parsed (`_Run.early`): only the steps of those chunks are
+    stitched again at the end (`restitch`)."""
     pending: deque[Future[Scan]] = deque()
     with path.open("rb") as handle, ThreadPoolExecutor(_WORKERS) as pool:
         try:
@@ -136,6 +164,9 @@ def _run(path: Path, state: ParserState, source: str, chunks: _Chunks, chunk_byt
                 pending.append(pool.submit(scan, read))
                 if read.final:
                     break
+            if early and chunks.committed:
+                parts = list(chunks.committed)
+                chunks.early = _Early(len(parts), pool.submit(_stitch_parts, parts))
             while len(pending) > 1:
                 chunks.add(pending.popleft().result())
             return chunks.finish(pending.popleft().result())
@@ -226,6 +257,7 @@ class _Options:
     budget: MemoryBudget
     chunk_bytes: int
     stitched: bool  # keep the stitched tables of the committed rows in the cache entry
+    early: bool = False  # stitch the first rows while the last chunks are parsed (one file)
 
 
 def _store(
@@ -258,13 +290,13 @@ def _read_file(path: Path, source: str, opts: _Options) -> tuple[FileRows, Stitc
     if hit is not None:
         kept.add(hit.rows)
     chunks = _Chunks(state, source, opts.budget, kept)
-    run = _run(path, state, source, chunks, opts.chunk_bytes)
+    run = _run(path, state, source, chunks, opts.chunk_bytes, early=opts.early and hit is None)
     committed = _concat(([hit.rows] if hit else []) + run.committed)
     rows = _concat([committed, run.tail])
     known = _stitch_committed(hit, committed, run) if cache is not None and opts.stitched else None
     if cache is not None:
         _store(cache, key, path, run, committed, known)
-    final = restitch(known, rows, [run.tail]) if known is not None else None
+    final = restitch(known, rows, [run.tail]) if known is not None else run.stitched(rows)
     tail_ts = _tail_timestamp(path, run.bytes_read)
     if "errors" in rows:
         rows["errors"] = errors.annotate(rows["errors"])
@@ -284,10 +316,11 @@ def _options(
     budget: MemoryBudget | None,
     *,
     stitched: bool,
+    early: bool = False,
 ) -> _Options:
     budget = budget or MemoryBudget.for_logs(path.stat().st_size)
     chunk = chunk_bytes if chunk_bytes is not None else budget.chunk_bytes
-    return _Options(reference_date, cache, budget, chunk, stitched)
+    return _Options(reference_date, cache, budget, chunk, stitched, early)
 
 
 def parse_file_rows(
@@ -323,6 +356,9 @@ def parse_log_file(
     cannot be read within `budget` (default: 1.5x its size, at most RLHEALTH_PARSE_MEMORY_MB)."""
     if progress is not None:
         progress(source, 0, path.stat().st_size)
-    opts = _options(path, reference_date, cache, chunk_bytes, budget, stitched=cache is not None)
+    with_cache = cache is not None
+    opts = _options(
+        path, reference_date, cache, chunk_bytes, budget, stitched=with_cache, early=not with_cache
+    )
     found, stitched = _read_file(path, source, opts)
     return build_tables(found.rows, found.summary, stitched)

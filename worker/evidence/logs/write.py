@@ -2,14 +2,17 @@
 string column redacted (`shared.redact.redact_frame`). METRICS is written wide (`metrics`: `step`
 and a column per key) unless that would be too wide (`wide_fits`): then long (`metrics_long`).
 
-The tables are written at once in a few threads (polars releases the GIL while it writes). A
+The tables are written at once in a few threads (polars releases the GIL while it writes); a
+CSV table of more than `SPLIT_ROWS` rows (the engines table of a busy log) is formatted in parts,
+one per thread, which are then written one after the other (the same bytes as one write). A
 string column is redacted through its distinct values (an engine or source column repeats a few
 values over hundreds of thousands of rows).
 """
 
 from __future__ import annotations
 
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
+from io import BytesIO
 from pathlib import Path
 from typing import TYPE_CHECKING, Final, Literal
 
@@ -21,6 +24,7 @@ if TYPE_CHECKING:
     from worker.evidence.model import LogTables
 
 __all__ = [
+    "SPLIT_ROWS",
     "TABLE_NAMES",
     "WIDE_MAX_CELLS",
     "WIDE_MAX_KEYS",
@@ -46,6 +50,8 @@ ISO_UTC: Final = "%Y-%m-%dT%H:%M:%S%.6fZ"
 WIDE_MAX_KEYS: Final = 10_000
 WIDE_MAX_CELLS: Final = 20_000_000
 _WRITERS: Final = 2
+# A CSV table longer than this is formatted in `_WRITERS` parts at once.
+SPLIT_ROWS: Final = 100_000
 # A column with fewer distinct values than this share of its rows is redacted through them.
 _DISTINCT_SHARE: Final = 0.5
 
@@ -101,11 +107,42 @@ def write_tables(
     """Write every table with rows into `out_dir`; the paths written (in table order)."""
     out_dir.mkdir(parents=True, exist_ok=True)
     frames = {name: frame for name, frame in _frames(tables).items() if not frame.is_empty()}
+    split = {n for n, f in frames.items() if fmt == "csv" and f.height > SPLIT_ROWS}
     with ThreadPoolExecutor(_WRITERS) as pool:
-        jobs = [
-            pool.submit(write_frame, frame, out_dir, name, fmt) for name, frame in frames.items()
+        # the long tables' parts first: the short tables then fill the threads
+        parts = {name: _submit_parts(pool, frames[name]) for name in split}
+        whole = {
+            name: pool.submit(write_frame, frame, out_dir, name, fmt)
+            for name, frame in frames.items()
+            if name not in split
+        }
+        return [
+            _join_parts(out_dir / f"{name}.csv", parts[name])
+            if name in split
+            else whole[name].result()
+            for name in frames
         ]
-        return [job.result() for job in jobs]
+
+
+def _submit_parts(pool: ThreadPoolExecutor, frame: pl.DataFrame) -> list[Future[bytes]]:
+    size = -(-frame.height // _WRITERS)
+    return [
+        pool.submit(_csv_bytes, frame.slice(start, size), header=start == 0)
+        for start in range(0, frame.height, size)
+    ]
+
+
+def _csv_bytes(frame: pl.DataFrame, *, header: bool) -> bytes:
+    buffer = BytesIO()
+    _iso(redacted(frame)).write_csv(buffer, include_header=header)
+    return buffer.getvalue()
+
+
+def _join_parts(path: Path, parts: list[Future[bytes]]) -> Path:
+    with path.open("wb") as handle:
+        for part in parts:
+            handle.write(part.result())
+    return path
 
 
 def write_frame(
