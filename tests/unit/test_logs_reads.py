@@ -3,6 +3,9 @@ each ending at a line end, and tables that do not depend on where the reads fall
 
 from __future__ import annotations
 
+import time
+from collections import deque
+from concurrent.futures import Future
 from pathlib import Path
 
 import polars as pl
@@ -13,6 +16,7 @@ from bench.gen_continuous import generate_continuous
 from bench.gen_finelog import generate as generate_finelog
 from worker.evidence.logs import parse_log_file, reader
 from worker.evidence.logs.reader import FIRST_READ_BYTES, _reads, parse_file_rows
+from worker.evidence.logs.scan import Scan, scan
 from worker.evidence.logs.stitch import Stitched, build_tables, stitch
 
 MB = 2**20
@@ -120,3 +124,76 @@ def test_early_stitching_happens_when_the_file_has_several_chunks(
     assert len(seen) == 1 and seen[0] >= 1
     parse_file_rows(log, "finelog.log", chunk_bytes=MB // 2)
     assert len(seen) == 1
+
+
+def _scans(path: Path, chunk_bytes: int) -> list[Scan]:
+    with path.open("rb") as handle:
+        return [scan(read) for read in _reads(handle, chunk_bytes)]
+
+
+def _done(piece: Scan) -> Future[Scan]:
+    future: Future[Scan] = Future()
+    future.set_result(piece)
+    return future
+
+
+def test_ready_joins_the_scans_already_done_up_to_join_bytes(
+    log: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Done scans are joined while the chunk holds less than JOIN_BYTES; one not done yet, or
+    the `keep` last, stay pending; the join has the lines of its parts and the costlier
+    density."""
+    pieces = _scans(log, MB // 2)
+    assert len(pieces) > 6
+    monkeypatch.setattr(reader, "JOIN_BYTES", pieces[0].size + pieces[1].size + 1)
+    waiting: Future[Scan] = Future()
+    pending = deque([_done(p) for p in pieces[:5]] + [waiting])
+    joined = reader._ready(pending, keep=0)
+    assert joined.lines == sum(p.lines for p in pieces[:3])  # two were 1 byte short: a third
+    assert joined.density == max(p.density for p in pieces[:3]) > 0
+    assert len(pending) == 3
+    assert reader._ready(pending, keep=2).lines == pieces[3].lines  # two must stay pending
+    assert len(pending) == 2
+    assert reader._ready(pending, keep=0).lines == pieces[4].lines  # the next is not done
+    assert list(pending) == [waiting]
+
+
+def test_ready_stops_at_join_bytes(log: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """At JOIN_BYTES exactly, the chunk takes no more."""
+    pieces = _scans(log, MB // 2)
+    monkeypatch.setattr(reader, "JOIN_BYTES", pieces[0].size + pieces[1].size)
+    pending = deque(_done(p) for p in pieces[:4])
+    assert reader._ready(pending, keep=0).lines == pieces[0].lines + pieces[1].lines
+    assert len(pending) == 2
+
+
+def test_tables_do_not_depend_on_scans_parsed_together(
+    log: Path, restarts: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With chunk parses slowed down, the scans ahead are done and parsed together; the
+    tables equal those of one chunk per read."""
+    joins: list[int] = []
+    ready, parse = reader._ready, reader.parse_chunk
+
+    def counted(pending: deque[Future[Scan]], keep: int) -> Scan:
+        before = len(pending)
+        found = ready(pending, keep)
+        joins.append(before - len(pending))
+        return found
+
+    def slow(*args: object, **kwargs: object) -> object:
+        time.sleep(0.05)
+        return parse(*args, **kwargs)  # type: ignore[arg-type]
+
+    for path in (log, restarts):
+        monkeypatch.setattr(reader, "JOIN_BYTES", 0)
+        apart = parse_log_file(path, "finelog.log", chunk_bytes=MB // 2)
+        monkeypatch.setattr(reader, "JOIN_BYTES", 8 * MB)
+        monkeypatch.setattr(reader, "_ready", counted)
+        monkeypatch.setattr(reader, "parse_chunk", slow)
+        together = parse_log_file(path, "finelog.log", chunk_bytes=MB // 2)
+        monkeypatch.undo()
+        for name in ("metrics", "timers", "phases", "engines", "progress", "batches", "errors"):
+            assert_frame_equal(getattr(apart, name), getattr(together, name))
+        assert apart.summary == together.summary
+    assert max(joins) > 1

@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections import deque
 from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import date, datetime
 from io import BufferedReader
 from pathlib import Path
@@ -34,6 +34,8 @@ _LOGURU_TS: Final = r"(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d(?:\.\d+)?) \|"
 PREFETCH: Final = 2
 _WORKERS: Final = 2
 _WORST_DENSITY: Final = 4.0
+# Scans already done are parsed as one chunk until it holds this many bytes (`_ready`).
+JOIN_BYTES: Final = 32 * 2**20
 # The first read of a file is at most this long (`_reads`).
 FIRST_READ_BYTES: Final = 2 * 2**20
 # A log file that starts with one of these is compressed: it is not read (a few MB of gzip can
@@ -141,6 +143,18 @@ def _reads(handle: BufferedReader, chunk_bytes: int) -> Iterator[Read]:
     yield from iter_reads(handle, chunk_bytes, LINE_MAX_BYTES)
 
 
+def _ready(pending: deque[Future[Scan]], keep: int) -> Scan:
+    """The first pending scan (waited for), followed by the next ones already done, up to
+    JOIN_BYTES in all and leaving `keep` pending: one chunk parse for several reads when the
+    parse is behind (each parse has a fixed cost)."""
+    piece = pending.popleft().result()
+    while len(pending) > keep and pending[0].done() and piece.size < JOIN_BYTES:
+        other = pending.popleft().result()
+        # `then` does not carry the cost of a read (density): the costlier one is kept
+        piece = replace(piece.then(other), density=max(piece.density, other.density))
+    return piece
+
+
 def _stitch_parts(parts: list[dict[str, pl.DataFrame]]) -> Stitched:
     return stitch(_concat(parts))
 
@@ -160,7 +174,7 @@ def _run(
             handle.seek(state.offset)
             for read in _reads(handle, chunk_bytes):
                 while pending and (len(pending) > PREFETCH or not chunks.room(len(pending))):
-                    chunks.add(pending.popleft().result())
+                    chunks.add(_ready(pending, keep=0))
                 pending.append(pool.submit(scan, read))
                 if read.final:
                     break
@@ -168,7 +182,7 @@ def _run(
                 parts = list(chunks.committed)
                 chunks.early = _Early(len(parts), pool.submit(_stitch_parts, parts))
             while len(pending) > 1:
-                chunks.add(pending.popleft().result())
+                chunks.add(_ready(pending, keep=1))
             return chunks.finish(pending.popleft().result())
         except BaseException:
             for future in pending:
