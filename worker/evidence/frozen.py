@@ -248,7 +248,7 @@ def _trials_meta(trials: TrialTables, freezer: _Freezer) -> dict[str, Any]:
 
 def _summary(summary: ParseSummary) -> dict[str, Any]:
     """The parse summary; its quoted lines cut to LINE_MAX_BYTES (a log line may be 300 MB)."""
-    data = summary.model_dump(mode="json")
+    data = summary.to_json()
     for name in ("head", "malformed_examples"):
         data[name] = [cut_bytes(line, LINE_MAX_BYTES) for line in data.get(name) or ()]
     return data
@@ -380,7 +380,7 @@ def _thaw_logs(
         return None
     frames = _log_frames(meta, directory, thawer)
     grown = {name: _with_new_columns(name, frame) for name, frame in frames.items()}
-    return LogTables(summary=ParseSummary.model_validate(meta["summary"]), **grown)
+    return LogTables(summary=ParseSummary.from_json(meta["summary"]), **grown)
 
 
 def _thaw_trials(

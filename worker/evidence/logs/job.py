@@ -19,7 +19,7 @@ from worker.evidence.logs.budget import LogBudgetError, MemoryBudget
 from worker.evidence.logs.incremental import LogCache, cache_key
 from worker.evidence.logs.reader import FileRows, parse_file_rows
 from worker.evidence.logs.stitch import Stitched, build_tables
-from worker.evidence.model import ClockSkew, LogTables, ParseSummary
+from worker.evidence.parsed import ClockSkew, LogTables, ParseSummary
 from worker.evidence.paths import BundleFiles
 
 __all__ = ["Progress", "parse_job_logs", "read_job_logs"]

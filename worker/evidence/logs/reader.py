@@ -26,7 +26,7 @@ from worker.evidence.logs.lines import LINE_MAX_BYTES, Read, iter_reads, read_ta
 from worker.evidence.logs.scan import Scan, scan
 from worker.evidence.logs.state import ParserState
 from worker.evidence.logs.stitch import Stitched, build_tables, restitch, stitch
-from worker.evidence.model import ClockSkew, LogTables, ParseSummary
+from worker.evidence.parsed import ClockSkew, LogTables, ParseSummary
 
 __all__ = ["COMPRESSED_MAGIC", "FileRows", "compression", "parse_file_rows", "parse_log_file"]
 

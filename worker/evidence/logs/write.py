@@ -21,7 +21,7 @@ import polars as pl
 from shared.redact import redact_columns, redact_frame
 
 if TYPE_CHECKING:
-    from worker.evidence.model import LogTables
+    from worker.evidence.parsed import LogTables
 
 __all__ = [
     "SPLIT_ROWS",
