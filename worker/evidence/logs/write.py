@@ -4,9 +4,9 @@ and a column per key) unless that would be too wide (`wide_fits`): then long (`m
 
 The tables are written at once in a few threads (polars releases the GIL while it writes); a
 CSV table of more than `SPLIT_ROWS` rows (the engines table of a busy log) is formatted in parts,
-one per thread, which are then written one after the other (the same bytes as one write). A
-string column is redacted through its distinct values (an engine or source column repeats a few
-values over hundreds of thousands of rows).
+one per thread: the first is written to the file, the others appended after it (the same bytes
+as one write). A string column is redacted through its distinct values (an engine or source
+column repeats a few values over hundreds of thousands of rows).
 """
 
 from __future__ import annotations
@@ -110,7 +110,7 @@ def write_tables(
     split = {n for n, f in frames.items() if fmt == "csv" and f.height > SPLIT_ROWS}
     with ThreadPoolExecutor(_WRITERS) as pool:
         # the long tables' parts first: the short tables then fill the threads
-        parts = {name: _submit_parts(pool, frames[name]) for name in split}
+        parts = {name: _submit_parts(pool, frames[name], out_dir / f"{name}.csv") for name in split}
         whole = {
             name: pool.submit(write_frame, frame, out_dir, name, fmt)
             for name, frame in frames.items()
@@ -124,24 +124,34 @@ def write_tables(
         ]
 
 
-def _submit_parts(pool: ThreadPoolExecutor, frame: pl.DataFrame) -> list[Future[bytes]]:
+def _submit_parts(
+    pool: ThreadPoolExecutor, frame: pl.DataFrame, path: Path
+) -> list[Future[bytes | None]]:
+    """The parts of `frame` formatted at once: the first written to `path` (with the header),
+    the others kept as bytes to append after it."""
     size = -(-frame.height // _WRITERS)
     return [
-        pool.submit(_csv_bytes, frame.slice(start, size), header=start == 0)
+        pool.submit(_csv_part, frame.slice(start, size), path if start == 0 else None)
         for start in range(0, frame.height, size)
     ]
 
 
-def _csv_bytes(frame: pl.DataFrame, *, header: bool) -> bytes:
+def _csv_part(frame: pl.DataFrame, path: Path | None) -> bytes | None:
+    """`frame` as CSV: written to `path` with the header, else its rows as bytes."""
+    frame = _iso(redacted(frame))
+    if path is not None:
+        frame.write_csv(path)
+        return None
     buffer = BytesIO()
-    _iso(redacted(frame)).write_csv(buffer, include_header=header)
+    frame.write_csv(buffer, include_header=False)
     return buffer.getvalue()
 
 
-def _join_parts(path: Path, parts: list[Future[bytes]]) -> Path:
-    with path.open("wb") as handle:
-        for part in parts:
-            handle.write(part.result())
+def _join_parts(path: Path, parts: list[Future[bytes | None]]) -> Path:
+    parts[0].result()
+    with path.open("ab") as handle:
+        for part in parts[1:]:
+            handle.write(part.result() or b"")
     return path
 
 
