@@ -531,3 +531,27 @@ def test_a_literal_at_every_offset_of_a_line_is_found(rules: native.Rules) -> No
         kept = [*range(FIRST), *range(FIRST + 1, len(lines))]
         assert result.where.to_list() == kept, literal
         assert result.dropped == 1, literal  # the noise line just past the first lines
+
+
+def test_an_extension_built_from_an_older_source_is_not_used(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A stale build (no `rules`: an older _fastscan.c) leaves the polars path on, never a crash
+    at import; `test_the_extension_is_built_in_this_venv` is what fails for it."""
+    import importlib.util
+    import sys
+    import types
+
+    import worker.evidence.logs as package
+
+    stale = types.ModuleType("worker.evidence.logs._fastscan")
+    stale.scan = lambda *args: None  # type: ignore[attr-defined]
+    monkeypatch.setattr(package, "_fastscan", stale)
+    monkeypatch.setitem(sys.modules, "worker.evidence.logs._fastscan", stale)
+    spec = importlib.util.spec_from_file_location("native_stale", native.__file__)
+    assert spec is not None and spec.loader is not None
+    copy = importlib.util.module_from_spec(spec)
+    monkeypatch.setitem(sys.modules, "native_stale", copy)
+    spec.loader.exec_module(copy)
+    assert copy._fastscan is None and copy.AVAILABLE is False
+    assert copy.native_scan(b"x\n", 2) is None

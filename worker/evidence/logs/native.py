@@ -23,6 +23,9 @@ try:
     from worker.evidence.logs import _fastscan  # type: ignore[attr-defined]
 except ImportError:  # not built: the polars path reads every line
     _fastscan = None
+if _fastscan is not None and not hasattr(_fastscan, "rules"):
+    # built from an older _fastscan.c (`make venv` rebuilds it): the polars path, not a crash
+    _fastscan = None
 
 # RLHEALTH_PARSE_NATIVE=0 turns the fast path off (to compare both paths).
 AVAILABLE: Final = _fastscan is not None and os.environ.get("RLHEALTH_PARSE_NATIVE", "1") != "0"
