@@ -25,11 +25,13 @@ Redaction is idempotent: `redact_text(redact_text(x)) == redact_text(x)`.
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import math
 import re
 from collections import Counter
 from collections.abc import Callable, Mapping
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, Final
 
 if TYPE_CHECKING:
@@ -37,6 +39,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "PREFILTER",
+    "RULES_DIGEST",
     "clean",
     "clean_cut",
     "cut_bytes",
@@ -363,3 +366,20 @@ def install_log_redaction() -> None:
     if getattr(previous, "rlhealth_redacts", False):
         return
     logging.setLogRecordFactory(_cleaned_record_factory(previous))
+
+
+# --- the rules' fingerprint ----------------------------------------------------------------------
+
+
+def _rules_digest() -> str:
+    """A digest of this module's source: it changes with any change to what is redacted (or
+    how), so what was found clean, or stored redacted, under older rules is not trusted under
+    newer ones (`worker.pipeline.logcache`'s clean set, `worker.evidence.frozen`'s parts)."""
+    try:
+        source = Path(__file__).read_bytes()
+    except OSError:  # no source beside the code: the patterns stand for it
+        source = "\0".join([PREFILTER, *(rule.pattern for rule, _ in RULES)]).encode()
+    return hashlib.sha256(source).hexdigest()[:16]
+
+
+RULES_DIGEST: Final = _rules_digest()

@@ -62,7 +62,7 @@ def _frozen_summary(services: Services, event_id: str) -> dict[str, Any]:
 def _full_read_summary(job_dir: Path) -> dict[str, Any]:
     logs = collect_evidence(job_dir, now=NOW).logs
     assert logs is not None
-    summary = logs.summary.model_dump(mode="json")
+    summary = logs.summary.to_json()
     return {name: summary[name] for name in _SUMMARY_FIELDS}
 
 

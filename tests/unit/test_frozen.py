@@ -414,3 +414,19 @@ def test_a_format_1_freeze_still_thaws_to_the_same_verdict(tmp_path: Path) -> No
     assert_same(thawed, evidence)
     again = judge(thawed, event_id="e1")
     assert again.contract_dict() == judge(evidence, event_id="e1").contract_dict()
+
+
+def test_parts_redacted_under_older_rules_are_written_again(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The same rows under other redactor rules (`RULES_DIGEST`) have other digests: no stored
+    part is reused, every part is written (and redacted) again; under the same rules, none."""
+    first = _long(PART_ROWS + 10)
+    written = _part_files(freeze(first, tmp_path / "1", parts_at="shelf/"))
+    stored = _stored([tmp_path / "1"])
+    assert _part_files(freeze(first, tmp_path / "2", parts_at="shelf/", stored=stored)) == []
+    monkeypatch.setattr(frozen, "RULES_DIGEST", "0" * 16)
+    again = _part_files(freeze(first, tmp_path / "3", parts_at="shelf/", stored=stored))
+    assert len(again) == len(written)
+    assert not {p.name.split("-")[0] for p in again} & set(stored)
+    assert_same(thaw(tmp_path / "3"), first)

@@ -5,7 +5,8 @@
 
 from __future__ import annotations
 
-from datetime import timedelta
+from datetime import UTC, date, datetime, timedelta
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -13,7 +14,8 @@ import pytest
 from shared.models import GateName, GateResult, GateStatus, KillProof, Quote, RestartsResult
 from tests import factories as f
 from worker.evidence.facts import attempt_failures
-from worker.evidence.model import AttemptRecord, LogTables, ProbeEvidence
+from worker.evidence.logs import parse_job_logs
+from worker.evidence.model import AttemptRecord, Evidence, LogTables, ProbeEvidence
 from worker.gates import configuration, deaths
 from worker.gates.proofs import validate
 from worker.gates.restarts import check as restarts_check
@@ -363,3 +365,52 @@ def test_a_failure_the_attempt_trained_past_did_not_end_it() -> None:
         )
     )
     assert found["line"].to_list() == [9]
+
+
+def _two_attempts(tmp_path: Path, ray_clock: str) -> Evidence:
+    """A finelog whose second attempt (from 12:00:20) has engine 11@10.0.0.1, which logs its
+    death at 12:00:30, and a Ray worker log of another engine's stat lines at `ray_clock`."""
+
+    def line(second: int, msg: str, prefix: str = "(skyrl_entrypoint pid=1)") -> str:
+        stamp = f"2026-05-01 12:00:{second:02d}.000"
+        return f"[12:00:{second:02d}] task=/u/job/0 | {prefix} {stamp} | INFO | x:y:1 - {msg}"
+
+    def stat(clock: str) -> str:
+        return (
+            f"INFO 05-01 {clock} [loggers.py:248] Engine 000: Avg prompt throughput: 1.0 "
+            "tokens/s, Avg generation throughput: 2.0 tokens/s, Running: 3 reqs, Waiting: 0 "
+            "reqs, GPU KV cache usage: 5.0%, Prefix cache hit rate: 6.0%"
+        )
+
+    engine = "(AsyncVLLMInferenceEngine pid=11, ip=10.0.0.1)"
+    finelog = [
+        "[12:00:00] task=/u/job/0 | [iris setup] step 1/2",
+        line(10, "Started: 'step'"),
+        "[12:00:20] task=/u/job/0 | [iris setup] step 1/2",
+        line(21, "Started: 'step'"),
+        f"[12:00:22] task=/u/job/0 | {engine} {stat('12:00:22')}",
+        f"[12:00:30] task=/u/job/0 | {engine} ERROR 05-01 12:00:30 [core.py:1] EngineCore "
+        "encountered a fatal error.",
+    ]
+    (tmp_path / "finelog.log").write_text("\n".join(finelog) + "\n")
+    ray = tmp_path / "ray_vllm_logs" / "pod0" / "worker-abc-01-123.out"
+    ray.parent.mkdir(parents=True)
+    ray.write_text(stat(ray_clock) + "\n")
+    tables = parse_job_logs(tmp_path, reference_date=date(2026, 5, 1))
+    assert tables is not None
+    return f.evidence(log_tables=tables, now=datetime(2026, 5, 1, 13, tzinfo=UTC))
+
+
+@pytest.mark.parametrize(("ray_clock", "whose"), [
+    ("12:00:25", None),  # an engine of this attempt that logged no death: no proof
+    ("12:00:19", "every inference engine (1 of 1)"),  # a second before: the first attempt's
+])  # fmt: skip
+def test_an_engine_seen_only_in_a_ray_worker_log_counts_for_every_engine(
+    tmp_path: Path, ray_clock: str, whose: str | None
+) -> None:
+    """The engines every one of which must have died include those a Ray worker log shows in
+    the newest attempt (it marks no attempt of its own: its rows join the finelog's by time)."""
+    ev = _two_attempts(tmp_path, ray_clock)
+    assert ev.facts.newest_attempt == 1
+    found = deaths.find_death(ev, None)
+    assert (found.whose if found else None) == whose

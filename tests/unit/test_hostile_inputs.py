@@ -20,7 +20,7 @@ import pytest
 from bench.hostile import INPUTS, NOW, Input, build, run_command
 from shared.models import Verdict
 from worker.diagnosis import collect_evidence, judge
-from worker.evidence import model
+from worker.evidence import parsed
 from worker.evidence.logs import LINE_MAX_BYTES, MemoryBudget, parse_log_file
 from worker.evidence.logs.budget import FLOOR_MB, Held, LogBudgetError, setting_mb
 from worker.evidence.logs.write import write_tables
@@ -363,13 +363,13 @@ def test_many_keys_full_size_pivots_only_the_gates_keys_once(
     ask for is pivoted once (it took 244 s when every gate pivoted every key)."""
     job = _built(tmp_path, "many_keys", full=True)
     asked: list[tuple[str, ...] | None] = []
-    pivot = model._pivot
+    pivot = parsed._pivot
 
     def counting(metrics: pl.DataFrame, keys: tuple[str, ...] | None) -> pl.DataFrame:
         asked.append(keys)
         return pivot(metrics, keys)
 
-    monkeypatch.setattr(model, "_pivot", counting)
+    monkeypatch.setattr(parsed, "_pivot", counting)
     evidence = collect_evidence(job, now=MOMENT)
     assert evidence.logs is not None
     assert evidence.logs.metrics.get_column("key").n_unique() == 300_000
@@ -386,7 +386,7 @@ def test_too_many_keys_are_written_long(tmp_path: Path) -> None:
     tables = parse_log_file(job / "finelog.log", "finelog.log")
     written = {p.name for p in write_tables(tables, tmp_path / "out")}
     assert "metrics_long.csv" in written and "metrics.csv" not in written
-    few = model.LogTables(metrics=tables.metrics.filter(pl.col("step") <= 1).head(10))
+    few = parsed.LogTables(metrics=tables.metrics.filter(pl.col("step") <= 1).head(10))
     assert "metrics.csv" in {p.name for p in write_tables(few, tmp_path / "few")}
 
 

@@ -51,13 +51,13 @@ def _same(left: LogTables, right: LogTables) -> None:
 def starts(monkeypatch: pytest.MonkeyPatch) -> list[int]:
     """The byte offset each read of a file starts at (one per parse)."""
     found: list[int] = []
-    original = reader.iter_reads
+    original = reader._reads
 
-    def recording(handle: BufferedReader, chunk_bytes: int, line_max: int) -> Iterator[Read]:
+    def recording(handle: BufferedReader, chunk_bytes: int) -> Iterator[Read]:
         found.append(handle.tell())
-        return original(handle, chunk_bytes, line_max)
+        return original(handle, chunk_bytes)
 
-    monkeypatch.setattr(reader, "iter_reads", recording)
+    monkeypatch.setattr(reader, "_reads", recording)
     return found
 
 

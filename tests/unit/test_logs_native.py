@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import importlib
 import random
+import tomllib
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -23,9 +24,10 @@ from polars.testing import assert_frame_equal
 from bench.gen_continuous import generate_continuous
 from bench.gen_finelog import generate
 from bench.hostile import INPUTS, build
-from worker.evidence.logs import native, parse_job_logs, parse_log_file
-from worker.evidence.logs.lines import Read
-from worker.evidence.logs.scan import Scan, scan
+from worker.evidence.logs import detect, native, parse_job_logs, parse_log_file
+from worker.evidence.logs.detect import TRACEBACK
+from worker.evidence.logs.lines import LINE_MAX_BYTES, WINDOW_LINES, Read
+from worker.evidence.logs.scan import HEAD_SCAN_LINES, KEEP, Scan, scan
 from worker.evidence.model import LogTables
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "logs"
@@ -308,3 +310,248 @@ def test_the_native_columns_outlive_the_read() -> None:
     assert stats.height == 1000
     assert stats.get_column("pid").unique().to_list() == ["28723"]
     assert pl.Series(stats.get_column("hit")).sum() == pytest.approx(28.5 * 1000)
+
+
+# ---- The rest lines the native pass drops (`native.Rules`, `scan.KEEP`) ---------------------
+#
+# A read of FIRST noise lines (always kept: the first window and the head), then the lines under
+# test. Each case checks which lines are kept (just past and just short of each rule) and that the
+# scan with the drop equals the polars path's.
+
+FIRST = max(HEAD_SCAN_LINES, WINDOW_LINES + 1)
+NOISE = "[21:00:05] task=/ops/rl-bench/0 | (AsyncVLLMInferenceEngine pid=28720) Added request x"
+REAL_TEXT = [
+    line["text"]
+    for path in sorted((FIXTURES.parent / "real_failures").glob("*.toml"))
+    for line in tomllib.loads(path.read_text())["line"]
+]
+
+
+def _kept(body: list[str] | list[bytes], first: int = FIRST) -> tuple[list[int], bytes]:
+    """The indices (counted from the first body line) of the body lines kept, and the read."""
+    lines = [NOISE.encode()] * first + [b if isinstance(b, bytes) else b.encode() for b in body]
+    data = b"\n".join(lines) + b"\n"
+    result = native.native_scan(data, len(data), KEEP)
+    assert result is not None
+    return [i - first for i in result.where.to_list() if i >= first], data
+
+
+def _check(body: list[str] | list[bytes], kept: list[int], first: int = FIRST) -> None:
+    found, data = _kept(body, first)
+    assert found == kept
+    _assert_same_scan(*_both_scans(data))
+
+
+def test_noise_after_the_first_lines_is_dropped_and_the_first_lines_are_kept() -> None:
+    found, _ = _kept([NOISE] * 3, first=FIRST - 1)  # the last first line is kept, then dropped
+    assert found == [0]
+    _check([NOISE] * 3, [])
+
+
+@pytest.mark.parametrize("literal", detect.FLAG_LITERALS)
+def test_a_flag_literal_keeps_its_line_anywhere_and_not_when_a_byte_short(literal: str) -> None:
+    short = literal[:-1]
+    short_kept = [4] if any(other in short for other in detect.FLAG_LITERALS) else []
+    body = [literal, f"x {literal}", f"{NOISE} {literal}", NOISE, short, literal[-1]]
+    opens = any(block in literal for block in detect.BLOCK_STARTS)  # a window: all kept
+    _check(body, list(range(6)) if opens else [0, 1, 2, *short_kept])
+
+
+def test_a_literal_split_across_a_line_end_keeps_neither_line() -> None:
+    _check(["x Tracebac", "k (most recent call last)", "x Erro", "r: boom", NOISE], [])
+
+
+def test_a_flagged_line_after_dropped_ones_keeps_its_index() -> None:
+    _check([NOISE, NOISE, "ValueError: boom", NOISE, "Training Step Progress: 3 / 9"], [2, 4])
+
+
+@pytest.mark.parametrize("block", detect.BLOCK_STARTS)
+def test_a_traceback_window_keeps_window_lines_after_it_and_not_one_more(block: str) -> None:
+    body = [f"[21:00:05] task=/ops/rl-bench/0 | {block}"] + [NOISE] * (WINDOW_LINES + 3)
+    _check(body, list(range(WINDOW_LINES + 1)))
+
+
+def test_a_window_that_ends_exactly_at_a_later_traceback_is_extended() -> None:
+    body = [TRACEBACK] + [NOISE] * (WINDOW_LINES - 1) + [TRACEBACK] + [NOISE] * (WINDOW_LINES + 2)
+    _check(body, list(range(2 * WINDOW_LINES + 1)))
+
+
+def test_a_nul_byte_keeps_its_line_and_may_open_a_window() -> None:
+    """NUL is blanked before the flags are searched: `x\\0error` holds ` error`, and
+    `Traceback\\0(most recent call last)` opens a traceback window."""
+    blanked = TRACEBACK.replace(" ", "\x00", 1)
+    body = ["x\x00error", NOISE, blanked] + [NOISE] * (WINDOW_LINES + 2)
+    _check(body, [0, 1, *range(2, 2 + WINDOW_LINES + 1)])
+
+
+def test_a_cr_byte_keeps_its_line() -> None:
+    _check([NOISE + "\r", NOISE, "a\rb", NOISE], [0, 2])
+
+
+def test_invalid_utf8_keeps_its_line_and_valid_non_ascii_does_not() -> None:
+    _check(
+        [b"x \xff y", NOISE.encode(), "Trajectories: 79%|███████   |".encode(), b"\xe2\x82"], [0, 3]
+    )
+
+
+def test_a_line_that_could_be_cut_is_kept() -> None:
+    long_line = KEEP.long_line
+    body = ["y" * (long_line - 1), "y" * long_line, "z" * (LINE_MAX_BYTES + 10), NOISE]
+    _check(body, [1, 2])
+    _, data = _kept(body)
+    assert len(scan(Read(data, len(data), final=True)).cuts) == 1
+
+
+def test_the_head_keeps_lines_up_to_the_first_with_a_printable_byte() -> None:
+    """Blank and Unicode-whitespace lines past the first lines, then content: every line up to
+    the first that holds a printable ASCII byte is kept (the first non-blank line); a line of
+    Unicode whitespace only is blank to polars (`strip_chars`)."""
+    blank = ["", "   ", "\t", "\u3000", "\u00a0\u2003", "\u2028\u205f", "\x0b\x0c"]
+    lines = blank * (FIRST // len(blank) + 30)
+    body = [*lines, "é", NOISE, "\u3000x", NOISE, NOISE]
+    data = ("\n".join(body) + "\n").encode()
+    result = native.native_scan(data, len(data), KEEP)
+    assert result is not None
+    kept = result.where.to_list()
+    assert kept[-1] == len(lines) + 1 and len(body) - 1 not in kept
+    plain, fast = _both_scans(data)
+    _assert_same_scan(plain, fast)
+    assert fast.first_content == len(lines)
+
+
+def test_a_bom_line_first_in_the_rest_after_many_stat_lines() -> None:
+    """polars drops a BOM that starts its input: the first rest line is kept, so it is the
+    same line with or without the drop."""
+    data = ((STAT + "\n") * (FIRST + 5) + "\ufeffnoise\n" + (NOISE + "\n") * 3).encode()
+    result = native.native_scan(data, len(data), KEEP)
+    assert result is not None and result.where.to_list() == [FIRST + 5]
+    _assert_same_scan(*_both_scans(data))
+
+
+def test_rules_with_a_literal_the_bytes_cannot_show_keep_every_line() -> None:
+    for bad in ("x", "a\x00b", "\ufffd!", "a\nb"):
+        assert native.rules((bad,), (), 1, 1, 10)._capsule is None
+    assert KEEP._capsule is not None
+
+
+def test_most_of_the_continuous_log_is_dropped(tmp_path: Path) -> None:
+    """The drop is on: of a continuous benchmark read, most rest lines never reach polars."""
+    data = generate_continuous(tmp_path / "finelog.log", 1.0).read_bytes()
+    result = native.native_scan(data, len(data), KEEP)
+    assert result is not None
+    assert result.dropped > 2 * len(result.where) > 0
+
+
+_NOISE_LINES = st.sampled_from(
+    [
+        NOISE,
+        "",
+        "   ",
+        "\u3000",
+        "plain words here",
+        "batch_num_seq: 5228, padded: 1172",
+        "Generating Trajectories: 21%|██        | 1071/5120",
+    ]
+)
+
+
+@st.composite
+def _mixed_body(draw: st.DrawFn) -> list[str]:
+    """Noise with flag literals put anywhere in it, real failure text, stat lines, tracebacks,
+    runs of noise as long as a window, NUL and CR bytes."""
+    body: list[str] = []
+    for _ in range(draw(st.integers(1, 12))):
+        kind = draw(st.integers(0, 6))
+        if kind == 0:
+            body += [draw(_NOISE_LINES)] * draw(st.integers(1, WINDOW_LINES + 3))
+        elif kind == 1:
+            noise, literal = draw(_NOISE_LINES), draw(st.sampled_from(detect.FLAG_LITERALS))
+            at = draw(st.integers(0, len(noise)))
+            body.append(noise[:at] + literal + noise[at:])
+        elif kind == 2:
+            body.append(draw(st.sampled_from(REAL_TEXT)))
+        elif kind == 3:
+            body.append(draw(st.one_of(_stat_lines(), st.just(STAT))))
+        elif kind == 4:
+            body += [TRACEBACK, '  File "x.py", line 1, in <module>', "ValueError: boom"]
+        elif kind == 5:
+            noise = draw(_NOISE_LINES)
+            at = draw(st.integers(0, len(noise)))
+            body.append(
+                noise[:at] + draw(st.sampled_from(["\x00", "\r", "\x00error"])) + noise[at:]
+            )
+        else:
+            body.append(draw(_OTHER))
+    return body
+
+
+@settings(max_examples=60, deadline=None)
+@given(body=_mixed_body(), first=st.sampled_from([0, 5, FIRST - 3, FIRST + 2]))
+def test_random_noise_with_flag_literals_scans_the_same_with_the_drop(
+    body: list[str], first: int
+) -> None:
+    data = ("\n".join([NOISE] * first + body) + "\n").encode()
+    _assert_same_scan(*_both_scans(data))
+
+
+SCALAR = native.rules(
+    KEEP.literals, KEEP.blocks, KEEP.window, KEEP.first_lines, KEEP.long_line, vector=False
+)
+
+
+@settings(max_examples=60, deadline=None)
+@given(body=_mixed_body(), pad=st.integers(0, 40))
+def test_the_vector_and_scalar_literal_searches_keep_the_same_lines(
+    body: list[str], pad: int
+) -> None:
+    """The AVX2 search (32 positions at a time, reading past a line's end within the read) and
+    the scalar one keep the same lines, the last line ending at the read's last byte or not."""
+    data = ("\n".join([NOISE] * (FIRST + 1) + body) + "\n" + "y" * pad).encode()
+    for end in (len(data), len(data) - pad):
+        kept = [native.native_scan(data, end, rules) for rules in (KEEP, SCALAR)]
+        assert kept[0] is not None and kept[1] is not None
+        assert kept[0].where.to_list() == kept[1].where.to_list()
+        assert kept[0].rest == kept[1].rest
+
+
+@pytest.mark.parametrize("rules", [KEEP, SCALAR], ids=["vector", "scalar"])
+def test_a_literal_at_every_offset_of_a_line_is_found(rules: native.Rules) -> None:
+    """Every literal at each offset 0-69 (across the 32-byte blocks of the vector search), at
+    the end of its line or not, and at the very end of the read (no newline after it)."""
+    for literal in detect.FLAG_LITERALS:
+        body = [
+            ("x" * offset + literal + tail).encode()
+            for offset in range(70)
+            for tail in ("", "y", "y" * 40)
+        ]
+        lines = [NOISE.encode()] * (FIRST + 1) + body
+        data = b"\n".join(lines)
+        result = native.native_scan(data, len(data), rules)
+        assert result is not None
+        kept = [*range(FIRST), *range(FIRST + 1, len(lines))]
+        assert result.where.to_list() == kept, literal
+        assert result.dropped == 1, literal  # the noise line just past the first lines
+
+
+def test_an_extension_built_from_an_older_source_is_not_used(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A stale build (no `rules`: an older _fastscan.c) leaves the polars path on, never a crash
+    at import; `test_the_extension_is_built_in_this_venv` is what fails for it."""
+    import importlib.util
+    import sys
+    import types
+
+    import worker.evidence.logs as package
+
+    stale = types.ModuleType("worker.evidence.logs._fastscan")
+    stale.scan = lambda *args: None  # type: ignore[attr-defined]
+    monkeypatch.setattr(package, "_fastscan", stale)
+    monkeypatch.setitem(sys.modules, "worker.evidence.logs._fastscan", stale)
+    spec = importlib.util.spec_from_file_location("native_stale", native.__file__)
+    assert spec is not None and spec.loader is not None
+    copy = importlib.util.module_from_spec(spec)
+    monkeypatch.setitem(sys.modules, "native_stale", copy)
+    spec.loader.exec_module(copy)
+    assert copy._fastscan is None and copy.AVAILABLE is False
+    assert copy.native_scan(b"x\n", 2) is None

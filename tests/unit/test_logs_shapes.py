@@ -267,3 +267,47 @@ def test_lines_after_a_traceback_keep_their_step(tmp_path: Path) -> None:
     assert tables.timers.get_column("step").to_list() == [1, 1]
     ending = _write(tmp_path, ["Finished: 'step'Traceback (most recent call last)"])
     assert parse_log_file(ending, "f.log", chunk_bytes=37).summary.lines == 1
+
+
+def _stat_line(clock: str) -> str:
+    return (
+        f"INFO 05-01 {clock} [loggers.py:248] Engine 000: Avg prompt throughput: 1.0 tokens/s, "
+        "Avg generation throughput: 2.0 tokens/s, Running: 3 reqs, Waiting: 0 reqs, "
+        "GPU KV cache usage: 5.0%, Prefix cache hit rate: 6.0%"
+    )
+
+
+@pytest.mark.parametrize(
+    ("clock", "attempt"),
+    [("12:00:20", 1), ("12:00:19", 0), ("12:00:40", 1), ("11:59:00", 0)],
+)
+def test_rows_of_ray_worker_logs_join_the_attempt_they_were_logged_in(
+    tmp_path: Path, clock: str, attempt: int
+) -> None:
+    """A Ray worker log marks no attempt: its engine and error rows take the finelog's attempt
+    begun at or before them (the restart at 12:00:20: at it and after, the second; a second
+    before, and before the first attempt, the first), so the gates count them with that
+    attempt's engines and failures."""
+
+    def iris(second: int, msg: str) -> str:
+        return f"[12:00:{second:02d}] task=/u/job/0 | {msg}"
+
+    _write(
+        tmp_path,
+        [
+            iris(0, "[iris setup] step 1/2"),
+            iris(10, _loguru("Started: 'step'", 10)),
+            iris(20, "[iris setup] step 1/2"),
+            iris(20, _loguru("No checkpoint found, starting training from scratch", 20)),
+            iris(21, _loguru("Started: 'step'", 21)),
+        ],
+    )
+    died = f"ERROR 05-01 {clock} [core.py:1] EngineCore encountered a fatal error."
+    _write(tmp_path, [_stat_line(clock), died], "ray_vllm_logs/pod0/worker-abc-01-123.out")
+    tables = parse_job_logs(tmp_path, reference_date=date(2026, 5, 1))
+    assert tables is not None
+    assert tables.timers.get_column("attempt").to_list() == [0, 1]
+    ray = pl.col("source").str.starts_with("ray_vllm_logs")
+    assert tables.engines.filter(ray).get_column("attempt").to_list() == [attempt]
+    errors = tables.errors.filter(ray)
+    assert errors.height == 1 and errors.get_column("attempt").to_list() == [attempt]

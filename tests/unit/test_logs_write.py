@@ -12,8 +12,9 @@ from polars.testing import assert_frame_equal
 
 from shared.redact import redact_frame
 from tests.security.corpus import HF, JWT
-from worker.evidence.logs import parse_log_file
+from worker.evidence.logs import parse_log_file, write
 from worker.evidence.logs.write import _frames, _iso, redacted, write_tables
+from worker.evidence.model import LogTables, ParseSummary
 
 FIXTURES = Path(__file__).resolve().parent.parent / "fixtures" / "logs"
 LOGS = sorted(p for p in FIXTURES.iterdir() if p.suffix in {".log", ".out", ".txt"})
@@ -55,3 +56,38 @@ def test_redaction_through_distinct_values_equals_every_cell(rows: int, distinct
     assert_frame_equal(redacted(frame), redact_frame(frame))
     if rows:
         assert HF not in redacted(frame).write_csv()
+
+
+@pytest.mark.parametrize("log", LOGS, ids=[p.name for p in LOGS])
+def test_tables_written_in_parts_equal_the_plain_way(
+    log: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With every table longer than 3 rows formatted in parts, the files are still byte for byte
+    the plain way's (one header, no row lost or doubled at a seam)."""
+    monkeypatch.setattr(write, "SPLIT_ROWS", 3)
+    test_written_tables_equal_the_plain_way(log, tmp_path)
+
+
+@pytest.mark.parametrize(("rows", "parts"), [(write.SPLIT_ROWS, 0), (write.SPLIT_ROWS + 1, 2)])
+def test_a_table_is_split_just_past_split_rows(
+    rows: int, parts: int, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """At SPLIT_ROWS rows a table is written whole; one row more and it is formatted in parts.
+    Either way every cell is redacted and the file is the plain way's."""
+    made: list[int] = []
+    submit = write._submit_parts
+
+    def counted(pool: object, frame: pl.DataFrame, path: Path) -> list:  # type: ignore[type-arg]
+        found = submit(pool, frame, path)  # type: ignore[arg-type]
+        made.append(len(found))
+        return found
+
+    monkeypatch.setattr(write, "_submit_parts", counted)
+    engines = pl.concat([_frame(rows // 2, 4), _frame(rows - rows // 2, 4)])
+    tables = LogTables(engines=engines, summary=ParseSummary())
+    written = write_tables(tables, tmp_path / "out")
+    assert [p.name for p in written] == ["engines.csv"]
+    assert made == ([parts] if parts else [])
+    _plain(engines, tmp_path / "plain.csv")
+    assert written[0].read_bytes() == (tmp_path / "plain.csv").read_bytes()
+    assert HF not in written[0].read_text() and JWT not in written[0].read_text()

@@ -53,13 +53,13 @@ def _log_bytes() -> bytes:
 def starts(monkeypatch: pytest.MonkeyPatch) -> list[int]:
     """The byte offset each read of a log file starts at (one per file parsed)."""
     found: list[int] = []
-    original = reader.iter_reads
+    original = reader._reads
 
-    def recording(handle: BufferedReader, chunk_bytes: int, line_max: int) -> Iterator[Read]:
+    def recording(handle: BufferedReader, chunk_bytes: int) -> Iterator[Read]:
         found.append(handle.tell())
-        return original(handle, chunk_bytes, line_max)
+        return original(handle, chunk_bytes)
 
-    monkeypatch.setattr(reader, "iter_reads", recording)
+    monkeypatch.setattr(reader, "_reads", recording)
     return found
 
 

@@ -26,7 +26,7 @@ from shared.redact import clean_cut
 if TYPE_CHECKING:
     from worker.cli.terminal import LogProgress
     from worker.evidence.logs import LogCache
-    from worker.evidence.model import LogTables, TrialTables
+    from worker.evidence.parsed import LogTables, TrialTables
 
 __all__ = ["parse_command"]
 

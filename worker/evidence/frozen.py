@@ -12,9 +12,11 @@ evidence.json            everything else as JSON, written last: its presence mar
 
 Each table (every LogTables frame, empty ones included, and the trial table) is cut into parts of
 PART_ROWS rows from its first row (an empty table is one part of no rows). A part is named by
-`<digest>-<sha256>`: the digest (32 hex) is a SHA-256 of the table's name, its schema and the
-64-bit hash of every row (`DataFrame.hash_rows`; a changed row keeps its part's digest only if its
-hash collides with the old row's, about 1 in 2^64), so a part holding the same rows has the same
+`<digest>-<sha256>`: the digest (32 hex) is a SHA-256 of the redactor's rules
+(`shared.redact.RULES_DIGEST`: a part redacted under older rules is not reused under newer ones,
+it is written again), the table's name, its schema and the 64-bit hash of every row
+(`DataFrame.hash_rows`; a changed row keeps its part's digest only if its hash collides with the
+old row's, about 1 in 2^64), so a part holding the same rows has the same
 digest (within one polars version: another one may hash differently, and then writes every part
 again); the SHA-256 is that of the Parquet file as written (redacted), checked when it is
 read back. When a job's log grows, its tables grow at the end: every full part before the new rows
@@ -52,7 +54,7 @@ from typing import Any, Final
 
 import polars as pl
 
-from shared.redact import cut_bytes, redact_data, redact_frame
+from shared.redact import RULES_DIGEST, cut_bytes, redact_data, redact_frame
 from shared.settings import Thresholds
 from worker.evidence import schema
 from worker.evidence.model import (
@@ -189,7 +191,7 @@ def _spans(height: int) -> list[tuple[int, int]]:
 def _digests(name: str, frame: pl.DataFrame) -> list[str]:
     """The digest of each part of `frame`: its rows' hashes under the table's name and schema."""
     hashes = [frame.hash_rows(_SEED).to_numpy()] if frame.width else []
-    head = _PART_TAG + f"{name}\0{list(frame.schema.items())!r}\0".encode()
+    head = _PART_TAG + f"{RULES_DIGEST}\0{name}\0{list(frame.schema.items())!r}\0".encode()
     digests = []
     for start, length in _spans(frame.height):
         digest = hashlib.sha256(head + str(length).encode() + b"\0")
@@ -248,7 +250,7 @@ def _trials_meta(trials: TrialTables, freezer: _Freezer) -> dict[str, Any]:
 
 def _summary(summary: ParseSummary) -> dict[str, Any]:
     """The parse summary; its quoted lines cut to LINE_MAX_BYTES (a log line may be 300 MB)."""
-    data = summary.model_dump(mode="json")
+    data = summary.to_json()
     for name in ("head", "malformed_examples"):
         data[name] = [cut_bytes(line, LINE_MAX_BYTES) for line in data.get(name) or ()]
     return data
@@ -380,7 +382,7 @@ def _thaw_logs(
         return None
     frames = _log_frames(meta, directory, thawer)
     grown = {name: _with_new_columns(name, frame) for name, frame in frames.items()}
-    return LogTables(summary=ParseSummary.model_validate(meta["summary"]), **grown)
+    return LogTables(summary=ParseSummary.from_json(meta["summary"]), **grown)
 
 
 def _thaw_trials(

@@ -6,19 +6,17 @@ types, so a gate can be tested with an `Evidence` made by hand.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from datetime import datetime
 from enum import StrEnum
 from functools import cached_property
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-import polars as pl
 from pydantic import BaseModel, ConfigDict
 
 from shared.models import Mode, UtcDatetime
-from worker.evidence import schema
+from worker.evidence.parsed import ClockSkew, LogTables, ParseSummary, TrialTables
 
 if TYPE_CHECKING:
     # an annotation only (of a dataclass): the settings (pydantic-settings, ~0.1 s to import) are
@@ -113,89 +111,7 @@ class BundleInfo(_Frozen):
     refused_paths: tuple[str, ...] = ()  # paths that tried to leave the bundle root
 
 
-# --- logs ---------------------------------------------------------------------------------------
-
-
-class ClockSkew(_Frozen):
-    """A log's own line times against the Iris prefix times (collection time, UTC).
-
-    `min_s`/`max_s` are own time minus prefix time over the `lines` that carry both; `off_lines`
-    differ by more than the parser's tolerance, the first of them at `source`:`first_line`.
-    """
-
-    lines: int = 0
-    min_s: float | None = None
-    max_s: float | None = None
-    off_lines: int = 0
-    first_line: int | None = None
-    source: str | None = None
-
-
-class ParseSummary(_Frozen):
-    files: tuple[str, ...] = ()
-    lines: int = 0
-    bytes: int = 0
-    records: dict[str, int] = {}  # serialization -> count of records read
-    malformed: int = 0
-    malformed_examples: tuple[str, ...] = ()  # "source:line: text", the first few
-    serializations: tuple[str, ...] = ()
-    first_timestamp: UtcDatetime | None = None
-    last_timestamp: UtcDatetime | None = None  # newest timestamp of any line
-    head: tuple[str, ...] = ()  # the first non-empty lines, to show what the log looks like
-    head_lines: tuple[int, ...] = ()  # their 1-based line numbers, when the parser kept them
-    head_source: str | None = None  # the file they come from (default: the first of `files`)
-    clock: ClockSkew = ClockSkew()  # own line times against the Iris prefix times
-    cut_lines: int = 0  # lines longer than the parser's cap (LINE_MAX_BYTES), cut with a marker
-    cut_examples: tuple[str, ...] = ()  # "source:line: N bytes", the first few
-    notes: tuple[str, ...] = ()  # what the report must state about reading the logs
-
-
-@dataclass(frozen=True)
-class LogTables:
-    """The tables read from the job's logs (schemas in `worker.evidence.schema`)."""
-
-    metrics: pl.DataFrame = field(default_factory=lambda: schema.empty(schema.METRICS))
-    timers: pl.DataFrame = field(default_factory=lambda: schema.empty(schema.TIMERS))
-    phases: pl.DataFrame = field(default_factory=lambda: schema.empty(schema.PHASES))
-    engines: pl.DataFrame = field(default_factory=lambda: schema.empty(schema.ENGINES))
-    progress: pl.DataFrame = field(default_factory=lambda: schema.empty(schema.PROGRESS))
-    batches: pl.DataFrame = field(default_factory=lambda: schema.empty(schema.BATCHES))
-    errors: pl.DataFrame = field(default_factory=lambda: schema.empty(schema.ERRORS))
-    resumes: pl.DataFrame = field(default_factory=lambda: schema.empty(schema.RESUMES))
-    summary: ParseSummary = field(default_factory=ParseSummary)
-
-    def metrics_wide(self, keys: Iterable[str] | None = None) -> pl.DataFrame:
-        """`step` then one column per metric key, sorted by step: only the `keys` given (a gate
-        names the few it reads; a key with no rows has no column), else every key.
-
-        Each set of keys is pivoted once per `LogTables` (the gates ask again and again): a log
-        with hundreds of thousands of distinct keys costs a filter, not a pivot of every key.
-        """
-        wanted = None if keys is None else tuple(sorted(set(keys)))
-        pivots: dict[tuple[str, ...] | None, pl.DataFrame] = self.__dict__.setdefault("_wide", {})
-        if wanted not in pivots:
-            pivots[wanted] = _pivot(self.metrics, wanted)
-        return pivots[wanted]
-
-
-def _pivot(metrics: pl.DataFrame, keys: tuple[str, ...] | None) -> pl.DataFrame:
-    rows = metrics if keys is None else metrics.filter(pl.col("key").is_in(list(keys)))
-    if rows.is_empty():
-        return pl.DataFrame(schema={"step": pl.Int64()})
-    wide = rows.pivot(on="key", index="step", values="value", aggregate_function="last")
-    return wide.sort("step")
-
-
-# --- trials -------------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class TrialTables:
-    trials: pl.DataFrame = field(default_factory=lambda: schema.empty(schema.TRIALS))
-    directory: str | None = None  # the trials directory relative to the job directory
-    sync_selection: dict[str, Any] | None = None
-    skipped_objects: tuple[Any, ...] = ()
-    unreadable: tuple[str, ...] = ()  # "path: reason" for result files that did not parse
+# --- logs and trials: ClockSkew, ParseSummary, LogTables, TrialTables (`worker.evidence.parsed`) --
 
 
 # --- live probes (the recorded layout of CONTRACT.md) ---------------------------------------------

@@ -19,7 +19,7 @@ import polars as pl
 
 from worker.evidence import schema
 from worker.evidence.bundle import parse_timestamp
-from worker.evidence.model import TrialTables
+from worker.evidence.parsed import TrialTables
 from worker.evidence.paths import BundleFiles
 from worker.evidence.values import integer, number, read_json, read_text, text
 

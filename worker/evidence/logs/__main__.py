@@ -12,7 +12,7 @@ import sys
 from pathlib import Path
 
 from worker.evidence.logs import LogBudgetError, parse_job_logs, parse_log_file, write_tables
-from worker.evidence.model import LogTables
+from worker.evidence.parsed import LogTables
 
 
 def _parse(path: Path) -> LogTables | None:

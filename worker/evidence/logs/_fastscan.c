@@ -7,14 +7,18 @@
  * traceback or Ray's unhandled-error block. For such a line it reads what the polars path of
  * worker/evidence/logs/engines.py reads, with the same semantics (the leftmost match of each of
  * its patterns on the part before the literal), so the values are identical. Every other line
- * is copied, byte for byte with its newline, into `rest`, for the polars path.
+ * (a rest line) is copied, byte for byte with its newline, into `rest`, for the polars path —
+ * every one without rules, else only those the rules keep (`rules`, below: a line that holds no
+ * flag literal, lies in no window and that nothing else of the polars path reads is counted and
+ * dropped).
  *
- * Returns (n_lines, rows, rest, starts, stops, ((schema, array), (schema, array))):
- * the line count, the stat lines read, the rest lines' bytes, each stat line's byte offsets
- * (int64, its newline excluded), then two Arrow C data interface capsule pairs that polars
- * imports without a copy: a struct of the stat columns (idx, index, pid, ip, vts, tod, prompt,
- * generation, running, waiting, kv, hit) and `where` (uint32: the line index of each rest line). Every read of the input is bounded by the
- * line it is in; the GIL is released during the pass.
+ * scan(data, end, rules=None) returns (n_lines, rows, rest, starts, stops, ((schema, array),
+ * (schema, array)), dropped): the line count, the stat lines read, the rest lines' bytes, each
+ * stat line's byte offsets (int64, its newline excluded), then two Arrow C data interface
+ * capsule pairs that polars imports without a copy: a struct of the stat columns (idx, index,
+ * pid, ip, vts, tod, prompt, generation, running, waiting, kv, hit) and `where` (uint32: the line
+ * index of each rest line kept), then the rest lines dropped. Every read of the input is bounded
+ * by the read (data[:end]); the GIL is released during the pass.
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -311,6 +315,7 @@ typedef struct {
     size_t rows;
     size_t n_lines;
     size_t rest_len;
+    size_t dropped;
 } Out;
 
 static void out_free(Out *o) {
@@ -345,9 +350,283 @@ static int add_row(Out *o, uint32_t line, int64_t start, int64_t stop, const Row
     return strings_add(&o->vts, n, row->vts, row->vts ? 14 : 0, row->vts != NULL);
 }
 
-/* The pass: lines of data[:end]; rest lines copied into `rest` (room for `end` bytes). */
-static int pass(const char *data, size_t end, char *rest, Out *o) {
+/* ---- Which rest lines the polars path can need (the others are only counted).
+ *
+ * The polars path reads a rest line only when it holds a flag literal (detect._FLAG_LITERALS,
+ * handed over by `rules`), lies in a window (the first lines of a read, the lines after a
+ * traceback or Ray unhandled-error literal), is among the lines the summary head reads, or is
+ * rewritten before its flags are searched or cut. A line is kept (copied into `rest`) when any
+ * of these may hold; a superset is harmless (polars decides on those lines exactly as before). */
+
+#define MAX_LITERALS 1024
+#define MAX_LITERAL 1024
+
+typedef struct {
+    const char *data;
+    size_t len;
+} Lit;
+
+typedef struct {
+    uint64_t pairs[1024];            /* bit (a | b << 8): some literal starts with bytes a, b */
+    uint16_t first[257];             /* literals starting with byte c: lits[first[c]:first[c+1]] */
+    Lit lits[MAX_LITERALS];          /* sorted by first byte */
+    size_t n_lits;
+    /* The vector prefilter (the Teddy idea of Hyperscan): 8 buckets of literals; bit b of
+     * lo[j][x] (hi[j][x]) is set when a literal of bucket b has low (high) nibble x at its byte
+     * j. A position is a candidate when its 3 bytes pass for one bucket. */
+    uint8_t lo[3][16], hi[3][16];
+    int vector;                      /* the CPU has AVX2 */
+    Lit blocks[2];                   /* the literals that open a traceback window */
+    size_t n_blocks;
+    size_t window;                   /* a block literal keeps its line and `window` lines after */
+    size_t first_lines;              /* the first lines of a read are always kept */
+    size_t long_line;                /* a line this long may be cut: kept */
+    char *storage;
+} Rules;
+
+static void rules_free(Rules *r) {
+    if (!r) return;
+    free(r->storage);
+    free(r);
+}
+
+static void rules_capsule_free(PyObject *capsule) {
+    rules_free(PyCapsule_GetPointer(capsule, "fastscan_rules"));
+}
+
+/* Whether a literal starts at p[i] (and ends within p[:n]): those of its first byte. */
+static int literal_at(const Rules *r, const unsigned char *p, size_t n, size_t i) {
+    for (size_t k = r->first[p[i]]; k < r->first[p[i] + 1]; k++) {
+        const Lit *lit = &r->lits[k];
+        if (lit->len <= n - i && memcmp(p + i, lit->data, lit->len) == 0) return 1;
+    }
+    return 0;
+}
+
+/* Whether [p, p + n) holds one of the literals (each at least 2 bytes), from position `i` on:
+ * a bitmap of their first two bytes, then those of the first byte compared. */
+static int holds_literal_scalar(const Rules *r, const unsigned char *p, size_t n, size_t i) {
+    for (; i + 1 < n; i++) {
+        unsigned pair = (unsigned)p[i] | ((unsigned)p[i + 1] << 8);
+        if (((r->pairs[pair >> 6] >> (pair & 63)) & 1) && literal_at(r, p, n, i)) return 1;
+    }
+    return 0;
+}
+
+#if defined(__x86_64__) && defined(__GNUC__)
+#include <immintrin.h>
+#define VECTOR 1
+
+/* holds_literal with AVX2: 32 positions at a time through the Teddy masks. Reads up to p[avail)
+ * (the bytes after the line in the read), so a block may run past the line's end; candidates
+ * past it are ignored. A candidate is checked against the bitmap of the literals' first two
+ * bytes, then against the literals of its first byte. */
+__attribute__((target("avx2"))) static int holds_literal_avx2(const Rules *r,
+                                                              const unsigned char *p, size_t n,
+                                                              size_t avail) {
+    const __m256i nibble = _mm256_set1_epi8(0x0f);
+    __m256i lo[3], hi[3];
+    for (int j = 0; j < 3; j++) {
+        lo[j] = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)r->lo[j]));
+        hi[j] = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)r->hi[j]));
+    }
+    size_t i = 0;
+    for (; i + 1 < n && i + 34 <= avail; i += 32) {
+        __m256i hits = _mm256_set1_epi8((char)0xff);
+        for (int j = 0; j < 3; j++) {
+            __m256i v = _mm256_loadu_si256((const __m256i *)(p + i + j));
+            __m256i l = _mm256_shuffle_epi8(lo[j], _mm256_and_si256(v, nibble));
+            __m256i h = _mm256_shuffle_epi8(hi[j], _mm256_and_si256(_mm256_srli_epi16(v, 4), nibble));
+            hits = _mm256_and_si256(hits, _mm256_and_si256(l, h));
+        }
+        uint32_t mask = ~(uint32_t)_mm256_movemask_epi8(_mm256_cmpeq_epi8(hits, _mm256_setzero_si256()));
+        if (!mask) continue;
+        for (; mask; mask &= mask - 1) {
+            size_t at = i + (size_t)__builtin_ctz(mask);
+            if (at + 1 >= n) break; /* past the line: later bits are too */
+            unsigned pair = (unsigned)p[at] | ((unsigned)p[at + 1] << 8);
+            if (((r->pairs[pair >> 6] >> (pair & 63)) & 1) && literal_at(r, p, n, at)) return 1;
+        }
+    }
+    return holds_literal_scalar(r, p, n, i);
+}
+#endif
+
+/* Whether [p, p + n) holds one of the literals; `avail` bytes from p may be read. */
+static int holds_literal(const Rules *r, const unsigned char *p, size_t n, size_t avail) {
+#ifdef VECTOR
+    if (r->vector) return holds_literal_avx2(r, p, n, avail);
+#endif
+    (void)avail;
+    return holds_literal_scalar(r, p, n, 0);
+}
+
+/* Teddy masks of the literals in their buckets (0-7, chosen by native.buckets so that a bucket's
+ * literals share most nibbles). A literal of 2 bytes passes any third byte. */
+static void teddy(Rules *r, const Lit *lits, const uint8_t *bucket_of, size_t n) {
+    for (size_t i = 0; i < n; i++) {
+        unsigned b = bucket_of[i];
+        for (size_t j = 0; j < 3; j++) {
+            for (unsigned x = 0; x < 16; x++) {
+                unsigned c = j < lits[i].len ? (unsigned char)lits[i].data[j] : 256;
+                if (c == 256 || (c & 15) == x) r->lo[j][x] |= (uint8_t)(1u << b);
+                if (c == 256 || (c >> 4) == x) r->hi[j][x] |= (uint8_t)(1u << b);
+            }
+        }
+    }
+#ifdef VECTOR
+    __builtin_cpu_init();
+    r->vector = r->vector && __builtin_cpu_supports("avx2");
+#endif
+}
+
+/* Strict UTF-8 (what polars' `utf8` read accepts): no overlong form, surrogate or value past
+ * U+10FFFF. */
+static int valid_utf8(const unsigned char *s, size_t n) {
+    size_t i = 0;
+    while (i < n) {
+        uint64_t word;
+        if (n - i >= 8 && (memcpy(&word, s + i, 8), !(word & UINT64_C(0x8080808080808080)))) {
+            i += 8; /* eight ASCII bytes */
+            continue;
+        }
+        unsigned c = s[i];
+        if (c < 0x80) {
+            i++;
+            continue;
+        }
+        size_t more;
+        unsigned lo = 0x80, hi = 0xbf;
+        if (c >= 0xc2 && c <= 0xdf) more = 1;
+        else if (c == 0xe0) more = 2, lo = 0xa0;
+        else if ((c >= 0xe1 && c <= 0xec) || c == 0xee || c == 0xef) more = 2;
+        else if (c == 0xed) more = 2, hi = 0x9f;
+        else if (c == 0xf0) more = 3, lo = 0x90;
+        else if (c >= 0xf1 && c <= 0xf3) more = 3;
+        else if (c == 0xf4) more = 3, hi = 0x8f;
+        else return 0;
+        if (n - i <= more) return 0;
+        if (s[i + 1] < lo || s[i + 1] > hi) return 0;
+        for (size_t k = 2; k <= more; k++) {
+            if ((s[i + k] & 0xc0) != 0x80) return 0;
+        }
+        i += more + 1;
+    }
+    return 1;
+}
+
+/* What the rules need to know of a rest line. */
+enum { HAS_NUL = 1, HAS_CR = 2, HAS_HIGH = 4, HAS_PRINTABLE = 8 };
+
+static unsigned byte_classes(const unsigned char *p, size_t n) {
+    uint8_t nul = 0, cr = 0, high = 0, printable = 0; /* bytes: the loop stays in byte lanes */
+    for (size_t i = 0; i < n; i++) {                  /* no early exit: vectorised */
+        uint8_t c = p[i];
+        nul |= (uint8_t)(c == 0);
+        cr |= (uint8_t)(c == '\r');
+        high |= (uint8_t)(c >> 7);
+        printable |= (uint8_t)((uint8_t)(c - 0x21) < 0x5e);
+    }
+    return (unsigned)(nul * HAS_NUL | cr * HAS_CR | high * HAS_HIGH | printable * HAS_PRINTABLE);
+}
+
+/* Per read: the line up to which every rest line is kept, and whether the read's first
+ * non-blank rest line is still ahead (every rest line is kept up to it). */
+typedef struct {
+    size_t keep_until;
+    int before_content;
+} Keep;
+
+/* Whether rest line `line` ([p, p + n), no newline) must reach the polars path. */
+static int kept(const Rules *r, Keep *k, size_t line, const unsigned char *p, size_t n,
+                size_t avail) {
+    unsigned classes = byte_classes(p, n);
+    int keep = line <= k->keep_until || k->before_content || n >= r->long_line ||
+               (classes & (HAS_NUL | HAS_CR)) || ((classes & HAS_HIGH) && !valid_utf8(p, n));
+    if (classes & HAS_PRINTABLE) k->before_content = 0;
+    int flagged = holds_literal(r, p, n, avail);
+    /* a block literal opens a window (NUL, blanked to a space before the search, might make one) */
+    int block = classes & HAS_NUL;
+    for (size_t b = 0; flagged && !block && b < r->n_blocks; b++)
+        block = find((const char *)p, n, r->blocks[b].data, r->blocks[b].len) != NULL;
+    if (block && line + r->window > k->keep_until) k->keep_until = line + r->window;
+    return keep || flagged || block;
+}
+
+/* rules(literals, blocks, window, first_lines, long_line): the rules as a capsule. */
+static PyObject *rules(PyObject *self, PyObject *args) {
+    Py_buffer buckets_view;
+    PyObject *literals, *blocks;
+    Py_ssize_t window, first_lines, long_line;
+    int vector = 1;
+    (void)self;
+    if (!PyArg_ParseTuple(args, "O!y*O!nnn|p", &PyTuple_Type, &literals, &buckets_view,
+                          &PyTuple_Type, &blocks, &window, &first_lines, &long_line, &vector))
+        return NULL;
+    Py_ssize_t n = PyTuple_GET_SIZE(literals), nb = PyTuple_GET_SIZE(blocks);
+    int bad = n > MAX_LITERALS || nb > 2 || window < 0 || first_lines < 0 || long_line < 1 ||
+              buckets_view.len != n;
+    for (Py_ssize_t i = 0; !bad && i < n; i++) bad = ((const uint8_t *)buckets_view.buf)[i] > 7;
+    uint8_t bucket_of[MAX_LITERALS];
+    if (!bad) memcpy(bucket_of, buckets_view.buf, (size_t)n);
+    PyBuffer_Release(&buckets_view);
+    if (bad) {
+        PyErr_SetString(PyExc_ValueError, "rules out of range");
+        return NULL;
+    }
+    size_t total = 0;
+    for (Py_ssize_t i = 0; i < n + nb; i++) {
+        PyObject *item = i < n ? PyTuple_GET_ITEM(literals, i) : PyTuple_GET_ITEM(blocks, i - n);
+        if (!PyBytes_Check(item) || PyBytes_GET_SIZE(item) < 2 ||
+            PyBytes_GET_SIZE(item) > MAX_LITERAL) {
+            PyErr_SetString(PyExc_ValueError, "a literal must be bytes of 2 to 1024");
+            return NULL;
+        }
+        total += (size_t)PyBytes_GET_SIZE(item);
+    }
+    Rules *r = calloc(1, sizeof *r);
+    if (!r || !(r->storage = malloc(total + 1))) {
+        free(r);
+        return PyErr_NoMemory();
+    }
+    char *into = r->storage;
+    Lit all[MAX_LITERALS];
+    for (Py_ssize_t i = 0; i < n + nb; i++) {
+        PyObject *item = i < n ? PyTuple_GET_ITEM(literals, i) : PyTuple_GET_ITEM(blocks, i - n);
+        size_t m = (size_t)PyBytes_GET_SIZE(item);
+        memcpy(into, PyBytes_AS_STRING(item), m);
+        Lit lit = {into, m};
+        if (i < n) all[i] = lit;
+        else r->blocks[r->n_blocks++] = lit;
+        into += m;
+    }
+    /* counting sort by first byte */
+    size_t count[257] = {0};
+    for (Py_ssize_t i = 0; i < n; i++) count[(unsigned char)all[i].data[0] + 1]++;
+    for (int c = 0; c < 256; c++) count[c + 1] += count[c];
+    for (int c = 0; c <= 256; c++) r->first[c] = (uint16_t)count[c];
+    for (Py_ssize_t i = 0; i < n; i++) {
+        const unsigned char *d = (const unsigned char *)all[i].data;
+        r->lits[count[d[0]]++] = all[i];
+        unsigned pair = (unsigned)d[0] | ((unsigned)d[1] << 8);
+        r->pairs[pair >> 6] |= UINT64_C(1) << (pair & 63);
+    }
+    r->n_lits = (size_t)n;
+    r->vector = vector;
+    teddy(r, all, bucket_of, (size_t)n);
+    r->window = (size_t)window;
+    r->first_lines = (size_t)first_lines;
+    r->long_line = (size_t)long_line;
+    PyObject *capsule = PyCapsule_New(r, "fastscan_rules", rules_capsule_free);
+    if (!capsule) rules_free(r);
+    return capsule;
+}
+
+/* The pass: lines of data[:end]; rest lines copied into `rest` (room for `end` bytes), all of
+ * them without `r`, else only those the rules keep (the others counted in o->dropped). */
+static int pass(const char *data, size_t end, char *rest, Out *o, const Rules *r) {
     size_t at = 0, line = 0;
+    Keep k = {r && r->first_lines ? r->first_lines - 1 : 0, 1};
     while (at < end) {
         const char *nl = memchr(data + at, '\n', end - at);
         size_t stop = nl ? (size_t)(nl - data) : end;
@@ -356,11 +635,13 @@ static int pass(const char *data, size_t end, char *rest, Out *o) {
         if (line > UINT32_MAX) return -1;
         if (stat_line(data + at, stop - at, &row)) {
             if (add_row(o, (uint32_t)line, (int64_t)at, (int64_t)stop, &row) < 0) return -1;
-        } else {
+        } else if (!r || kept(r, &k, line, (const unsigned char *)data + at, stop - at, end - at)) {
             uint32_t where = (uint32_t)line;
             memcpy(rest + o->rest_len, data + at, next - at);
             o->rest_len += next - at;
             if (buf_put(&o->rest_idx, &where, sizeof where) < 0) return -1;
+        } else {
+            o->dropped++;
         }
         at = next;
         line++;
@@ -614,8 +895,17 @@ static PyObject *export(Holder *h) {
 static PyObject *scan(PyObject *self, PyObject *args) {
     Py_buffer view;
     Py_ssize_t end;
+    PyObject *rules_obj = Py_None;
+    const Rules *r = NULL;
     (void)self;
-    if (!PyArg_ParseTuple(args, "y*n", &view, &end)) return NULL;
+    if (!PyArg_ParseTuple(args, "y*n|O", &view, &end, &rules_obj)) return NULL;
+    if (rules_obj != Py_None) {
+        r = PyCapsule_GetPointer(rules_obj, "fastscan_rules");
+        if (!r) {
+            PyBuffer_Release(&view);
+            return NULL;
+        }
+    }
     if (end < 0 || end > view.len) {
         PyBuffer_Release(&view);
         PyErr_SetString(PyExc_ValueError, "end out of range");
@@ -633,7 +923,7 @@ static PyObject *scan(PyObject *self, PyObject *args) {
     if (!failed) {
         char *into = PyBytes_AS_STRING(rest);
         Py_BEGIN_ALLOW_THREADS
-        failed = pass((const char *)view.buf, (size_t)end, into, o) < 0 || out_ready(o) < 0;
+        failed = pass((const char *)view.buf, (size_t)end, into, o, r) < 0 || out_ready(o) < 0;
         Py_END_ALLOW_THREADS
     }
     PyBuffer_Release(&view);
@@ -648,6 +938,7 @@ static PyObject *scan(PyObject *self, PyObject *args) {
     PyObject *stops = PyBytes_FromStringAndSize(o->stop.data ? o->stop.data : "",
                                                 (Py_ssize_t)o->stop.len);
     Py_ssize_t n_lines = (Py_ssize_t)o->n_lines, rows = (Py_ssize_t)o->rows;
+    Py_ssize_t dropped = (Py_ssize_t)o->dropped;
     PyObject *columns = export(h); /* consumes h */
     if (!starts || !stops || !columns) {
         Py_XDECREF(rest);
@@ -656,11 +947,15 @@ static PyObject *scan(PyObject *self, PyObject *args) {
         Py_XDECREF(columns);
         return NULL;
     }
-    return Py_BuildValue("(nnNNNN)", n_lines, rows, rest, starts, stops, columns);
+    return Py_BuildValue("(nnNNNNn)", n_lines, rows, rest, starts, stops, columns, dropped);
 }
 
 static PyMethodDef methods[] = {
-    {"scan", scan, METH_VARARGS, "scan(data, end) -> the lines of data[:end], stat lines read."},
+    {"scan", scan, METH_VARARGS,
+     "scan(data, end, rules=None) -> the lines of data[:end], stat lines read."},
+    {"rules", rules, METH_VARARGS,
+     "rules(literals, buckets, blocks, window, first_lines, long_line, vector=True) -> which "
+     "rest lines to keep (vector: AVX2 when the CPU has it)."},
     {NULL, NULL, 0, NULL},
 };
 

@@ -29,6 +29,7 @@ __all__ = [
     "ENGINE_LITERAL",
     "ERROR_RULES",
     "FAILURE_LITERALS",
+    "FLAG_LITERALS",
     "KIND_RULES",
     "evidence_lines",
     "in_windows",
@@ -160,6 +161,9 @@ _FLAG_LITERALS: Final = sorted(
     {*_ANCHORS, *_UNCOVERED, ENGINE_LITERAL}, key=lambda lit: (-len(lit), lit)
 )
 _ANY_FLAG: Final = "|".join(re.escape(lit) for lit in _FLAG_LITERALS)
+# The native pass keeps a rest line that holds one of these (and drops one that holds none and
+# that nothing else reads: `native.Rules`), so they stay the one list of what flags a line.
+FLAG_LITERALS: Final[tuple[str, ...]] = tuple(_FLAG_LITERALS)
 
 
 def strip_sgr(expr: pl.Expr) -> pl.Expr:

@@ -19,7 +19,7 @@ from worker.evidence.logs.budget import LogBudgetError, MemoryBudget
 from worker.evidence.logs.incremental import LogCache, cache_key
 from worker.evidence.logs.reader import FileRows, parse_file_rows
 from worker.evidence.logs.stitch import Stitched, build_tables
-from worker.evidence.model import ClockSkew, LogTables, ParseSummary
+from worker.evidence.parsed import ClockSkew, LogTables, ParseSummary
 from worker.evidence.paths import BundleFiles
 
 __all__ = ["Progress", "parse_job_logs", "read_job_logs"]
@@ -40,10 +40,12 @@ def _usable(found: FileRows) -> bool:
 
 def _fill(base: dict[str, pl.DataFrame], extra: FileRows) -> dict[str, pl.DataFrame]:
     merged = dict(base)
+    starts = _attempt_starts(base)
     for name, keys in _FILL_TABLES.items():
         rows = extra.rows.get(name)
         if rows is None or rows.is_empty():
             continue
+        rows = _in_attempts(rows, starts)
         have = merged.get(name)
         if have is None or have.is_empty():
             merged[name] = rows
@@ -51,6 +53,41 @@ def _fill(base: dict[str, pl.DataFrame], extra: FileRows) -> dict[str, pl.DataFr
         new = rows.join(have.select(keys).unique(), on=keys, how="anti", nulls_equal=True)
         merged[name] = pl.concat([have, new])
     return merged
+
+
+_DATED_TABLES: Final = ("timers", "resumes", "errors", "metrics", "engines")
+
+
+def _attempt_starts(rows: dict[str, pl.DataFrame]) -> pl.DataFrame:
+    """When each attempt of the primary logs began (its first dated row), sorted by time."""
+    frames = [
+        rows[name].select("attempt", "timestamp")
+        for name in _DATED_TABLES
+        if name in rows and not rows[name].is_empty()
+    ]
+    if not frames:
+        return pl.DataFrame(schema={"attempt": pl.Int32, "timestamp": pl.Datetime("us", "UTC")})
+    found = pl.concat(frames).drop_nulls().group_by("attempt").agg(pl.col("timestamp").min())
+    return found.sort("timestamp")
+
+
+def _in_attempts(rows: pl.DataFrame, starts: pl.DataFrame) -> pl.DataFrame:
+    """`rows` of another log (a Ray worker's, a pod's: they mark no attempt of their own) in
+    the primary logs' attempts: a dated row belongs to the last attempt begun at or before it.
+    An undated row, or one before the first attempt, keeps the attempt its own file gave it."""
+    if starts.height < 2:
+        return rows
+    starts = starts.select(_start="timestamp", _attempt="attempt")
+    indexed = rows.with_row_index("_row")
+    placed = (
+        indexed.filter(pl.col("timestamp").is_not_null())
+        .sort("timestamp")
+        .join_asof(starts, left_on="timestamp", right_on="_start", strategy="backward")
+        .select("_row", "_attempt")
+    )
+    joined = indexed.join(placed, on="_row", how="left", maintain_order="left")
+    attempt = pl.coalesce("_attempt", "attempt").cast(rows.schema["attempt"])
+    return joined.with_columns(attempt=attempt).select(rows.columns)
 
 
 def _union(parts: list[FileRows]) -> dict[str, pl.DataFrame]:

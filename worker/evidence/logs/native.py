@@ -17,15 +17,116 @@ from typing import Final
 
 import polars as pl
 
-__all__ = ["AVAILABLE", "Native", "native_scan"]
+__all__ = ["AVAILABLE", "Native", "Rules", "native_scan", "rules"]
 
 try:
     from worker.evidence.logs import _fastscan  # type: ignore[attr-defined]
 except ImportError:  # not built: the polars path reads every line
     _fastscan = None
+if _fastscan is not None and not hasattr(_fastscan, "rules"):
+    # built from an older _fastscan.c (`make venv` rebuilds it): the polars path, not a crash
+    _fastscan = None
 
 # RLHEALTH_PARSE_NATIVE=0 turns the fast path off (to compare both paths).
 AVAILABLE: Final = _fastscan is not None and os.environ.get("RLHEALTH_PARSE_NATIVE", "1") != "0"
+# Whether the rest lines no rule keeps are dropped (off only to compare, in tests and benchmarks).
+DROP: Final = True
+
+
+@dataclass(frozen=True)
+class Rules:
+    """Which rest lines the polars path can need; the extension's copy is `_capsule`.
+
+    A rest line is kept when it holds one of `literals` (searched on its raw bytes), holds a NUL
+    or CR byte or invalid UTF-8 (rewritten before the search), is `long_line` bytes or longer (it
+    may be cut), is among the first `first_lines` lines of the read, or the first rest line up
+    to the first that holds a printable ASCII byte (the summary head), or lies within `window`
+    lines after a line holding one of `blocks` (a traceback window) or a NUL byte.
+    """
+
+    literals: tuple[str, ...]
+    blocks: tuple[str, ...]
+    window: int
+    first_lines: int
+    long_line: int
+    _capsule: object | None
+
+
+_MAX_LITERALS, _MAX_LITERAL = 1024, 1024  # as _fastscan.c takes them
+
+
+# How often a byte comes in log text, roughly: letters, digits and spaces three times as often as
+# anything else (what a Teddy bucket's masks let through; it only steers the bucket choice).
+def _weight(byte: int) -> float:
+    char = chr(byte)
+    return 3.0 if (char.isalnum() and char.isascii()) or char == " " else 1.0
+
+
+# _WEIGHTS[high][low]: the weight of the byte with those nibbles.
+_WEIGHTS: Final = tuple(tuple(_weight(high << 4 | low) for low in range(16)) for high in range(16))
+
+
+def _volume(prefixes: list[bytes]) -> float:
+    """The share of 3-byte strings that pass the Teddy masks of a bucket with `prefixes`."""
+    volume = 1.0
+    for j in range(3):
+        if any(len(p) <= j for p in prefixes):
+            continue
+        lows, highs = {p[j] & 15 for p in prefixes}, {p[j] >> 4 for p in prefixes}
+        volume *= sum(_WEIGHTS[high][low] for high in highs for low in lows)
+    return volume
+
+
+def buckets(literals: list[bytes]) -> list[int]:
+    """A bucket (0-7) for each literal, greedily: each (the one whose own masks let through the
+    most text first) joins the bucket whose masks then let through the least more text."""
+    groups: list[list[bytes]] = [[] for _ in range(8)]
+    volumes = [0.0] * 8  # of each group (none for an empty one)
+    chosen = [0] * len(literals)
+    for i in sorted(range(len(literals)), key=lambda i: -_volume([literals[i]])):
+        grown = [_volume([*group, literals[i]]) for group in groups]
+        best = min(range(8), key=lambda b: grown[b] - volumes[b])
+        chosen[i], volumes[best] = best, grown[best]
+        groups[best].append(literals[i])
+    return chosen
+
+
+def rules(
+    literals: tuple[str, ...],
+    blocks: tuple[str, ...],
+    window: int,
+    first_lines: int,
+    long_line: int,
+    *,
+    vector: bool = True,
+) -> Rules:
+    """The rules; without the extension, or with a literal the raw bytes cannot show as such
+    (shorter than 2 bytes, or holding a NUL, CR, newline or U+FFFD), none (every line is kept).
+    `vector`: the literal search uses AVX2 when the CPU has it (off: the scalar search, to
+    compare both)."""
+    usable = (
+        _fastscan is not None
+        and len(literals) <= _MAX_LITERALS
+        and len(blocks) <= 2
+        and all(
+            2 <= len(lit.encode()) <= _MAX_LITERAL and not any(c in lit for c in "\x00\r\n\ufffd")
+            for lit in (*literals, *blocks)
+        )
+    )
+    capsule = (
+        _fastscan.rules(
+            tuple(lit.encode() for lit in literals),
+            bytes(buckets([lit.encode() for lit in literals])),
+            tuple(lit.encode() for lit in blocks),
+            window,
+            first_lines,
+            long_line,
+            vector,
+        )
+        if usable and _fastscan is not None
+        else None
+    )
+    return Rules(literals, blocks, window, first_lines, long_line, capsule)
 
 
 class _Capsules:
@@ -45,6 +146,7 @@ class Native:
 
     n_lines: int
     rest: bytes
+    dropped: int  # rest lines no rule keeps: counted, not in `rest`
     where: pl.Series  # UInt32, sorted
     stats: pl.DataFrame
     _data: bytes
@@ -58,14 +160,17 @@ class Native:
         return [data[starts[row] : stops[row]].decode("ascii") for row in rows.to_list()]
 
 
-def native_scan(data: bytes, end: int) -> Native | None:
-    """The native pass over `data[:end]`, or None when the extension is not available."""
+def native_scan(data: bytes, end: int, keep: Rules | None = None) -> Native | None:
+    """The native pass over `data[:end]`, or None when the extension is not available. With
+    `keep`, only the rest lines it keeps are in `rest` (all of them without it)."""
     if not AVAILABLE or _fastscan is None:
         return None
-    n_lines, _, rest, starts, stops, (stats, where) = _fastscan.scan(data, end)
+    capsule = keep._capsule if keep is not None and DROP else None
+    n_lines, _, rest, starts, stops, (stats, where), dropped = _fastscan.scan(data, end, capsule)
     return Native(
         n_lines=n_lines,
         rest=rest,
+        dropped=dropped,
         where=pl.Series("idx", _Capsules(where)),
         stats=pl.DataFrame(_Capsules(stats)),
         _data=data,

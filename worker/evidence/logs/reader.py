@@ -8,10 +8,11 @@ parse run on two cores at once.
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import date, datetime
+from io import BufferedReader
 from pathlib import Path
 from typing import Final
 
@@ -21,11 +22,11 @@ from worker.evidence.logs import detect, errors
 from worker.evidence.logs.budget import Held, MemoryBudget
 from worker.evidence.logs.chunk import TABLES, parse_chunk
 from worker.evidence.logs.incremental import CacheEntry, LogCache, cache_key, entry_for
-from worker.evidence.logs.lines import LINE_MAX_BYTES, iter_reads, read_tail, split_lines
+from worker.evidence.logs.lines import LINE_MAX_BYTES, Read, iter_reads, read_tail, split_lines
 from worker.evidence.logs.scan import Scan, scan
 from worker.evidence.logs.state import ParserState
 from worker.evidence.logs.stitch import Stitched, build_tables, restitch, stitch
-from worker.evidence.model import ClockSkew, LogTables, ParseSummary
+from worker.evidence.parsed import ClockSkew, LogTables, ParseSummary
 
 __all__ = ["COMPRESSED_MAGIC", "FileRows", "compression", "parse_file_rows", "parse_log_file"]
 
@@ -33,6 +34,10 @@ _LOGURU_TS: Final = r"(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d(?:\.\d+)?) \|"
 PREFETCH: Final = 2
 _WORKERS: Final = 2
 _WORST_DENSITY: Final = 4.0
+# Scans already done are parsed as one chunk until it holds this many bytes (`_ready`).
+JOIN_BYTES: Final = 32 * 2**20
+# The first read of a file is at most this long (`_reads`).
+FIRST_READ_BYTES: Final = 2 * 2**20
 # A log file that starts with one of these is compressed: it is not read (a few MB of gzip can
 # expand to more than any budget), the report says so.
 COMPRESSED_MAGIC: Final = {
@@ -62,6 +67,14 @@ def _concat(parts: list[dict[str, pl.DataFrame]]) -> dict[str, pl.DataFrame]:
     }
 
 
+@dataclass(frozen=True)
+class _Early:
+    """The stitched tables of the first `parts` committed parts, made in the pool."""
+
+    parts: int
+    stitched: Future[Stitched]
+
+
 @dataclass
 class _Run:
     committed: list[dict[str, pl.DataFrame]]
@@ -69,6 +82,14 @@ class _Run:
     tail: dict[str, pl.DataFrame]
     state: ParserState
     bytes_read: int
+    early: _Early | None = None
+
+    def stitched(self, rows: dict[str, pl.DataFrame]) -> Stitched | None:
+        """The stitched tables of `rows` (this run's rows) from `early`, when it was made."""
+        if self.early is None:
+            return None
+        fresh = [*self.committed[self.early.parts :], self.tail]
+        return restitch(self.early.stitched.result(), rows, fresh)
 
 
 class _Chunks:
@@ -85,6 +106,7 @@ class _Chunks:
         self.kept = kept
         self.carry: Scan | None = None
         self.committed: list[dict[str, pl.DataFrame]] = []
+        self.early: _Early | None = None
         # the last scan's frames for each byte read (records: ~3; busy: ~0.2); until a scan is
         # seen, the worst is assumed, so the first reads of a tight budget are not run at once
         self.density = _WORST_DENSITY
@@ -105,24 +127,62 @@ class _Chunks:
         saved = self.state.copy()
         chunk = self.carry.then(piece) if self.carry is not None else piece
         tail, _ = parse_chunk(chunk, self.state, self.source, final=True)
-        return _Run(self.committed, saved, tail, self.state, saved.offset + chunk.size)
+        bytes_read = saved.offset + chunk.size
+        return _Run(self.committed, saved, tail, self.state, bytes_read, self.early)
 
 
-def _run(path: Path, state: ParserState, source: str, chunks: _Chunks, chunk_bytes: int) -> _Run:
+def _reads(handle: BufferedReader, chunk_bytes: int) -> Iterator[Read]:
+    """The reads of `handle` from where it is: a short first one (its scan soon tells how much
+    a read of this log costs, so the next reads are scanned at once), then `chunk_bytes` each."""
+    first = min(chunk_bytes, FIRST_READ_BYTES)
+    if first < chunk_bytes:
+        read = next(iter_reads(handle, first, LINE_MAX_BYTES))
+        yield read
+        if read.final:
+            return
+    yield from iter_reads(handle, chunk_bytes, LINE_MAX_BYTES)
+
+
+def _ready(pending: deque[Future[Scan]], keep: int) -> Scan:
+    """The first pending scan (waited for), followed by the next ones already done, up to
+    JOIN_BYTES in all and leaving `keep` pending: one chunk parse for several reads when the
+    parse is behind (each parse has a fixed cost)."""
+    piece = pending.popleft().result()
+    while len(pending) > keep and pending[0].done() and piece.size < JOIN_BYTES:
+        other = pending.popleft().result()
+        # `then` does not carry the cost of a read (density): the costlier one is kept
+        piece = replace(piece.then(other), density=max(piece.density, other.density))
+    return piece
+
+
+def _stitch_parts(parts: list[dict[str, pl.DataFrame]]) -> Stitched:
+    return stitch(_concat(parts))
+
+
+def _run(
+    path: Path, state: ParserState, source: str, chunks: _Chunks, chunk_bytes: int, *, early: bool
+) -> _Run:
     """Scan reads ahead in the pool, as many as the budget has room for (at most PREFETCH + 1),
-    while the chunks are parsed in order; on `LogBudgetError` the reads not begun are dropped."""
+    while the chunks are parsed in order; on `LogBudgetError` the reads not begun are dropped.
+
+    With `early`, once every read is scanned or queued, the rows committed so far are stitched in
+    the pool while the last chunks are parsed (`_Run.early`): only the steps of those chunks are
+    stitched again at the end (`restitch`)."""
     pending: deque[Future[Scan]] = deque()
     with path.open("rb") as handle, ThreadPoolExecutor(_WORKERS) as pool:
         try:
             handle.seek(state.offset)
-            for read in iter_reads(handle, chunk_bytes, LINE_MAX_BYTES):
+            for read in _reads(handle, chunk_bytes):
                 while pending and (len(pending) > PREFETCH or not chunks.room(len(pending))):
-                    chunks.add(pending.popleft().result())
+                    chunks.add(_ready(pending, keep=0))
                 pending.append(pool.submit(scan, read))
                 if read.final:
                     break
+            if early and chunks.committed:
+                parts = list(chunks.committed)
+                chunks.early = _Early(len(parts), pool.submit(_stitch_parts, parts))
             while len(pending) > 1:
-                chunks.add(pending.popleft().result())
+                chunks.add(_ready(pending, keep=1))
             return chunks.finish(pending.popleft().result())
         except BaseException:
             for future in pending:
@@ -211,6 +271,7 @@ class _Options:
     budget: MemoryBudget
     chunk_bytes: int
     stitched: bool  # keep the stitched tables of the committed rows in the cache entry
+    early: bool = False  # stitch the first rows while the last chunks are parsed (one file)
 
 
 def _store(
@@ -243,13 +304,13 @@ def _read_file(path: Path, source: str, opts: _Options) -> tuple[FileRows, Stitc
     if hit is not None:
         kept.add(hit.rows)
     chunks = _Chunks(state, source, opts.budget, kept)
-    run = _run(path, state, source, chunks, opts.chunk_bytes)
+    run = _run(path, state, source, chunks, opts.chunk_bytes, early=opts.early and hit is None)
     committed = _concat(([hit.rows] if hit else []) + run.committed)
     rows = _concat([committed, run.tail])
     known = _stitch_committed(hit, committed, run) if cache is not None and opts.stitched else None
     if cache is not None:
         _store(cache, key, path, run, committed, known)
-    final = restitch(known, rows, [run.tail]) if known is not None else None
+    final = restitch(known, rows, [run.tail]) if known is not None else run.stitched(rows)
     tail_ts = _tail_timestamp(path, run.bytes_read)
     if "errors" in rows:
         rows["errors"] = errors.annotate(rows["errors"])
@@ -269,10 +330,11 @@ def _options(
     budget: MemoryBudget | None,
     *,
     stitched: bool,
+    early: bool = False,
 ) -> _Options:
     budget = budget or MemoryBudget.for_logs(path.stat().st_size)
     chunk = chunk_bytes if chunk_bytes is not None else budget.chunk_bytes
-    return _Options(reference_date, cache, budget, chunk, stitched)
+    return _Options(reference_date, cache, budget, chunk, stitched, early)
 
 
 def parse_file_rows(
@@ -308,6 +370,9 @@ def parse_log_file(
     cannot be read within `budget` (default: 1.5x its size, at most RLHEALTH_PARSE_MEMORY_MB)."""
     if progress is not None:
         progress(source, 0, path.stat().st_size)
-    opts = _options(path, reference_date, cache, chunk_bytes, budget, stitched=cache is not None)
+    with_cache = cache is not None
+    opts = _options(
+        path, reference_date, cache, chunk_bytes, budget, stitched=with_cache, early=not with_cache
+    )
     found, stitched = _read_file(path, source, opts)
     return build_tables(found.rows, found.summary, stitched)

@@ -14,7 +14,16 @@ from typing import Final
 import polars as pl
 
 from worker.evidence.logs import detect, engines, records
-from worker.evidence.logs.lines import WINDOW_LINES, Cut, Read, bound_lines, line_start, split_read
+from worker.evidence.logs import native as native_pass
+from worker.evidence.logs.lines import (
+    LINE_MAX_BYTES,
+    WINDOW_LINES,
+    Cut,
+    Read,
+    bound_lines,
+    line_start,
+    split_read,
+)
 from worker.evidence.logs.native import Native, native_scan
 
 __all__ = ["HEAD_LINES", "HEAD_SCAN_LINES", "Scan", "scan"]
@@ -24,6 +33,17 @@ HEAD_SCAN_LINES: Final = 1000
 HEAD_LINES: Final = 5
 # A chunk is cut at most WINDOW_LINES + 1 lines before its end; its tail bytes must cover the cut.
 TAIL_LINES: Final = WINDOW_LINES + 2
+# The rest lines the polars path can read (`native.Rules`); the native pass drops the others.
+# Kept: a flag literal; the first lines (the first window, `detect._picked`, and the head lines);
+# a traceback window; a line that could be cut (a line grows at most 3x when invalid UTF-8 is
+# replaced, so 1/16 of the cap is well short of it); the head's first non-blank line.
+KEEP: Final = native_pass.rules(
+    literals=detect.FLAG_LITERALS,
+    blocks=detect.BLOCK_STARTS,
+    window=WINDOW_LINES,
+    first_lines=max(HEAD_SCAN_LINES, WINDOW_LINES + 1),
+    long_line=LINE_MAX_BYTES // 16,
+)
 
 
 @dataclass(frozen=True)
@@ -156,7 +176,7 @@ def _head_native(lines: pl.Series, native: Native) -> tuple[pl.DataFrame, int | 
 def _lines(read: Read) -> tuple[pl.Series, list[Cut], Native | None]:
     """The lines of `read` for the polars path (all, or those the native pass left), cut to
     LINE_MAX_BYTES, the cuts (by line index in the read) and the native pass."""
-    native = native_scan(read.data, read.end)
+    native = native_scan(read.data, read.end, KEEP)
     if native is None:
         lines, cuts = bound_lines(split_read(read.data, read.end))
         return lines, cuts, None

@@ -19,7 +19,7 @@ import polars as pl
 
 from worker.evidence import schema
 from worker.evidence.logs.batches import batch_metrics
-from worker.evidence.model import LogTables, ParseSummary
+from worker.evidence.parsed import LogTables, ParseSummary
 
 __all__ = [
     "EXPLICIT_ORIGINS",

@@ -2,14 +2,17 @@
 string column redacted (`shared.redact.redact_frame`). METRICS is written wide (`metrics`: `step`
 and a column per key) unless that would be too wide (`wide_fits`): then long (`metrics_long`).
 
-The tables are written at once in a few threads (polars releases the GIL while it writes). A
-string column is redacted through its distinct values (an engine or source column repeats a few
-values over hundreds of thousands of rows).
+The tables are written at once in a few threads (polars releases the GIL while it writes); a
+CSV table of more than `SPLIT_ROWS` rows (the engines table of a busy log) is formatted in parts,
+one per thread: the first is written to the file, the others appended after it (the same bytes
+as one write). A string column is redacted through its distinct values (an engine or source
+column repeats a few values over hundreds of thousands of rows).
 """
 
 from __future__ import annotations
 
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
+from io import BytesIO
 from pathlib import Path
 from typing import TYPE_CHECKING, Final, Literal
 
@@ -18,9 +21,10 @@ import polars as pl
 from shared.redact import redact_columns, redact_frame
 
 if TYPE_CHECKING:
-    from worker.evidence.model import LogTables
+    from worker.evidence.parsed import LogTables
 
 __all__ = [
+    "SPLIT_ROWS",
     "TABLE_NAMES",
     "WIDE_MAX_CELLS",
     "WIDE_MAX_KEYS",
@@ -46,6 +50,8 @@ ISO_UTC: Final = "%Y-%m-%dT%H:%M:%S%.6fZ"
 WIDE_MAX_KEYS: Final = 10_000
 WIDE_MAX_CELLS: Final = 20_000_000
 _WRITERS: Final = 2
+# A CSV table longer than this is formatted in `_WRITERS` parts at once.
+SPLIT_ROWS: Final = 100_000
 # A column with fewer distinct values than this share of its rows is redacted through them.
 _DISTINCT_SHARE: Final = 0.5
 
@@ -101,11 +107,52 @@ def write_tables(
     """Write every table with rows into `out_dir`; the paths written (in table order)."""
     out_dir.mkdir(parents=True, exist_ok=True)
     frames = {name: frame for name, frame in _frames(tables).items() if not frame.is_empty()}
+    split = {n for n, f in frames.items() if fmt == "csv" and f.height > SPLIT_ROWS}
     with ThreadPoolExecutor(_WRITERS) as pool:
-        jobs = [
-            pool.submit(write_frame, frame, out_dir, name, fmt) for name, frame in frames.items()
+        # the long tables' parts first: the short tables then fill the threads
+        parts = {name: _submit_parts(pool, frames[name], out_dir / f"{name}.csv") for name in split}
+        whole = {
+            name: pool.submit(write_frame, frame, out_dir, name, fmt)
+            for name, frame in frames.items()
+            if name not in split
+        }
+        return [
+            _join_parts(out_dir / f"{name}.csv", parts[name])
+            if name in split
+            else whole[name].result()
+            for name in frames
         ]
-        return [job.result() for job in jobs]
+
+
+def _submit_parts(
+    pool: ThreadPoolExecutor, frame: pl.DataFrame, path: Path
+) -> list[Future[bytes | None]]:
+    """The parts of `frame` formatted at once: the first written to `path` (with the header),
+    the others kept as bytes to append after it."""
+    size = -(-frame.height // _WRITERS)
+    return [
+        pool.submit(_csv_part, frame.slice(start, size), path if start == 0 else None)
+        for start in range(0, frame.height, size)
+    ]
+
+
+def _csv_part(frame: pl.DataFrame, path: Path | None) -> bytes | None:
+    """`frame` as CSV: written to `path` with the header, else its rows as bytes."""
+    frame = _iso(redacted(frame))
+    if path is not None:
+        frame.write_csv(path)
+        return None
+    buffer = BytesIO()
+    frame.write_csv(buffer, include_header=False)
+    return buffer.getvalue()
+
+
+def _join_parts(path: Path, parts: list[Future[bytes | None]]) -> Path:
+    parts[0].result()
+    with path.open("ab") as handle:
+        for part in parts[1:]:
+            handle.write(part.result() or b"")
+    return path
 
 
 def write_frame(
