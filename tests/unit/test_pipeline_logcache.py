@@ -785,3 +785,55 @@ def test_an_entry_write_that_fails_beside_the_capture_is_a_note(
     finish_sharing()
     assert any("No space left" in note for note in run.notes) and run.uploaded is None
     _same_logs(evidence.logs, world.read(None).logs)
+
+
+def _checked_parts(patch: pytest.MonkeyPatch) -> list[int]:
+    """The row counts of the parts the redaction check reads (from now on)."""
+    checked: list[int] = []
+    original = logcache._clean_frame
+
+    def clean_frame(frame: pl.DataFrame) -> bool:
+        checked.append(frame.height)
+        return original(frame)
+
+    patch.setattr(logcache, "_clean_frame", clean_frame)
+    return checked
+
+
+def test_a_manifest_written_under_other_redactor_rules_is_checked_again(world: World) -> None:
+    """A cold worker trusts the parts of a manifest written under the redactor's present rules;
+    one written under other rules (`RULES_DIGEST`, before an upgrade) has every part checked
+    again before anything is shared."""
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(logcache, "RULES_DIGEST", "0" * 16)
+        world.capture("w1")
+    world.grow()
+    with pytest.MonkeyPatch.context() as patch:
+        checked = _checked_parts(patch)
+        _, cold = world.capture("w2")
+    assert cold.origin == "s3" and cold.parts_read > 0 and cold.uploaded is not None
+    assert len(checked) > cold.parts_read  # the pulled parts and the new ones
+    world.grow(_log_bytes()[world.half : world.half + 10_000])
+    with pytest.MonkeyPatch.context() as patch:
+        checked = _checked_parts(patch)
+        _, third = world.capture("w3")
+    assert third.origin == "s3" and 0 < len(checked) <= third.parts_written < third.parts_read
+
+
+def test_parts_found_clean_under_other_rules_are_checked_again(world: World) -> None:
+    """The worker's own record of clean parts (`.clean`) holds under the rules it was made
+    under: after a change of the rules a grown log's share checks every part, not only the
+    new ones; under the same rules, only the new ones."""
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(logcache, "RULES_DIGEST", "0" * 16)
+        world.capture()
+    world.grow(_log_bytes()[world.half : world.half + 200_000])
+    with pytest.MonkeyPatch.context() as patch:
+        checked = _checked_parts(patch)
+        _, again = world.capture()
+    assert again.uploaded is not None and len(checked) > again.parts_written
+    world.grow(_log_bytes()[world.half + 200_000 :])
+    with pytest.MonkeyPatch.context() as patch:
+        checked = _checked_parts(patch)
+        _, third = world.capture()
+    assert third.uploaded is not None and 0 < len(checked) <= third.parts_written

@@ -59,7 +59,10 @@ unchanged leave the worker: an entry with a string the redactor would rewrite (a
 line, say) is withheld from the manifest, its parts are not written (`outcome="withheld"`), and
 its log is read whole by the next worker. The parts assembled from a manifest count as clean
 (a manifest only ever names entries found clean, and they are in S3 already), so a cold worker
-checks only the parts its own read adds.
+checks only the parts its own read adds — when the manifest was written under the redactor's
+present rules (`shared.redact.RULES_DIGEST`, in the manifest and in `.clean`): after a change of
+the rules every part is checked again once, so a string a new rule hides never leaves the worker
+on the strength of an older check.
 
 The disk is bounded: job folders unused for `max_age_s` are removed, then the least recently used
 until all fit in `disk_bytes`. In memory, each worker process keeps the entries it read or wrote
@@ -92,7 +95,7 @@ from typing import Any, ClassVar, Final
 import polars as pl
 
 from shared.alerts import OutsideBundleRootError, confine
-from shared.redact import PREFILTER, redact_data, redact_text
+from shared.redact import PREFILTER, RULES_DIGEST, redact_data, redact_text
 from shared.settings import Settings
 from worker.evidence.logs import LogCache
 from worker.evidence.logs.incremental import CacheEntry
@@ -425,7 +428,9 @@ class JobLogCache:
             self.store.delete(key)  # no other worker fetches it again
             return
         _write_synced(staging, key, _digest(staging), manifest["sizes"])
-        _write_clean(staging, set(manifest["sizes"]))  # shared, so found clean by its writer
+        # shared, so found clean by its writer: under these rules, not checked again
+        trusted = manifest.get("rules") == RULES_DIGEST
+        _write_clean(staging, set(manifest["sizes"]) if trusted else set())
         _swap(staging, folder)
         run.origin, run.pulled = "s3", key
         run.shared.append("downloaded")
@@ -730,6 +735,7 @@ def _described(job: str, entries: list[Path]) -> dict[str, Any]:
     return {
         "format": _FORMAT,
         "job": job,
+        "rules": RULES_DIGEST,  # the redactor's rules the entries were found clean under
         "entries": {
             entry.name: {
                 "meta": (entry / "meta.json").read_text(encoding="utf-8"),
@@ -860,15 +866,21 @@ def _shareable(folder: Path) -> tuple[list[Path], list[Path]]:
 
 
 def _write_clean(folder: Path, hashes: set[str]) -> None:
-    (folder / _CLEAN).write_text(json.dumps(sorted(hashes)))
+    data = {"rules": RULES_DIGEST, "clean": sorted(hashes)}
+    (folder / _CLEAN).write_text(json.dumps(data))
 
 
 def _read_clean(folder: Path) -> set[str]:
+    """The hashes found clean under the redactor's present rules (none when they were found
+    under other rules, or in the list of the format before: they are checked again)."""
     try:
         data = json.loads((folder / _CLEAN).read_text())
     except (OSError, ValueError):
         return set()
-    return {str(item) for item in data} if isinstance(data, list) else set()
+    if not isinstance(data, dict) or data.get("rules") != RULES_DIGEST:
+        return set()
+    found = data.get("clean")
+    return {str(item) for item in found} if isinstance(found, list) else set()
 
 
 def _clean_entry(entry: Path, known: set[str], seen: set[str]) -> bool:
