@@ -7,7 +7,7 @@ boundary, and the rest of the code trusts the types.
 from __future__ import annotations
 
 import math
-from datetime import UTC, datetime
+from datetime import datetime
 from enum import StrEnum
 from typing import Annotated, Any, Literal
 
@@ -22,6 +22,7 @@ from pydantic import (
 )
 
 from shared.redact import clean_cut
+from shared.times import as_utc
 
 __all__ = [
     "Confidence",
@@ -45,21 +46,14 @@ __all__ = [
 ]
 
 
-def _as_utc(value: datetime) -> datetime:
-    """Naive datetimes are taken as UTC; aware ones are converted to UTC."""
-    if value.tzinfo is None:
-        return value.replace(tzinfo=UTC)
-    return value.astimezone(UTC)
-
-
-UtcDatetime = Annotated[datetime, AfterValidator(_as_utc)]
+UtcDatetime = Annotated[datetime, AfterValidator(as_utc)]
 
 
 def iso_utc(value: datetime | None) -> str | None:
     """Render a datetime as ISO-8601 UTC with a trailing Z (seconds precision unless sub-second)."""
     if value is None:
         return None
-    value = _as_utc(value)
+    value = as_utc(value)
     text = value.isoformat(timespec="milliseconds" if value.microsecond else "seconds")
     return text.replace("+00:00", "Z")
 

@@ -17,6 +17,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Final
 
+from shared.times import as_utc
 from worker.evidence.model import ArtifactState, ArtifactStatus, BundleInfo, ClassFreshness
 from worker.evidence.paths import BundleFiles
 from worker.evidence.values import integer, read_json, text
@@ -374,10 +375,6 @@ def _freshness(
     )
 
 
-def _as_utc(now: datetime) -> datetime:
-    return now.replace(tzinfo=UTC) if now.tzinfo is None else now.astimezone(UTC)
-
-
 def read_bundle(
     job_dir: Path, now: datetime, thresholds: Thresholds, files: BundleFiles | None = None
 ) -> BundleInfo:
@@ -386,7 +383,7 @@ def read_bundle(
     manifest, error = _load_manifest(files)
     fields = _manifest_fields(manifest)
     statuses: dict[str, ArtifactStatus] = fields["statuses"]
-    now = _as_utc(now)
+    now = as_utc(now)
     freshness = {
         name: _freshness(
             files, name, statuses[name], now, thresholds.max_evidence_age_s, fields.get("synced_at")

@@ -13,21 +13,19 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field, fields
-from datetime import UTC, datetime
+from datetime import datetime
 from typing import Any
 
 import polars as pl
 
+from shared.times import as_utc
 from worker.evidence import schema
 
 __all__ = ["ClockSkew", "LogTables", "ParseSummary", "TrialTables"]
 
 
 def _utc(value: datetime | None) -> datetime | None:
-    """Naive datetimes are taken as UTC; aware ones are converted to UTC."""
-    if value is None:
-        return None
-    return value.replace(tzinfo=UTC) if value.tzinfo is None else value.astimezone(UTC)
+    return None if value is None else as_utc(value)
 
 
 def _iso(value: datetime | None) -> str | None:
