@@ -38,9 +38,12 @@ def _usable(found: FileRows) -> bool:
     return any(name in found.rows and found.rows[name].height for name in _USABLE)
 
 
-def _fill(base: dict[str, pl.DataFrame], extra: FileRows) -> dict[str, pl.DataFrame]:
+def _fill(
+    base: dict[str, pl.DataFrame], extra: FileRows, starts: pl.DataFrame
+) -> dict[str, pl.DataFrame]:
+    """`base` with the engine and error rows of `extra` it lacks, placed in the attempts of
+    `starts` (the primary logs', `_attempt_starts`)."""
     merged = dict(base)
-    starts = _attempt_starts(base)
     for name, keys in _FILL_TABLES.items():
         rows = extra.rows.get(name)
         if rows is None or rows.is_empty():
@@ -219,8 +222,9 @@ def parse_job_logs(
     elif cache is not None:
         stitched = cache.stitched(keys[0], primary[0].rows)
     rows = _union(primary) if primary else {}
+    starts = _attempt_starts(rows)  # once: a job may have a thousand Ray worker logs
     for extra in secondary + extras:
-        rows = _fill(rows, extra)
+        rows = _fill(rows, extra, starts)
     return build_tables(rows, _merge_summaries(primary + secondary + extras), stitched)
 
 
