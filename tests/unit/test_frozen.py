@@ -430,3 +430,104 @@ def test_parts_redacted_under_older_rules_are_written_again(
     assert len(again) == len(written)
     assert not {p.name.split("-")[0] for p in again} & set(stored)
     assert_same(thaw(tmp_path / "3"), first)
+
+
+# --- the order of a freeze's work: rows hashed before `stored` is asked, parts written at once ---
+
+
+class _AskedLate(dict[str, str]):
+    """`stored` that notes how many tables had been hashed when it was first asked."""
+
+    def __init__(self, parts: dict[str, str], hashed: list[str]) -> None:
+        super().__init__(parts)
+        self.hashed = hashed
+        self.first_asked: int | None = None
+
+    def _asked(self) -> None:
+        if self.first_asked is None:
+            self.first_asked = len(self.hashed)
+
+    def __contains__(self, key: object) -> bool:
+        self._asked()
+        return super().__contains__(key)
+
+    def __getitem__(self, key: str) -> str:
+        self._asked()
+        return super().__getitem__(key)
+
+
+def test_stored_is_asked_only_once_every_table_is_hashed(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A listing of the stored parts (`StoredLater`) runs while the rows are hashed: the freeze
+    asks `stored` nothing before the digests of every table, the trial table's included."""
+    hashed: list[str] = []
+    digests = frozen._digests
+
+    def counted(name: str, frame: pl.DataFrame) -> list[str]:
+        hashed.append(name)
+        return digests(name, frame)
+
+    monkeypatch.setattr(frozen, "_digests", counted)
+    first = _long(PART_ROWS + 10)
+    freeze(first, tmp_path / "1", parts_at="shelf/")
+    tables = len(hashed)
+    assert first.trials is not None and "trials" in hashed and tables > 2
+    hashed.clear()
+    stored = _AskedLate(_stored([tmp_path / "1"]), hashed)
+    freeze(_grown(first, 5), tmp_path / "2", parts_at="shelf/", stored=stored)
+    assert stored.first_asked == tables
+
+
+def test_parts_written_at_once_are_those_written_one_by_one(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """WRITERS parts at once give the same files, the same references and the same thaw as one
+    at a time, parts listed in table order."""
+    evidence = _long(3 * PART_ROWS + 10)
+    freeze(evidence, tmp_path / "many")
+    monkeypatch.setattr(frozen, "WRITERS", 1)
+    one = _part_files(freeze(evidence, tmp_path / "one"))
+    many = sorted((tmp_path / "many" / PARTS).iterdir())
+    assert sorted(p.name for p in one) == [p.name for p in many]
+    assert all((tmp_path / "one" / PARTS / p.name).read_bytes() == p.read_bytes() for p in many)
+    marker = (tmp_path / "one" / MARKER).read_text()
+    assert marker == (tmp_path / "many" / MARKER).read_text()
+    assert_same(thaw(tmp_path / "many"), evidence)
+
+
+def test_parts_are_listed_in_table_order(tmp_path: Path) -> None:
+    """The files a freeze returns: every part in table order (each once), the marker last."""
+    written = freeze(_long(2 * PART_ROWS + 10), tmp_path)
+    document = json.loads((tmp_path / MARKER).read_text())
+    tables = document["logs"]["tables"]
+    refs = [ref for name in frozen._LOG_FRAMES for ref in tables[name]]
+    refs += document["trials"]["parts"]
+    order = list(dict.fromkeys(PartRef.from_json(ref).name for ref in refs))
+    assert [p.name for p in _part_files(written)] == order
+    assert written[-1].name == MARKER
+
+
+def test_a_part_repeated_within_one_freeze_is_written_once(tmp_path: Path) -> None:
+    """Two spans of one table with the same rows share a digest: one file, referenced twice."""
+    base = _long(PART_ROWS)
+    assert base.logs is not None
+    twice = pl.concat([base.logs.metrics, base.logs.metrics])
+    evidence = dataclasses.replace(base, logs=dataclasses.replace(base.logs, metrics=twice))
+    written = _part_files(freeze(evidence, tmp_path))
+    refs = json.loads((tmp_path / MARKER).read_text())["logs"]["tables"]["metrics"]
+    assert len(refs) == 2 and refs[0] == refs[1]
+    assert len(written) == len({p.name for p in written})
+    assert_same(thaw(tmp_path), evidence)
+
+
+class _Unlisted(dict[str, str]):
+    def __contains__(self, key: object) -> bool:
+        raise ConnectionError("the listing of the stored parts failed")
+
+
+def test_a_failed_listing_fails_the_freeze_before_its_marker(tmp_path: Path) -> None:
+    """What the listing raised reaches the caller; no marker says the freeze is whole."""
+    with pytest.raises(ConnectionError, match="listing"):
+        freeze(_long(10), tmp_path, parts_at="shelf/", stored=_Unlisted())
+    assert not (tmp_path / MARKER).exists()

@@ -47,6 +47,7 @@ import io
 import json
 from collections import OrderedDict
 from collections.abc import Callable, Mapping
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
@@ -88,6 +89,7 @@ _THAWED_FORMATS: Final = (1, 2)
 MARKER: Final = "evidence.json"
 PARTS: Final = "parts"
 PART_ROWS: Final = 65536
+WRITERS: Final = 2  # parts written at once
 LINE_MAX_BYTES: Final = 16 * 1024
 _PART_TAG: Final = b"rlhealth frozen part 1\0"
 _SEED: Final = 0
@@ -203,23 +205,51 @@ def _digests(name: str, frame: pl.DataFrame) -> list[str]:
 
 @dataclass
 class _Freezer:
-    """Writes the parts of one freeze under `directory/parts/`, but those `stored` already."""
+    """Writes the parts of one freeze under `directory/parts/`, but those `stored` already.
+
+    `stored` is looked up only once every table's digests are known (`digests`), so a mapping
+    that lists the stored parts meanwhile is not waited for before the rows are hashed; the
+    parts to write are then written WRITERS at once (Parquet and the redactor's prefilter run
+    outside the GIL), each named by its own digest and SHA-256, and listed in table order."""
 
     directory: Path
     stored: Mapping[str, str]  # digest -> SHA-256 of the parts kept already
     written: list[Path] = dataclasses.field(default_factory=list)
 
-    def table(self, name: str, frame: pl.DataFrame) -> list[list[Any]]:
-        """The references of the parts of `frame`, in order."""
-        spans = _spans(frame.height)
-        refs = []
-        for (start, length), digest in zip(spans, _digests(name, frame), strict=True):
-            sha = self.stored.get(digest) or self._write(digest, frame.slice(start, length))
-            refs.append(PartRef(digest, sha, length).as_json())
-        return refs
+    def tables(self, frames: Mapping[str, pl.DataFrame]) -> dict[str, list[list[Any]]]:
+        """The references of the parts of each frame, in order, by table name."""
+        digests = {name: _digests(name, frame) for name, frame in frames.items()}
+        wanted: list[tuple[str, pl.DataFrame]] = []
+        for name, frame in frames.items():
+            for (start, length), digest in zip(_spans(frame.height), digests[name], strict=True):
+                if digest not in self.stored:
+                    wanted.append((digest, frame.slice(start, length)))
+        shas = dict(self.stored)
+        shas.update(self._write_all(wanted))
+        return {
+            name: [
+                PartRef(digest, shas[digest], length).as_json()
+                for (_, length), digest in zip(_spans(frame.height), digests[name], strict=True)
+            ]
+            for name, frame in frames.items()
+        }
 
-    def _write(self, digest: str, part: pl.DataFrame) -> str:
-        """Write one part, redacted (vectorised prefilter, `redact_frame`); its SHA-256."""
+    def _write_all(self, wanted: list[tuple[str, pl.DataFrame]]) -> dict[str, str]:
+        """Write the `wanted` parts (the first of each digest), WRITERS at once; their SHA-256s."""
+        first: dict[str, pl.DataFrame] = {}
+        for digest, part in wanted:
+            first.setdefault(digest, part)
+        unique = list(first.items())
+        if len(unique) < 2:
+            found = [self._write(digest, part) for digest, part in unique]
+        else:
+            with ThreadPoolExecutor(WRITERS, thread_name_prefix="rlhealth-freeze") as pool:
+                found = list(pool.map(lambda job: self._write(*job), unique))
+        self.written.extend(path for path, _ in found)
+        return {digest: sha for (digest, _), (_, sha) in zip(unique, found, strict=True)}
+
+    def _write(self, digest: str, part: pl.DataFrame) -> tuple[Path, str]:
+        """Write one part, redacted (vectorised prefilter, `redact_frame`); its path, SHA-256."""
         buffer = io.BytesIO()
         redact_frame(part).write_parquet(buffer)
         body = buffer.getvalue()
@@ -227,8 +257,7 @@ class _Freezer:
         path = self.directory / PARTS / PartRef(digest, sha, part.height).name
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_bytes(body)
-        self.written.append(path)
-        return sha
+        return path, sha
 
 
 def _freeze_probes(probes: ProbeEvidence, directory: Path) -> list[Path]:
@@ -238,9 +267,9 @@ def _freeze_probes(probes: ProbeEvidence, directory: Path) -> list[Path]:
     return sorted(path for path in root.rglob("*") if path.is_file())
 
 
-def _trials_meta(trials: TrialTables, freezer: _Freezer) -> dict[str, Any]:
+def _trials_meta(trials: TrialTables, refs: dict[str, list[list[Any]]]) -> dict[str, Any]:
     return {
-        "parts": freezer.table(_TRIALS, trials.trials),
+        "parts": refs[_TRIALS],
         "directory": trials.directory,
         "sync_selection": trials.sync_selection,
         "skipped_objects": list(trials.skipped_objects),
@@ -256,8 +285,16 @@ def _summary(summary: ParseSummary) -> dict[str, Any]:
     return data
 
 
+def _frames(evidence: Evidence) -> dict[str, pl.DataFrame]:
+    """Every table to freeze, by name: the log tables, then the trial table."""
+    logs, trials = evidence.logs, evidence.trials
+    frames = {} if logs is None else {name: getattr(logs, name) for name in _LOG_FRAMES}
+    return frames if trials is None else {**frames, _TRIALS: trials.trials}
+
+
 def _document(evidence: Evidence, freezer: _Freezer, parts_at: str | None) -> dict[str, Any]:
     logs, trials, probes = evidence.logs, evidence.trials, evidence.probes
+    refs = freezer.tables(_frames(evidence))
     return {
         "format": FORMAT,
         "parts_at": parts_at,
@@ -267,14 +304,14 @@ def _document(evidence: Evidence, freezer: _Freezer, parts_at: str | None) -> di
         "mode": evidence.mode.model_dump(mode="json"),
         "bundle": evidence.bundle.model_dump(mode="json"),
         "discrepancies": list(evidence.discrepancies),
-        "logs": None if logs is None else _logs_meta(logs, freezer),
-        "trials": None if trials is None else _trials_meta(trials, freezer),
+        "logs": None if logs is None else _logs_meta(logs, refs),
+        "trials": None if trials is None else _trials_meta(trials, refs),
         "probes": None if probes is None else probes.model_dump(mode="json"),
     }
 
 
-def _logs_meta(logs: LogTables, freezer: _Freezer) -> dict[str, Any]:
-    tables = {name: freezer.table(name, getattr(logs, name)) for name in _LOG_FRAMES}
+def _logs_meta(logs: LogTables, refs: dict[str, list[list[Any]]]) -> dict[str, Any]:
+    tables = {name: refs[name] for name in _LOG_FRAMES}
     return {"summary": _summary(logs.summary), "tables": tables}
 
 
@@ -290,7 +327,7 @@ def freeze(
     its SHA-256 (those are referenced, not written); the parts written go under `parts/`, for
     the caller to keep at `parts_at` (without `parts_at`, they stay there)."""
     directory.mkdir(parents=True, exist_ok=True)
-    freezer = _Freezer(directory, stored if parts_at is not None and stored else {})
+    freezer = _Freezer(directory, stored if parts_at is not None and stored is not None else {})
     document = _document(evidence, freezer, parts_at)
     written = list(freezer.written)
     if evidence.probes is not None:

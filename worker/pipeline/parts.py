@@ -24,7 +24,8 @@ import os
 import re
 import tempfile
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator, Mapping
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Final
@@ -38,6 +39,7 @@ __all__ = [
     "PARTS_PREFIX",
     "THAW_CACHE_BYTES",
     "SharedParts",
+    "StoredLater",
     "Swept",
     "job_id",
     "job_parts",
@@ -88,6 +90,34 @@ def part_matches(name: str, body: bytes) -> bool:
 def stored_parts(store: ObjectStore, prefix: str) -> dict[str, str]:
     """The digest and SHA-256 of every part stored under `prefix`."""
     return parts_among(store.keys(prefix), prefix)
+
+
+class StoredLater(Mapping[str, str]):
+    """`stored_parts` listed by a thread from now on, so a freeze hashes its rows meanwhile: the
+    first lookup waits for the listing (and raises what the listing raised). Use it as a context
+    manager: leaving waits for the listing, so no request outlives the capture that made it."""
+
+    def __init__(self, store: ObjectStore, prefix: str) -> None:
+        self._pool = ThreadPoolExecutor(1, thread_name_prefix="rlhealth-stored-parts")
+        self._listed: Future[dict[str, str]] = self._pool.submit(stored_parts, store, prefix)
+
+    def _parts(self) -> dict[str, str]:
+        return self._listed.result()
+
+    def __getitem__(self, digest: str) -> str:
+        return self._parts()[digest]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._parts())
+
+    def __len__(self) -> int:
+        return len(self._parts())
+
+    def __enter__(self) -> StoredLater:
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self._pool.shutdown(wait=True)
 
 
 def parts_among(keys: Iterable[str], prefix: str) -> dict[str, str]:

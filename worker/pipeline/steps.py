@@ -32,7 +32,7 @@ import tempfile
 import time
 import uuid
 from collections import OrderedDict
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager, suppress
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -85,7 +85,7 @@ from worker.pipeline.failures import (
 from worker.pipeline.lease import Leases
 from worker.pipeline.logcache import collect_cached, finish_sharing
 from worker.pipeline.metrics import dead_lettered, html_drawn
-from worker.pipeline.parts import THAW_CACHE_BYTES, SharedParts, job_parts, stored_parts
+from worker.pipeline.parts import THAW_CACHE_BYTES, SharedParts, StoredLater, job_parts
 from worker.pipeline.second_look import (
     LOOK_DIR,
     Live,
@@ -278,8 +278,8 @@ class Pipeline:
                 took.mark("collect")
                 frozen = directory / "frozen"
                 parts_at = job_parts(self.settings.bundle_root, event.job_dir)
-                stored = stored_parts(self.store, parts_at)
-                written = _frozen_files(evidence, live, frozen, parts_at, stored)  # marker last
+                with StoredLater(self.store, parts_at) as stored:  # listed while rows hash
+                    written = _frozen_files(evidence, live, frozen, parts_at, stored)  # marker last
                 took.mark("freeze")
                 ours = self._store_freeze(frozen, written, parts_at, prefix, holder)
                 took.mark("store")
@@ -748,7 +748,7 @@ def _unread(evidence: Evidence) -> bool:
 
 
 def _frozen_files(
-    evidence: Evidence, live: Path, directory: Path, parts_at: str, stored: dict[str, str]
+    evidence: Evidence, live: Path, directory: Path, parts_at: str, stored: Mapping[str, str]
 ) -> list[Path]:
     """Freeze `evidence` under `directory` (its tables' parts kept at `parts_at`, those
     `stored` there already not written again), with the raw outputs the live probes left in
