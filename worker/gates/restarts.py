@@ -128,17 +128,22 @@ class RowFailure:
 
 
 def _row_failure(evidence: Evidence, attempt: int) -> RowFailure | None:
-    """The failure that ended `attempt` in the logs (`Facts.attempt_failures`): the row's own
-    signature (credentials redacted before it is normalised: `row_signature`) and specificity;
-    a row the parser did not sign (an older freeze) is signed here."""
-    row = evidence.facts.attempt_failure(attempt)
-    if row is None:
+    """The failure that ended `attempt` in the logs (`Facts.attempt_failures`)."""
+    rows = evidence.facts.attempt_failures.filter(pl.col("attempt") == attempt)
+    return _failure(rows.head(1))
+
+
+def _failure(rows: pl.DataFrame) -> RowFailure | None:
+    """The failure of an attempt's `Facts.attempt_failures` row (none when `rows` is empty): the
+    row's own signature (credentials redacted before it is normalised: `row_signature`) and
+    specificity; a row the parser did not sign (an older freeze) is signed here."""
+    if rows.is_empty():
         return None
+    row = rows.row(0, named=True)
     signature = row_signature(row) or failure_signature(str(row.get("text") or ""))
     specific = row.get("specific")
     specific = is_specific_signature(signature) if specific is None else bool(specific)
-    frame = pl.DataFrame([row], schema=evidence.facts.attempt_failures.schema, orient="row")
-    return RowFailure(signature, specific, quote_rows(frame))
+    return RowFailure(signature, specific, quote_rows(rows.head(1)))
 
 
 # --- attempts from the controller ------------------------------------------------------------
@@ -212,16 +217,38 @@ def _record_attempts(evidence: Evidence) -> list[Attempt] | None:
 # --- attempts from the logs ------------------------------------------------------------------
 
 
-def _log_attempt(evidence: Evidence, attempt: int, newest_state: str | None) -> Attempt:
+@dataclass(frozen=True)
+class _ByAttempt:
+    """The log rows of each attempt, split once: its boundary rows by line, its failure row."""
+
+    boundaries: dict[int, pl.DataFrame]
+    failures: dict[int, pl.DataFrame]
+    empty_boundary: pl.DataFrame
+    empty_failure: pl.DataFrame
+
+    @classmethod
+    def of(cls, boundaries: pl.DataFrame, failures: pl.DataFrame) -> _ByAttempt:
+        def split(frame: pl.DataFrame) -> dict[int, pl.DataFrame]:
+            known = frame.filter(pl.col("attempt").is_not_null())  # `== attempt` never holds
+            parts = known.partition_by("attempt", as_dict=True, maintain_order=True)
+            return {int(key[0]): part for key, part in parts.items()}
+
+        return cls(
+            split(boundaries.sort("line")), split(failures), boundaries.clear(), failures.clear()
+        )
+
+    def boundary(self, attempt: int) -> pl.DataFrame:
+        return self.boundaries.get(attempt, self.empty_boundary)
+
+    def failure(self, attempt: int) -> RowFailure | None:
+        return _failure(self.failures.get(attempt, self.empty_failure))
+
+
+def _log_attempt(rows: _ByAttempt, attempt: int, newest_state: str | None) -> Attempt:
     """A log attempt: every one but the newest ended in a restart, failed when a failure row
     (`Facts.attempt_failures`) names why, else ended for an unknown (transient) reason."""
-    logs = evidence.logs
-    assert logs is not None
-    boundary = logs.resumes.filter(
-        (pl.col("kind") == "attempt_boundary") & (pl.col("attempt") == attempt)
-    ).sort("line")
-    row = _row_failure(evidence, attempt)
-    quotes = quote_rows(boundary, limit=1) + (row.quotes if row else ())
+    row = rows.failure(attempt)
+    quotes = quote_rows(rows.boundary(attempt), limit=1) + (row.quotes if row else ())
     signature, specific = (row.signature, row.specific) if row else (None, False)
     label = f"log attempt {attempt}"
     if newest_state is not None:
@@ -243,7 +270,8 @@ def _log_attempts(evidence: Evidence) -> list[Attempt] | None:
     if newest == 0 and boundaries.is_empty():
         return None
     state = _controller_state(evidence)
-    return [_log_attempt(evidence, i, state if i == newest else None) for i in range(newest + 1)]
+    rows = _ByAttempt.of(boundaries, evidence.facts.attempt_failures)
+    return [_log_attempt(rows, i, state if i == newest else None) for i in range(newest + 1)]
 
 
 def _controller_state(evidence: Evidence) -> str | None:
