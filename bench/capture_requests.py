@@ -61,7 +61,7 @@ _PHASES: list[tuple[Any, str, str]] = [
     (logcache.JobLogCache, "_expire", "logcache expire"),
     (logcache.JobLogCache, "_tidy", "logcache tidy"),
     (logcache, "_shareable", "logcache redaction check"),
-    (steps, "stored_parts", "stored_parts (list job's parts)"),
+    (parts, "stored_parts", "stored_parts (list job's parts, in a thread)"),
     (steps, "_frozen_files", "freeze (to local files)"),
     (parts.SharedParts, "keep", "parts keep (upload + disk copy)"),
     (steps.CaptureClaim, "held", "claim held"),
