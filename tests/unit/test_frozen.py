@@ -531,3 +531,58 @@ def test_a_failed_listing_fails_the_freeze_before_its_marker(tmp_path: Path) -> 
     with pytest.raises(ConnectionError, match="listing"):
         freeze(_long(10), tmp_path, parts_at="shelf/", stored=_Unlisted())
     assert not (tmp_path / MARKER).exists()
+
+
+# --- the parts of a long table's tail -----------------------------------------------------------
+
+_TAIL = PART_ROWS // 4  # the rule: a quarter part (frozen.TAIL_PARTS)
+
+
+@pytest.mark.parametrize(
+    ("rows", "lengths"),
+    [
+        (0, [0]),
+        (PART_ROWS, [PART_ROWS]),
+        (PART_ROWS + 1, [PART_ROWS, 1]),
+        (PART_ROWS + _TAIL, [PART_ROWS, _TAIL]),
+        (PART_ROWS + _TAIL + 1, [PART_ROWS, _TAIL, 1]),
+        (2 * PART_ROWS - 1, [PART_ROWS, _TAIL, _TAIL, _TAIL, _TAIL - 1]),
+        (2 * PART_ROWS, [PART_ROWS, PART_ROWS]),
+        (2 * PART_ROWS + 1, [PART_ROWS, PART_ROWS, 1]),
+    ],
+)
+def test_the_rows_after_the_last_full_part_are_cut_in_quarter_parts(
+    rows: int, lengths: list[int]
+) -> None:
+    """A table of at most PART_ROWS rows is one part; a longer one has full parts, then parts of
+    PART_ROWS // TAIL_PARTS rows; the spans cover every row once, in order."""
+    spans = frozen._spans(rows)
+    assert [length for _, length in spans] == lengths
+    assert [start for start, _ in spans] == [sum(lengths[:i]) for i in range(len(lengths))]
+
+
+@pytest.mark.parametrize(
+    ("before", "grown_by", "written", "rows_written"),
+    [
+        # within the second tail part: that part alone
+        (PART_ROWS + _TAIL + 10, 100, 1, 110),
+        # across a tail part's end: it and the next
+        (PART_ROWS + _TAIL - 10, 20, 2, _TAIL + 10),
+        # across the full part's end: the full part (once) and the rest
+        (2 * PART_ROWS - 10, 20, 2, PART_ROWS + 10),
+    ],
+)
+def test_a_grown_long_table_rewrites_at_most_a_tail_part_of_its_earlier_rows(
+    tmp_path: Path, before: int, grown_by: int, written: int, rows_written: int
+) -> None:
+    """Only the tail part the new rows fall in (and the ones after it) is written again: the
+    full parts and the full tail parts before it are reused; the thaw equals the grown one."""
+    first = _long(before)
+    freeze(first, tmp_path / "1", parts_at="shelf/")
+    second = _grown(first, grown_by)
+    stored = _stored([tmp_path / "1"])
+    new = _part_files(freeze(second, tmp_path / "2", parts_at="shelf/", stored=stored))
+    assert len(new) == written
+    refs = json.loads((tmp_path / "2" / MARKER).read_text())["logs"]["tables"]["metrics"]
+    assert sum(ref[2] for ref in refs if ref[0] not in stored) == rows_written
+    assert_same(thaw(tmp_path / "2", fetch=_Shelf(tmp_path / "1")), second)

@@ -10,9 +10,11 @@ evidence.json            everything else as JSON, written last: its presence mar
                          it lists the parts of every table in order
 ```
 
-Each table (every LogTables frame, empty ones included, and the trial table) is cut into parts of
-PART_ROWS rows from its first row (an empty table is one part of no rows). A part is named by
-`<digest>-<sha256>`: the digest (32 hex) is a SHA-256 of the redactor's rules
+Each table (every LogTables frame, empty ones included, and the trial table) of at most PART_ROWS
+rows is one part (an empty table is one part of no rows); a longer one is cut into parts of
+PART_ROWS rows from its first row, and the rows after the last of them into parts of PART_ROWS //
+TAIL_PARTS rows (so a grown table rewrites at most a quarter part of its earlier rows). A part
+is named by `<digest>-<sha256>`: the digest (32 hex) is a SHA-256 of the redactor's rules
 (`shared.redact.RULES_DIGEST`: a part redacted under older rules is not reused under newer ones,
 it is written again), the table's name, its schema and the 64-bit hash of every row
 (`DataFrame.hash_rows`; a changed row keeps its part's digest only if its hash collides with the
@@ -21,7 +23,8 @@ digest (within one polars version: another one may hash differently, and then wr
 again); the SHA-256 is that of the Parquet file as written (redacted), checked when it is
 read back. When a job's log grows, its tables grow at the end: every full part before the new rows
 keeps its digest, and a freeze given the parts stored already (`stored`) writes only the others —
-the last, partial part and the new ones. `parts_at` says where the parts are kept (the pipeline:
+the last, partial part and the new ones (and, once a table's rows after its last full part fill a
+whole PART_ROWS, that full part once). `parts_at` says where the parts are kept (the pipeline:
 S3 `evidence-parts/<job>/`, shared by the diagnoses of one job); without it they stay in the
 freeze's own `parts/`. Format 1 (`logs/<table>.parquet`, `trials/trials.parquet`, one file a
 table) is still thawed.
@@ -75,6 +78,7 @@ __all__ = [
     "MARKER",
     "PARTS",
     "PART_ROWS",
+    "TAIL_PARTS",
     "Fetch",
     "FrozenEvidenceError",
     "PartCache",
@@ -89,6 +93,7 @@ _THAWED_FORMATS: Final = (1, 2)
 MARKER: Final = "evidence.json"
 PARTS: Final = "parts"
 PART_ROWS: Final = 65536
+TAIL_PARTS: Final = 4  # a large table's rows after its last full part: parts of PART_ROWS // 4
 WRITERS: Final = 2  # parts written at once
 LINE_MAX_BYTES: Final = 16 * 1024
 _PART_TAG: Final = b"rlhealth frozen part 1\0"
@@ -184,10 +189,16 @@ def _write_json(path: Path, data: Any) -> Path:
 
 
 def _spans(height: int) -> list[tuple[int, int]]:
-    """`(offset, length)` of each part of a table of `height` rows (one part when empty)."""
-    return [(start, min(PART_ROWS, height - start)) for start in range(0, height, PART_ROWS)] or [
-        (0, 0)
-    ]
+    """`(offset, length)` of each part of a table of `height` rows: one part when it has at most
+    PART_ROWS rows (an empty table is one part of no rows); else parts of PART_ROWS rows from its
+    first row, and the rows after the last of them in parts of PART_ROWS // TAIL_PARTS, so a
+    table that grew rewrites at most that many of its earlier rows, not up to PART_ROWS."""
+    if height <= PART_ROWS:
+        return [(0, height)]
+    full = height - height % PART_ROWS
+    tail = max(PART_ROWS // TAIL_PARTS, 1)
+    spans = [(start, PART_ROWS) for start in range(0, full, PART_ROWS)]
+    return spans + [(start, min(tail, height - start)) for start in range(full, height, tail)]
 
 
 def _digests(name: str, frame: pl.DataFrame) -> list[str]:
