@@ -26,6 +26,7 @@ from shared.redact import clean_cut
 if TYPE_CHECKING:
     from worker.cli.terminal import LogProgress
     from worker.evidence.logs import LogCache
+    from worker.evidence.logs.prelude import Prelude
     from worker.evidence.parsed import LogTables, TrialTables
 
 __all__ = ["parse_command"]
@@ -81,7 +82,22 @@ def _progress() -> AbstractContextManager[LogProgress | None]:
     return log_progress()
 
 
-def _read_logs(path: Path, cache: LogCache | None) -> tuple[LogTables | None, list[str]]:
+def _prelude(path: Path, cache_dir: Path | None) -> Prelude | None:
+    """For a single log file read whole (no `--cache`), its first reads and native passes begun
+    in a thread before polars is imported (`worker.evidence.logs.prelude`); else None."""
+    if cache_dir is not None or not path.is_file():
+        return None
+    from worker.evidence.logs.prelude import Prelude
+
+    try:
+        return Prelude.start(path)
+    except (OSError, ValueError):  # the parse itself meets and reports it
+        return None
+
+
+def _read_logs(
+    path: Path, cache: LogCache | None, prelude: Prelude | None = None
+) -> tuple[LogTables | None, list[str]]:
     """The tables and the notes to print (refused paths, lines cut, compressed files)."""
     from worker.evidence.logs import LogBudgetError, parse_job_logs, parse_log_file
     from worker.evidence.paths import BundleFiles
@@ -92,7 +108,9 @@ def _read_logs(path: Path, cache: LogCache | None) -> tuple[LogTables | None, li
             if path.is_dir():
                 tables = parse_job_logs(path, files=files, progress=progress, cache=cache)
             else:
-                tables = parse_log_file(path, source=path.name, progress=progress, cache=cache)
+                tables = parse_log_file(
+                    path, source=path.name, progress=progress, cache=cache, prelude=prelude
+                )
     except LogBudgetError as exc:
         _fail(str(exc))
     notes = [*files.refused, *(tables.summary.notes if tables is not None else ())]
@@ -198,7 +216,6 @@ def parse_command(
     Exits 1, quoting what the log looks like, when no usable metrics were found (a failed probe);
     the other tables are still written.
     """
-    from worker.evidence.logs import LogCache, write_tables
     from worker.evidence.logs.budget import setting_mb
 
     try:
@@ -206,8 +223,15 @@ def parse_command(
     except ValueError as exc:
         _fail(str(exc))
     _writable(out)
-    cache = LogCache(directory=cache_dir) if cache_dir is not None else None
-    logs, notes = _read_logs(path, cache)
+    prelude = _prelude(path, cache_dir)  # reads while polars is imported
+    try:
+        from worker.evidence.logs import LogCache, write_tables
+
+        cache = LogCache(directory=cache_dir) if cache_dir is not None else None
+        logs, notes = _read_logs(path, cache, prelude)
+    finally:
+        if prelude is not None:
+            prelude.close()
     for note in cache.notes if cache is not None else ():
         click.echo(f"cache: {_shown(note)}", err=True)
     trials = _read_trials(path, trace_jobs_dir)

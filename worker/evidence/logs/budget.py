@@ -26,9 +26,10 @@ import resource
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Final
+from typing import TYPE_CHECKING, Final
 
-import polars as pl
+if TYPE_CHECKING:  # the budget is reckoned before polars is imported (`early`)
+    import polars as pl
 
 __all__ = [
     "DEFAULT_MEMORY_MB",
