@@ -17,6 +17,7 @@ by `close` (idempotent), which the parse calls whatever happens.
 from __future__ import annotations
 
 import threading
+from collections import deque
 from collections.abc import Iterator
 from dataclasses import dataclass
 from io import BufferedReader
@@ -42,13 +43,19 @@ class Taken:
     native passes (None: no extension), and the reads' iterator to go on with."""
 
     handle: BufferedReader
-    done: tuple[tuple[Read, native.Raw | None], ...]
+    done: deque[tuple[Read, native.Raw | None]]
     rest: Iterator[Read]
 
     def reads(self) -> Iterator[tuple[Read, native.Raw | None]]:
-        """Every read of the file: those done, then the others (their pass not made)."""
-        yield from self.done
-        if self.done and self.done[-1][0].final:
+        """Every read of the file: those done, then the others (their pass not made). A read
+        done is let go as it is handed on (nothing here keeps it once it is scanned)."""
+        final = False
+        while self.done:
+            read, passed = self.done.popleft()
+            final = read.final
+            yield read, passed
+            del read, passed
+        if final:
             return
         for read in self.rest:
             yield read, None
@@ -62,7 +69,7 @@ class Prelude:
         self.chunk_bytes = chunk_bytes
         self._limit = reads
         self._stop = threading.Event()
-        self._done: list[tuple[Read, native.Raw | None]] = []
+        self._done: deque[tuple[Read, native.Raw | None]] = deque()
         self._handle: BufferedReader | None = None
         self._rest: Iterator[Read] | None = None
         self._failed = False
@@ -111,7 +118,8 @@ class Prelude:
             self.close()
             return None
         self._taken = True
-        return Taken(handle, tuple(self._done), rest)
+        done, self._done = self._done, deque()
+        return Taken(handle, done, rest)
 
     def close(self) -> None:
         """Stop and join the thread; close the handle unless it was taken."""
