@@ -11,6 +11,7 @@ import subprocess
 import sys
 import threading
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 from click.testing import CliRunner
@@ -246,3 +247,23 @@ def test_once_polars_is_imported_the_allocator_is_left_alone(
     assert "polars" in sys.modules
     parse_cmd._one_arena()
     assert os.environ["_RJEM_MALLOC_CONF"] == "dirty_decay_ms:0"
+
+
+def test_the_trim_threshold_is_set_where_mallopt_exists(monkeypatch: pytest.MonkeyPatch) -> None:
+    """glibc's `mallopt(M_TRIM_THRESHOLD, 1 MiB)`; a C library without mallopt is left alone."""
+    import ctypes
+
+    from worker.cli import parse_cmd
+
+    calls: list[tuple[int, int]] = []
+
+    def mallopt(option: int, value: int) -> int:
+        calls.append((option, value))
+        return 1
+
+    monkeypatch.setattr(ctypes, "CDLL", lambda _name: SimpleNamespace(mallopt=mallopt))
+    parse_cmd._trim_freed_memory()
+    assert calls == [(-1, 2**20)]
+    monkeypatch.setattr(ctypes, "CDLL", lambda _name: object())
+    parse_cmd._trim_freed_memory()  # no mallopt: nothing happens, nothing raised
+    assert calls == [(-1, 2**20)]

@@ -37,6 +37,12 @@ LINE_MAX_BYTES: Final = 300
 # page faults, the same CPU). Appended to what the operator sets, unless that names `narenas`.
 _ALLOCATOR_ENV: Final = "_RJEM_MALLOC_CONF"
 _ONE_ARENA: Final = "narenas:1"
+# The C library's allocator (Python's reads and the native pass's columns): free memory above
+# this at the top of its heap goes back to the system, and the threshold stays fixed (glibc
+# otherwise raises it to the largest block freed, a read: ~25 MB kept per arena). mallopt's
+# M_TRIM_THRESHOLD.
+_TRIM_BYTES: Final = 2**20
+_M_TRIM_THRESHOLD: Final = -1
 
 
 def _shown(text: str) -> str:
@@ -95,6 +101,19 @@ def _one_arena() -> None:
     current = os.environ.get(_ALLOCATOR_ENV, "")
     if "narenas" not in current:
         os.environ[_ALLOCATOR_ENV] = f"{current},{_ONE_ARENA}" if current else _ONE_ARENA
+
+
+def _trim_freed_memory() -> None:
+    """Set the C library's trim threshold (`_TRIM_BYTES`) where it has `mallopt` (glibc; a C
+    library without it is left as it is)."""
+    import ctypes
+
+    try:
+        mallopt = ctypes.CDLL(None).mallopt
+    except (OSError, AttributeError):
+        return
+    mallopt.argtypes, mallopt.restype = [ctypes.c_int, ctypes.c_int], ctypes.c_int
+    mallopt(_M_TRIM_THRESHOLD, _TRIM_BYTES)
 
 
 def _prelude(path: Path, cache_dir: Path | None) -> Prelude | None:
@@ -239,6 +258,7 @@ def parse_command(
         _fail(str(exc))
     _writable(out)
     _one_arena()
+    _trim_freed_memory()
     prelude = _prelude(path, cache_dir)  # reads while polars is imported
     try:
         from worker.evidence.logs import LogCache, write_tables
