@@ -218,15 +218,18 @@ def test_the_prelude_imports_no_polars() -> None:
 @pytest.mark.parametrize(
     ("before", "after"),
     [
-        (None, "narenas:1"),
-        ("dirty_decay_ms:0", "dirty_decay_ms:0,narenas:1"),
-        ("narenas:4", "narenas:4"),  # the operator's choice stands
+        (None, "narenas:1,muzzy_decay_ms:0"),
+        ("dirty_decay_ms:0", "dirty_decay_ms:0,narenas:1,muzzy_decay_ms:0"),
+        ("narenas:4", "narenas:4,muzzy_decay_ms:0"),  # the operator's choice stands
+        ("muzzy_decay_ms:50, narenas:2", "muzzy_decay_ms:50, narenas:2"),
+        ("narenas_x:3", "narenas_x:3,narenas:1,muzzy_decay_ms:0"),  # another option's name
     ],
 )
 def test_the_command_asks_for_one_allocator_arena(
     before: str | None, after: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Before polars is imported the parse asks jemalloc for one arena, keeping what is set."""
+    """Before polars is imported the parse asks jemalloc for one arena and no lazily freed
+    pages, keeping what the operator set."""
     from worker.cli import parse_cmd
 
     if before is None:
@@ -234,7 +237,7 @@ def test_the_command_asks_for_one_allocator_arena(
     else:
         monkeypatch.setenv("_RJEM_MALLOC_CONF", before)
     monkeypatch.delitem(sys.modules, "polars")
-    parse_cmd._one_arena()
+    parse_cmd._allocator()
     assert os.environ["_RJEM_MALLOC_CONF"] == after
 
 
@@ -245,7 +248,7 @@ def test_once_polars_is_imported_the_allocator_is_left_alone(
 
     monkeypatch.setenv("_RJEM_MALLOC_CONF", "dirty_decay_ms:0")
     assert "polars" in sys.modules
-    parse_cmd._one_arena()
+    parse_cmd._allocator()
     assert os.environ["_RJEM_MALLOC_CONF"] == "dirty_decay_ms:0"
 
 

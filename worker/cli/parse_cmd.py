@@ -32,11 +32,13 @@ if TYPE_CHECKING:
 __all__ = ["parse_command"]
 
 LINE_MAX_BYTES: Final = 300
-# polars' allocator (jemalloc) with one arena for the command: the pages one thread frees are
+# polars' allocator (jemalloc) for the command: one arena, so the pages one thread frees are
 # reused by the next, not kept per thread (~30-50 MB less peak memory for a 200 MB log, fewer
-# page faults, the same CPU). Appended to what the operator sets, unless that names `narenas`.
+# page faults, the same CPU); and pages it has decayed (after polars' 500 ms) returned at once,
+# not kept as lazily freed pages that still count as resident (~10 MB). Each is appended to what
+# the operator sets, unless that names the option.
 _ALLOCATOR_ENV: Final = "_RJEM_MALLOC_CONF"
-_ONE_ARENA: Final = "narenas:1"
+_ALLOCATOR: Final = (("narenas", "1"), ("muzzy_decay_ms", "0"))
 # The C library's allocator (Python's reads and the native pass's columns): free memory above
 # this at the top of its heap goes back to the system, and the threshold stays fixed (glibc
 # otherwise raises it to the largest block freed, a read: ~25 MB kept per arena). mallopt's
@@ -93,14 +95,16 @@ def _progress() -> AbstractContextManager[LogProgress | None]:
     return log_progress()
 
 
-def _one_arena() -> None:
-    """Ask for one jemalloc arena (`_ONE_ARENA`) before polars is first imported; once it is
-    (in a test process, say), its allocator is set up and this changes nothing."""
+def _allocator() -> None:
+    """Ask jemalloc for `_ALLOCATOR` before polars is first imported; once it is (in a test
+    process, say), its allocator is set up and this changes nothing."""
     if "polars" in sys.modules:
         return
     current = os.environ.get(_ALLOCATOR_ENV, "")
-    if "narenas" not in current:
-        os.environ[_ALLOCATOR_ENV] = f"{current},{_ONE_ARENA}" if current else _ONE_ARENA
+    named = {item.split(":", 1)[0].strip() for item in current.split(",") if item.strip()}
+    added = [f"{name}:{value}" for name, value in _ALLOCATOR if name not in named]
+    if added:
+        os.environ[_ALLOCATOR_ENV] = ",".join([current, *added] if current else added)
 
 
 def _trim_freed_memory() -> None:
@@ -257,7 +261,7 @@ def parse_command(
     except ValueError as exc:
         _fail(str(exc))
     _writable(out)
-    _one_arena()
+    _allocator()
     _trim_freed_memory()
     prelude = _prelude(path, cache_dir)  # reads while polars is imported
     try:
