@@ -270,3 +270,19 @@ def test_the_trim_threshold_is_set_where_mallopt_exists(monkeypatch: pytest.Monk
     monkeypatch.setattr(ctypes, "CDLL", lambda _name: object())
     parse_cmd._trim_freed_memory()  # no mallopt: nothing happens, nothing raised
     assert calls == [(-1, 2**20)]
+
+
+def test_the_prelude_reads_count_against_the_budget(log: Path) -> None:
+    """The budget's RSS base is read after the prelude's reads were made: they are counted as
+    the parse's own (the base is lowered by their bytes), so a budget is no looser with them."""
+    prelude = _started(log, 2)
+    budget = MemoryBudget.for_logs(log.stat().st_size)
+    assert budget.base_rss is not None
+    base = budget.base_rss
+    parse_log_file(log, log.name, chunk_bytes=CHUNK, budget=budget, prelude=prelude)
+    assert base - budget.base_rss == FIRST_READ_BYTES + CHUNK
+    unused = _started(log, 2, CHUNK // 2)  # another read size: nothing of it is used
+    budget = MemoryBudget.for_logs(log.stat().st_size)
+    base = budget.base_rss
+    parse_log_file(log, log.name, chunk_bytes=CHUNK, budget=budget, prelude=unused)
+    assert budget.base_rss == base

@@ -185,6 +185,12 @@ class MemoryBudget:
         ahead = (_KEPT_COPIES - 1) * total + _METRIC_COPIES * metrics
         return _FIXED + total + reads * per_read + ahead <= (self.aim_bytes or self.limit_bytes)
 
+    def held_before(self, size: int) -> None:
+        """Count `size` bytes the parse already held when its RSS was first read (the reads a
+        prelude made, `prelude.py`) as grown since: the base is lowered by them."""
+        if self.base_rss is not None:
+            self.base_rss -= size
+
     def keep(self, held: Held) -> None:
         """Count the rows `held` of a file read to the end."""
         self.before.total += held.total

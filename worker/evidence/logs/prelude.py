@@ -46,6 +46,11 @@ class Taken:
     done: deque[tuple[Read, native.Raw | None]]
     rest: Iterator[Read]
 
+    @property
+    def held(self) -> int:
+        """The bytes of the reads done (what the prelude holds, but their passes' columns)."""
+        return sum(len(read.data) for read, _ in self.done)
+
     def reads(self) -> Iterator[tuple[Read, native.Raw | None]]:
         """Every read of the file: those done, then the others (their pass not made). A read
         done is let go as it is handed on (nothing here keeps it once it is scanned)."""

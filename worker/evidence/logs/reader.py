@@ -187,6 +187,8 @@ def _run(
     this read size), its reads and handle are taken: the same reads, some already passed."""
     pending: deque[Future[Scan]] = deque()
     taken = prelude.take(chunk_bytes) if prelude is not None and state.offset == 0 else None
+    if taken is not None:  # read before the budget first read the RSS: the parse's own
+        chunks.budget.held_before(taken.held)
     opened = taken.handle if taken is not None else path.open("rb")
     with opened as handle, ThreadPoolExecutor(_WORKERS) as pool:
         try:
