@@ -13,7 +13,7 @@ from polars.testing import assert_frame_equal
 
 from bench.gen_continuous import generate_continuous
 from bench.gen_finelog import generate as generate_finelog
-from worker.evidence.logs import parse_log_file, reader
+from worker.evidence.logs import parse_log_file, reader, reads
 from worker.evidence.logs.reader import FIRST_READ_BYTES, _reads, parse_file_rows
 from worker.evidence.logs.scan import Scan, scan
 from worker.evidence.logs.stitch import Stitched, build_tables, stitch
@@ -76,7 +76,8 @@ def test_tables_do_not_depend_on_the_short_first_read(
 ) -> None:
     """The same tables with the short first read and with every read of the same size."""
     short = parse_log_file(log, "finelog.log", chunk_bytes=3 * MB)
-    monkeypatch.setattr(reader, "FIRST_READ_BYTES", 3 * MB)
+    monkeypatch.setattr(reads, "FIRST_READ_BYTES", 3 * MB)
+    assert _sizes(log, 3 * MB)[0][0] > FIRST_READ_BYTES  # the first read is a full one now
     even = parse_log_file(log, "finelog.log", chunk_bytes=3 * MB)
     for name in ("metrics", "timers", "phases", "engines", "progress", "batches", "errors"):
         assert_frame_equal(getattr(short, name), getattr(even, name))

@@ -91,3 +91,35 @@ def test_a_table_is_split_just_past_split_rows(
     _plain(engines, tmp_path / "plain.csv")
     assert written[0].read_bytes() == (tmp_path / "plain.csv").read_bytes()
     assert HF not in written[0].read_text() and JWT not in written[0].read_text()
+
+
+@pytest.mark.parametrize("rows", [write.SPLIT_ROWS, write.SPLIT_ROWS + 1])
+def test_the_parts_files_are_removed_once_appended(rows: int, tmp_path: Path) -> None:
+    """A table formatted in parts goes through temporary files beside it (not memory); once the
+    table is written only the table is in the directory, whether or not it was split."""
+    engines = _frame(rows, 4)
+    written = write_tables(LogTables(engines=engines, summary=ParseSummary()), tmp_path / "out")
+    assert sorted(p.name for p in (tmp_path / "out").iterdir()) == ["engines.csv"]
+    _plain(engines, tmp_path / "plain.csv")
+    assert written[0].read_bytes() == (tmp_path / "plain.csv").read_bytes()
+
+
+@pytest.mark.parametrize("failing", ["first", "other"])
+def test_a_failed_part_leaves_no_part_file(
+    failing: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """When formatting either part fails, the error reaches the caller and no temporary part
+    file is left behind."""
+    real = pl.DataFrame.write_csv
+
+    def broken(frame: pl.DataFrame, file: object = None, **kwargs: object) -> object:
+        header = kwargs.get("include_header", True)
+        if (failing == "first") == bool(header):
+            raise OSError(28, "No space left on device")
+        return real(frame, file, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(pl.DataFrame, "write_csv", broken)
+    engines = _frame(write.SPLIT_ROWS + 1, 4)
+    with pytest.raises(OSError, match="No space left"):
+        write_tables(LogTables(engines=engines, summary=ParseSummary()), tmp_path / "out")
+    assert not [p for p in (tmp_path / "out").iterdir() if ".part-" in p.name]

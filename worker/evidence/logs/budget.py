@@ -26,9 +26,10 @@ import resource
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Final
+from typing import TYPE_CHECKING, Final
 
-import polars as pl
+if TYPE_CHECKING:  # the budget is reckoned before polars is imported (`early`)
+    import polars as pl
 
 __all__ = [
     "DEFAULT_MEMORY_MB",
@@ -183,6 +184,12 @@ class MemoryBudget:
         per_read = (_SCAN_READS + _DENSITY_COPIES * density) * self.chunk_bytes
         ahead = (_KEPT_COPIES - 1) * total + _METRIC_COPIES * metrics
         return _FIXED + total + reads * per_read + ahead <= (self.aim_bytes or self.limit_bytes)
+
+    def held_before(self, size: int) -> None:
+        """Count `size` bytes the parse already held when its RSS was first read (the reads a
+        prelude made, `prelude.py`) as grown since: the base is lowered by them."""
+        if self.base_rss is not None:
+            self.base_rss -= size
 
     def keep(self, held: Held) -> None:
         """Count the rows `held` of a file read to the end."""

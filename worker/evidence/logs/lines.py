@@ -1,4 +1,6 @@
-"""Chunked reading of a log file into polars line series, split natively.
+"""Chunked reading of a log file into polars line series, split natively (the reads themselves,
+polars-free, are `reads.py`'s; this module re-exports them, and the window and line caps of
+`rules.py`).
 
 A read is a run of complete lines (each ended by a newline); the file is sought back to the start
 of a partial last line, so no read is copied to be joined with the next. Lines are split by polars'
@@ -16,15 +18,13 @@ begins with the magic bytes of a compressed stream is never handed to polars' CS
 
 from __future__ import annotations
 
-import errno
-import os
-from collections.abc import Iterator
-from dataclasses import dataclass
-from io import BufferedReader
 from pathlib import Path
 from typing import Final, Literal
 
 import polars as pl
+
+from worker.evidence.logs.reads import Cut, Read, cut_line, cut_marker, iter_reads
+from worker.evidence.logs.rules import LINE_MAX_BYTES, WINDOW_LINES
 
 __all__ = [
     "CHUNK_BYTES",
@@ -33,6 +33,7 @@ __all__ = [
     "Cut",
     "Read",
     "cut_line",
+    "cut_marker",
     "iter_reads",
     "line_start",
     "read_tail",
@@ -41,13 +42,6 @@ __all__ = [
 ]
 
 CHUNK_BYTES: Final = 48 * 2**20
-# A multi-line construct (pprint-ed dict, traceback) must close within this many lines; it is what
-# makes the result independent of where chunks are cut.
-WINDOW_LINES: Final = 200
-# A line longer than this is cut (its head kept, with a marker): no real log line comes near it
-# (a WANDB_MIRROR record of a thousand metrics is ~40 KB), and every regex runs on bounded text.
-LINE_MAX_BYTES: Final = 2**20
-_MARKER_ROOM: Final = 64  # bytes kept free for the marker, so a cut line stays within the cap
 # polars' CSV reader decompresses a buffer that starts with these (gzip, zlib, zstd)
 _COMPRESSED: Final = (
     b"\x1f\x8b",
@@ -57,30 +51,6 @@ _COMPRESSED: Final = (
     b"\x78\xda",
     b"\x28\xb5\x2f\xfd",
 )
-
-
-@dataclass(frozen=True)
-class Cut:
-    """A line cut to LINE_MAX_BYTES: its index in its read, its length, and the bytes of the file
-    that are not in the read's data (only a line longer than a read is cut before it is split)."""
-
-    idx: int
-    length: int
-    dropped: int = 0
-
-
-def cut_marker(length: int) -> str:
-    """What replaces the end of a cut line."""
-    return f" [... line cut: {length:,} bytes]"
-
-
-def cut_line(head: bytes, length: int, line_max: int = LINE_MAX_BYTES) -> str:
-    """The text kept of a line of `length` bytes that starts with `head`: at most
-    `line_max - 64` bytes of it (whole characters, NUL blanked) and the marker."""
-    keep = max(line_max - _MARKER_ROOM, 0)
-    text = head[:keep].decode("utf-8", errors="replace").replace("\x00", " ")
-    text = text.encode()[:keep].decode("utf-8", errors="ignore")  # replacements may have grown it
-    return text + cut_marker(length)
 
 
 def _count_lines(raw: bytes) -> int:
@@ -176,106 +146,6 @@ def line_start(raw: bytes, end: int, n_lines: int, index: int) -> int:
     for _ in range(n_lines - index + 1):
         pos = raw.rfind(b"\n", 0, pos)
     return pos + 1
-
-
-@dataclass(frozen=True)
-class Read:
-    """One read: its complete lines are `data[:end]`; `final` is the rest of the file.
-
-    `long_line` > 0: the read is one line of that many bytes, longer than a read, already cut
-    (`data` holds its head and marker); the file bytes it stands for are `long_line` plus its
-    newline.
-    """
-
-    data: bytes
-    end: int
-    final: bool
-    long_line: int = 0
-
-    @property
-    def size(self) -> int:
-        """The bytes of the file this read stands for."""
-        if not self.long_line:
-            return self.end
-        newline = 1 if self.data[self.end - 1 : self.end] == b"\n" else 0
-        return self.long_line + newline
-
-    @property
-    def cuts(self) -> list[Cut]:
-        """The line cut before splitting (a line longer than a read), if this read is one."""
-        if not self.long_line:
-            return []
-        kept = self.end - (1 if self.data[self.end - 1 : self.end] == b"\n" else 0)
-        return [Cut(0, self.long_line, self.long_line - kept)]
-
-
-def _next_data(handle: BufferedReader) -> int:
-    """Skip to where the next data of a sparse file starts (at or after the current position);
-    the bytes skipped. A hole holds only NUL bytes, so no newline: it need not be read."""
-    here = handle.tell()
-    try:
-        found = os.lseek(handle.fileno(), here, os.SEEK_DATA)
-    except OSError as exc:  # ENXIO: nothing but a hole is left
-        found = os.fstat(handle.fileno()).st_size if exc.errno == errno.ENXIO else here
-    except (AttributeError, ValueError):  # no SEEK_DATA on this platform or file
-        found = here
-    handle.seek(found)
-    return found - here
-
-
-def _skip_line(handle: BufferedReader, data: bytes, chunk_bytes: int, line_max: int) -> Read:
-    """The read of a line longer than a read, of which `data` was read: the rest is read and
-    dropped, a block at a time into one buffer (holes of a sparse file are jumped over), up to
-    its newline; the file is left after it."""
-    head, length = data[:line_max], len(data)
-    buffer = bytearray(min(chunk_bytes, 8 * 2**20))
-    view = memoryview(buffer)
-    while True:
-        length += _next_data(handle)
-        n = handle.readinto(view)
-        if not n:
-            text = cut_line(head, length, line_max).encode()
-            return Read(text, len(text), final=True, long_line=length)
-        newline = buffer.find(b"\n", 0, n)
-        if newline >= 0:
-            length += newline
-            handle.seek(newline + 1 - n, os.SEEK_CUR)
-            text = cut_line(head, length, line_max).encode() + b"\n"
-            return Read(text, len(text), final=False, long_line=length)
-        length += n
-
-
-def iter_reads(
-    handle: BufferedReader, chunk_bytes: int, line_max: int = LINE_MAX_BYTES
-) -> Iterator[Read]:
-    """Reads of complete lines (about `chunk_bytes` each), then one final read of the rest.
-
-    After a read the file is sought back to the start of its partial last line, which the next
-    read begins with. A partial line is kept until it is longer than `line_max`; then it is cut
-    and the rest of it skipped (`_skip_line`), so no read holds more than `chunk_bytes` +
-    `line_max` bytes.
-    """
-    pending = b""
-    while True:
-        data = handle.read(chunk_bytes)
-        if not data:
-            yield Read(pending, len(pending), final=True)
-            return
-        if pending:
-            data, pending = pending + data, b""
-        end = data.rfind(b"\n") + 1
-        if end == 0 and len(data) > line_max:
-            read = _skip_line(handle, data, chunk_bytes, line_max)
-            yield read
-            if read.final:
-                return
-            continue
-        if end == 0:
-            pending = data
-            continue
-        if end < len(data):
-            handle.seek(end - len(data), os.SEEK_CUR)
-        yield Read(data, end, final=False)
 
 
 def read_tail(path: Path, size: int, tail_bytes: int = 65536) -> bytes:

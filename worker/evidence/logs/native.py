@@ -7,20 +7,25 @@ a traceback literal) is a rest line: the polars path reads it as before, so the 
 same with or without the extension. Without the extension (`AVAILABLE` false) every line takes
 the polars path. The columns come back through the Arrow C data interface: polars takes them
 without a copy (and without numpy or pyarrow).
+
+The pass itself (`raw`) needs no polars, and this module imports polars only when a pass is
+wrapped into frames (`wrap`): `rl-health parse` runs the first passes while polars is imported
+(`worker.evidence.logs.early`).
 """
 
 from __future__ import annotations
 
 import os
 from dataclasses import dataclass
-from typing import Final
+from typing import TYPE_CHECKING, Any, Final
 
-import polars as pl
+if TYPE_CHECKING:
+    import polars as pl
 
-__all__ = ["AVAILABLE", "Native", "Rules", "native_scan", "rules"]
+__all__ = ["AVAILABLE", "Native", "Raw", "Rules", "native_scan", "raw", "rules", "wrap"]
 
 try:
-    from worker.evidence.logs import _fastscan  # type: ignore[attr-defined]
+    from worker.evidence.logs import _fastscan  # type: ignore[attr-defined,unused-ignore]
 except ImportError:  # not built: the polars path reads every line
     _fastscan = None
 if _fastscan is not None and not hasattr(_fastscan, "rules"):
@@ -155,25 +160,50 @@ class Native:
 
     def raw(self, indices: list[int]) -> list[str]:
         """The text of the stat lines of `indices` (ASCII, as the polars split reads it)."""
+        import polars as pl
+
         rows = self.stats.get_column("idx").search_sorted(pl.Series(indices, dtype=pl.UInt32))
         data, starts, stops = self._data, self._starts, self._stops
         return [data[starts[row] : stops[row]].decode("ascii") for row in rows.to_list()]
 
 
-def native_scan(data: bytes, end: int, keep: Rules | None = None) -> Native | None:
-    """The native pass over `data[:end]`, or None when the extension is not available. With
-    `keep`, only the rest lines it keeps are in `rest` (all of them without it)."""
+@dataclass(frozen=True)
+class Raw:
+    """The native pass over `data[:end]`, before its columns are polars frames (`wrap`)."""
+
+    data: bytes
+    found: Any  # the tuple `_fastscan.scan` returns
+
+
+def raw(data: bytes, end: int, keep: Rules | None = None) -> Raw | None:
+    """The native pass over `data[:end]` (no polars), or None when the extension is not
+    available. With `keep`, only the rest lines it keeps are in `rest` (all of them without it).
+    The pass releases the GIL."""
     if not AVAILABLE or _fastscan is None:
         return None
     capsule = keep._capsule if keep is not None and DROP else None
-    n_lines, _, rest, starts, stops, (stats, where), dropped = _fastscan.scan(data, end, capsule)
+    return Raw(data, _fastscan.scan(data, end, capsule))
+
+
+def wrap(found: Raw) -> Native:
+    """The pass `found` with its columns as polars frames."""
+    import polars as pl
+
+    n_lines, _, rest, starts, stops, (stats, where), dropped = found.found
     return Native(
         n_lines=n_lines,
         rest=rest,
         dropped=dropped,
         where=pl.Series("idx", _Capsules(where)),
         stats=pl.DataFrame(_Capsules(stats)),
-        _data=data,
+        _data=found.data,
         _starts=memoryview(starts).cast("q"),
         _stops=memoryview(stops).cast("q"),
     )
+
+
+def native_scan(data: bytes, end: int, keep: Rules | None = None) -> Native | None:
+    """The native pass over `data[:end]` as frames (`wrap` of `raw`), or None when the extension
+    is not available. With `keep`, only the rest lines it keeps are in `rest`."""
+    found = raw(data, end, keep)
+    return wrap(found) if found is not None else None

@@ -18,17 +18,26 @@ from typing import Final
 
 import polars as pl
 
-from worker.evidence.logs import detect, errors
+from worker.evidence.logs import detect, errors, native
 from worker.evidence.logs.budget import Held, MemoryBudget
 from worker.evidence.logs.chunk import TABLES, parse_chunk
 from worker.evidence.logs.incremental import CacheEntry, LogCache, cache_key, entry_for
-from worker.evidence.logs.lines import LINE_MAX_BYTES, Read, iter_reads, read_tail, split_lines
+from worker.evidence.logs.lines import LINE_MAX_BYTES, Read, read_tail, split_lines
+from worker.evidence.logs.prelude import Prelude, Taken
+from worker.evidence.logs.reads import FIRST_READ_BYTES, first_reads
 from worker.evidence.logs.scan import Scan, scan
 from worker.evidence.logs.state import ParserState
 from worker.evidence.logs.stitch import Stitched, build_tables, restitch, stitch
 from worker.evidence.parsed import ClockSkew, LogTables, ParseSummary
 
-__all__ = ["COMPRESSED_MAGIC", "FileRows", "compression", "parse_file_rows", "parse_log_file"]
+__all__ = [
+    "COMPRESSED_MAGIC",
+    "FIRST_READ_BYTES",
+    "FileRows",
+    "compression",
+    "parse_file_rows",
+    "parse_log_file",
+]
 
 _LOGURU_TS: Final = r"(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d(?:\.\d+)?) \|"
 PREFETCH: Final = 2
@@ -36,8 +45,6 @@ _WORKERS: Final = 2
 _WORST_DENSITY: Final = 4.0
 # Scans already done are parsed as one chunk until it holds this many bytes (`_ready`).
 JOIN_BYTES: Final = 32 * 2**20
-# The first read of a file is at most this long (`_reads`).
-FIRST_READ_BYTES: Final = 2 * 2**20
 # A log file that starts with one of these is compressed: it is not read (a few MB of gzip can
 # expand to more than any budget), the report says so.
 COMPRESSED_MAGIC: Final = {
@@ -132,15 +139,8 @@ class _Chunks:
 
 
 def _reads(handle: BufferedReader, chunk_bytes: int) -> Iterator[Read]:
-    """The reads of `handle` from where it is: a short first one (its scan soon tells how much
-    a read of this log costs, so the next reads are scanned at once), then `chunk_bytes` each."""
-    first = min(chunk_bytes, FIRST_READ_BYTES)
-    if first < chunk_bytes:
-        read = next(iter_reads(handle, first, LINE_MAX_BYTES))
-        yield read
-        if read.final:
-            return
-    yield from iter_reads(handle, chunk_bytes, LINE_MAX_BYTES)
+    """`reads.first_reads`: a short first read, then `chunk_bytes` each."""
+    return first_reads(handle, chunk_bytes)
 
 
 def _ready(pending: deque[Future[Scan]], keep: int) -> Scan:
@@ -159,23 +159,45 @@ def _stitch_parts(parts: list[dict[str, pl.DataFrame]]) -> Stitched:
     return stitch(_concat(parts))
 
 
+def _sources(
+    handle: BufferedReader, chunk_bytes: int, taken: Taken | None
+) -> Iterator[tuple[Read, native.Raw | None]]:
+    """The reads of `handle` (from where it is), with the native passes a prelude made."""
+    if taken is not None:
+        return taken.reads()
+    return ((read, None) for read in _reads(handle, chunk_bytes))
+
+
 def _run(
-    path: Path, state: ParserState, source: str, chunks: _Chunks, chunk_bytes: int, *, early: bool
+    path: Path,
+    state: ParserState,
+    source: str,
+    chunks: _Chunks,
+    chunk_bytes: int,
+    *,
+    early: bool,
+    prelude: Prelude | None = None,
 ) -> _Run:
     """Scan reads ahead in the pool, as many as the budget has room for (at most PREFETCH + 1),
     while the chunks are parsed in order; on `LogBudgetError` the reads not begun are dropped.
 
     With `early`, once every read is scanned or queued, the rows committed so far are stitched in
     the pool while the last chunks are parsed (`_Run.early`): only the steps of those chunks are
-    stitched again at the end (`restitch`)."""
+    stitched again at the end (`restitch`). With `prelude` (reading this file from its start with
+    this read size), its reads and handle are taken: the same reads, some already passed."""
     pending: deque[Future[Scan]] = deque()
-    with path.open("rb") as handle, ThreadPoolExecutor(_WORKERS) as pool:
+    taken = prelude.take(chunk_bytes) if prelude is not None and state.offset == 0 else None
+    if taken is not None:  # read before the budget first read the RSS: the parse's own
+        chunks.budget.held_before(taken.held)
+    opened = taken.handle if taken is not None else path.open("rb")
+    with opened as handle, ThreadPoolExecutor(_WORKERS) as pool:
         try:
-            handle.seek(state.offset)
-            for read in _reads(handle, chunk_bytes):
+            if taken is None:
+                handle.seek(state.offset)
+            for read, passed in _sources(handle, chunk_bytes, taken):
                 while pending and (len(pending) > PREFETCH or not chunks.room(len(pending))):
                     chunks.add(_ready(pending, keep=0))
-                pending.append(pool.submit(scan, read))
+                pending.append(pool.submit(scan, read, passed))
                 if read.final:
                     break
             if early and chunks.committed:
@@ -272,6 +294,7 @@ class _Options:
     chunk_bytes: int
     stitched: bool  # keep the stitched tables of the committed rows in the cache entry
     early: bool = False  # stitch the first rows while the last chunks are parsed (one file)
+    prelude: Prelude | None = None  # this file's first reads, begun before polars was imported
 
 
 def _store(
@@ -304,7 +327,15 @@ def _read_file(path: Path, source: str, opts: _Options) -> tuple[FileRows, Stitc
     if hit is not None:
         kept.add(hit.rows)
     chunks = _Chunks(state, source, opts.budget, kept)
-    run = _run(path, state, source, chunks, opts.chunk_bytes, early=opts.early and hit is None)
+    run = _run(
+        path,
+        state,
+        source,
+        chunks,
+        opts.chunk_bytes,
+        early=opts.early and hit is None,
+        prelude=opts.prelude,
+    )
     committed = _concat(([hit.rows] if hit else []) + run.committed)
     rows = _concat([committed, run.tail])
     known = _stitch_committed(hit, committed, run) if cache is not None and opts.stitched else None
@@ -331,10 +362,11 @@ def _options(
     *,
     stitched: bool,
     early: bool = False,
+    prelude: Prelude | None = None,
 ) -> _Options:
     budget = budget or MemoryBudget.for_logs(path.stat().st_size)
     chunk = chunk_bytes if chunk_bytes is not None else budget.chunk_bytes
-    return _Options(reference_date, cache, budget, chunk, stitched, early)
+    return _Options(reference_date, cache, budget, chunk, stitched, early, prelude)
 
 
 def parse_file_rows(
@@ -364,15 +396,29 @@ def parse_log_file(
     chunk_bytes: int | None = None,
     progress: Callable[[str, int, int], None] | None = None,
     budget: MemoryBudget | None = None,
+    prelude: Prelude | None = None,
 ) -> LogTables:
     """The tables of one log file; `source` is the name written in provenance columns.
     `progress` is told `(source, 0, size)` before the read. `LogBudgetError` when the file
-    cannot be read within `budget` (default: 1.5x its size, at most RLHEALTH_PARSE_MEMORY_MB)."""
-    if progress is not None:
-        progress(source, 0, path.stat().st_size)
-    with_cache = cache is not None
-    opts = _options(
-        path, reference_date, cache, chunk_bytes, budget, stitched=with_cache, early=not with_cache
-    )
-    found, stitched = _read_file(path, source, opts)
+    cannot be read within `budget` (default: 1.5x its size, at most RLHEALTH_PARSE_MEMORY_MB).
+    `prelude`: reads of `path` begun before polars was imported (`prelude.Prelude.start`), used
+    when they are those this parse would make; it is closed (its thread joined) on return."""
+    try:
+        if progress is not None:
+            progress(source, 0, path.stat().st_size)
+        with_cache = cache is not None
+        opts = _options(
+            path,
+            reference_date,
+            cache,
+            chunk_bytes,
+            budget,
+            stitched=with_cache,
+            early=not with_cache,
+            prelude=prelude,
+        )
+        found, stitched = _read_file(path, source, opts)
+    finally:
+        if prelude is not None:
+            prelude.close()
     return build_tables(found.rows, found.summary, stitched)

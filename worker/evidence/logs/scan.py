@@ -16,7 +16,6 @@ import polars as pl
 from worker.evidence.logs import detect, engines, records
 from worker.evidence.logs import native as native_pass
 from worker.evidence.logs.lines import (
-    LINE_MAX_BYTES,
     WINDOW_LINES,
     Cut,
     Read,
@@ -24,26 +23,13 @@ from worker.evidence.logs.lines import (
     line_start,
     split_read,
 )
-from worker.evidence.logs.native import Native, native_scan
+from worker.evidence.logs.native import Native
+from worker.evidence.logs.rules import HEAD_LINES, HEAD_SCAN_LINES, KEEP
 
-__all__ = ["HEAD_LINES", "HEAD_SCAN_LINES", "Scan", "scan"]
+__all__ = ["HEAD_LINES", "HEAD_SCAN_LINES", "KEEP", "Scan", "scan"]
 
-# The summary head: the first non-empty lines among the first HEAD_SCAN_LINES lines of the file.
-HEAD_SCAN_LINES: Final = 1000
-HEAD_LINES: Final = 5
 # A chunk is cut at most WINDOW_LINES + 1 lines before its end; its tail bytes must cover the cut.
 TAIL_LINES: Final = WINDOW_LINES + 2
-# The rest lines the polars path can read (`native.Rules`); the native pass drops the others.
-# Kept: a flag literal; the first lines (the first window, `detect._picked`, and the head lines);
-# a traceback window; a line that could be cut (a line grows at most 3x when invalid UTF-8 is
-# replaced, so 1/16 of the cap is well short of it); the head's first non-blank line.
-KEEP: Final = native_pass.rules(
-    literals=detect.FLAG_LITERALS,
-    blocks=detect.BLOCK_STARTS,
-    window=WINDOW_LINES,
-    first_lines=max(HEAD_SCAN_LINES, WINDOW_LINES + 1),
-    long_line=LINE_MAX_BYTES // 16,
-)
 
 
 @dataclass(frozen=True)
@@ -173,10 +159,15 @@ def _head_native(lines: pl.Series, native: Native) -> tuple[pl.DataFrame, int | 
     return head.head(HEAD_LINES), min(starts, default=None)
 
 
-def _lines(read: Read) -> tuple[pl.Series, list[Cut], Native | None]:
+def _lines(read: Read, early: native_pass.Raw | None) -> tuple[pl.Series, list[Cut], Native | None]:
     """The lines of `read` for the polars path (all, or those the native pass left), cut to
-    LINE_MAX_BYTES, the cuts (by line index in the read) and the native pass."""
-    native = native_scan(read.data, read.end, KEEP)
+    LINE_MAX_BYTES, the cuts (by line index in the read) and the native pass (`early`: its pass
+    made before polars was imported, `worker.evidence.logs.early`)."""
+    native = (
+        native_pass.wrap(early)
+        if early is not None
+        else native_pass.native_scan(read.data, read.end, KEEP)
+    )
     if native is None:
         lines, cuts = bound_lines(split_read(read.data, read.end))
         return lines, cuts, None
@@ -195,9 +186,10 @@ def _stats(stat_lines: pl.DataFrame, native: Native | None) -> pl.DataFrame:
     return pl.concat([native.stats, stats]).sort("idx") if len(native.stats) else stats
 
 
-def scan(read: Read) -> Scan:
-    """The scan of the complete lines of `read` (of all of it when final)."""
-    lines, cuts, native = _lines(read)
+def scan(read: Read, early: native_pass.Raw | None = None) -> Scan:
+    """The scan of the complete lines of `read` (of all of it when final); `early`: the native
+    pass of `read` (with `rules.KEEP`), when it was made already."""
+    lines, cuts, native = _lines(read, early)
     n_lines = len(lines) if native is None else native.n_lines
     ev_query, stat_lines = detect.evidence_lines(lines, native)
     ev, stats = ev_query.collect(), _stats(stat_lines, native)

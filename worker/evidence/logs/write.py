@@ -4,15 +4,18 @@ and a column per key) unless that would be too wide (`wide_fits`): then long (`m
 
 The tables are written at once in a few threads (polars releases the GIL while it writes); a
 CSV table of more than `SPLIT_ROWS` rows (the engines table of a busy log) is formatted in parts,
-one per thread: the first is written to the file, the others appended after it (the same bytes
-as one write). A string column is redacted through its distinct values (an engine or source
-column repeats a few values over hundreds of thousands of rows).
+one per thread: the first is written to the file, the others to temporary files beside it, then
+appended after it and removed (the same bytes as one write; no part is held in memory). A
+string column is redacted through its distinct values (an engine or source column repeats a few
+values over hundreds of thousands of rows).
 """
 
 from __future__ import annotations
 
-from concurrent.futures import Future, ThreadPoolExecutor
-from io import BytesIO
+import os
+import shutil
+import tempfile
+from concurrent.futures import Future, ThreadPoolExecutor, wait
 from pathlib import Path
 from typing import TYPE_CHECKING, Final, Literal
 
@@ -52,6 +55,8 @@ WIDE_MAX_CELLS: Final = 20_000_000
 _WRITERS: Final = 2
 # A CSV table longer than this is formatted in `_WRITERS` parts at once.
 SPLIT_ROWS: Final = 100_000
+# A part's file is appended to its table in blocks of this size.
+_COPY_BYTES: Final = 2**20
 # A column with fewer distinct values than this share of its rows is redacted through them.
 _DISTINCT_SHARE: Final = 0.5
 
@@ -124,34 +129,49 @@ def write_tables(
         ]
 
 
-def _submit_parts(
-    pool: ThreadPoolExecutor, frame: pl.DataFrame, path: Path
-) -> list[Future[bytes | None]]:
+def _submit_parts(pool: ThreadPoolExecutor, frame: pl.DataFrame, path: Path) -> list[Future[Path]]:
     """The parts of `frame` formatted at once: the first written to `path` (with the header),
-    the others kept as bytes to append after it."""
+    the others to temporary files beside it, to append after it (`_join_parts`)."""
     size = -(-frame.height // _WRITERS)
     return [
-        pool.submit(_csv_part, frame.slice(start, size), path if start == 0 else None)
+        pool.submit(_csv_part, frame.slice(start, size), path, first=start == 0)
         for start in range(0, frame.height, size)
     ]
 
 
-def _csv_part(frame: pl.DataFrame, path: Path | None) -> bytes | None:
-    """`frame` as CSV: written to `path` with the header, else its rows as bytes."""
+def _csv_part(frame: pl.DataFrame, path: Path, *, first: bool) -> Path:
+    """`frame` as CSV: written to `path` with the header (`first`), else its rows to a new
+    temporary file beside `path` (on the disk, not in memory: the engines table of a busy log
+    is tens of MB of text); the file written."""
     frame = _iso(redacted(frame))
-    if path is not None:
+    if first:
         frame.write_csv(path)
-        return None
-    buffer = BytesIO()
-    frame.write_csv(buffer, include_header=False)
-    return buffer.getvalue()
+        return path
+    handle, name = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.part-")
+    os.close(handle)
+    part = Path(name)
+    try:
+        frame.write_csv(part, include_header=False)
+    except BaseException:
+        part.unlink(missing_ok=True)
+        raise
+    return part
 
 
-def _join_parts(path: Path, parts: list[Future[bytes | None]]) -> Path:
-    parts[0].result()
-    with path.open("ab") as handle:
+def _join_parts(path: Path, parts: list[Future[Path]]) -> Path:
+    """`path` with the other parts' files appended in order; those files removed whatever
+    happens."""
+    try:
+        parts[0].result()
+        with path.open("ab") as handle:
+            for part in parts[1:]:
+                with part.result().open("rb") as rows:
+                    shutil.copyfileobj(rows, handle, _COPY_BYTES)
+    finally:
+        wait(parts)  # a part still being written when another failed is removed too
         for part in parts[1:]:
-            handle.write(part.result() or b"")
+            if part.exception() is None:
+                part.result().unlink(missing_ok=True)
     return path
 
 

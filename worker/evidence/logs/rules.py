@@ -1,0 +1,174 @@
+"""The parser's rule constants that need no polars: what flags a line, the traceback block starts,
+the window and line caps, and the rest lines the native pass keeps (`KEEP`).
+
+`rl-health parse` starts reading a log and running the native pass before polars is imported
+(`worker.evidence.logs.early`): the pass needs these, so they live here, and `detect`, `lines`
+and `scan` re-export them where they were. Importing this module never imports polars (a test
+checks it).
+"""
+
+from __future__ import annotations
+
+import tomllib
+from functools import cache
+from pathlib import Path
+from typing import Final
+
+from worker.evidence.logs import native
+
+__all__ = [
+    "BLOCK_STARTS",
+    "ENGINE_LITERAL",
+    "ERROR_RULES",
+    "FAILURE_LITERALS",
+    "FLAG_LITERALS",
+    "HEAD_LINES",
+    "HEAD_SCAN_LINES",
+    "KEEP",
+    "KIND_RULES",
+    "LINE_MAX_BYTES",
+    "TRACEBACK",
+    "UNHANDLED",
+    "WINDOW_LINES",
+    "catalogue_literals",
+]
+
+# A multi-line construct (pprint-ed dict, traceback) must close within this many lines; it is what
+# makes the result independent of where chunks are cut.
+WINDOW_LINES: Final = 200
+# A line longer than this is cut (its head kept, with a marker): no real log line comes near it
+# (a WANDB_MIRROR record of a thousand metrics is ~40 KB), and every regex runs on bounded text.
+LINE_MAX_BYTES: Final = 2**20
+# The summary head: the first non-empty lines among the first HEAD_SCAN_LINES lines of the file.
+HEAD_SCAN_LINES: Final = 1000
+HEAD_LINES: Final = 5
+_CATALOGUE: Final = Path(__file__).resolve().parent.parent / "failures" / "catalogue.toml"
+
+
+@cache
+def catalogue_literals() -> tuple[str, ...]:
+    """Every failure catalogue entry's literal, once each, in the catalogue's order: what
+    `worker.evidence.failures.catalogue().literals` gives, read without importing that package
+    (it imports polars). The catalogue itself is validated where it is loaded."""
+    with _CATALOGUE.open("rb") as handle:
+        entries = tomllib.load(handle).get("entry", [])
+    return tuple(dict.fromkeys(str(entry["literal"]) for entry in entries))
+
+
+TRACEBACK: Final = "Traceback (most recent call last)"
+UNHANDLED: Final = "Unhandled error (suppress with "
+# Lines after which an exception's frames and final line follow.
+BLOCK_STARTS: Final = (TRACEBACK, UNHANDLED)
+ENGINE_LITERAL: Final = "Avg prompt throughput"
+
+# (kind, literal the message must start with or contain, starts_with?)
+KIND_RULES: Final[tuple[tuple[str, str, bool], ...]] = (
+    ("mirror", "WANDB_MIRROR kind=", False),
+    ("dict_start", "{'", True),
+    ("timer", "Started: '", True),
+    ("timer", "Finished: '", True),
+    ("reward", "reward/", True),
+    ("reward", "avg_final_rewards: ", False),
+    ("step_progress", "Training Step Progress", False),
+    ("buffer_progress", "Generation Buffer Progress", False),
+    ("breakdown", "Exception breakdown: ", False),
+    ("batch", "Batch generation ", False),
+    ("boundary", "[iris setup] step 1/", True),
+    ("scratch", "No checkpoint found", False),
+    ("checkpoint_loaded", "Loading checkpoint from", False),
+    ("resumed", "Resuming from global_step", False),
+)
+
+# (error kind, literal); the first that matches names the line.
+ERROR_RULES: Final[tuple[tuple[str, str], ...]] = (
+    ("cuda_oom", "CUDA out of memory"),
+    # torch's, not Ray's `ray.exceptions.OutOfMemoryError` (host memory: `host_oom`)
+    ("cuda_oom", "torch.OutOfMemoryError"),
+    ("cuda_oom", "torch.cuda.OutOfMemoryError"),
+    ("cuda_error", "CUDA error"),
+    ("internal_assert", "INTERNAL ASSERT"),
+    ("nccl_watchdog_timeout", "Watchdog caught collective operation timeout"),
+    ("nccl_watchdog_stuck", "ProcessGroupNCCL's watchdog got stuck"),
+    ("actor_died", "ActorDiedError"),
+    ("worker_crashed", "WorkerCrashedError"),
+    ("ray_task_error", "RayTaskError"),
+    ("train_loop_failed", "Train loop failed"),
+    ("config_override", "Could not override '"),
+    ("trajectory_failed", "Trajectory "),
+    ("shm_broadcast", "No available shared memory broadcast block"),
+    ("image_pull_backoff", "ImagePullBackOff"),
+    ("sandbox_error", "Failed to create sandbox"),
+    ("sandbox_error", "DaytonaError"),
+    ("sandbox_error", "SandboxBuildFailedError"),
+    ("verifier_error", "VerifierTimeoutError"),
+    ("verifier_error", "RewardFileNotFoundError"),
+    ("verifier_error", "RewardFileEmptyError"),
+    ("verifier_error", "VerifierOutputParseError"),
+)
+
+# What a final exception line or a wrapped exception contains, whatever its type.
+_EXCEPTION_MARKERS: Final = (
+    "Error: ",
+    "Error(",
+    "Exception: ",
+    "Exception(",
+    "Exit: ",
+    ".errors.",
+    ".exceptions.",
+)
+FAILURE_LITERALS: Final[tuple[str, ...]] = tuple(
+    sorted({*catalogue_literals(), *_EXCEPTION_MARKERS, UNHANDLED})
+)
+
+_INTEREST: Final[list[str]] = sorted(
+    {lit for _, lit, _ in KIND_RULES}
+    | {lit for _, lit in ERROR_RULES}
+    | {"': ", TRACEBACK}
+    | set(FAILURE_LITERALS)
+)
+
+# The scan flags a line when it holds one of these anchors: every literal above contains one, so
+# a line holding any literal is flagged, and the classification that follows (on the flagged lines
+# only) tests the literals themselves. The one pass over every byte stays fast only with few
+# alternatives, none short and lowercase (the regex engine's literal prefilter: ~21 ms a 48 MiB
+# read with these 51, ~40 ms with one or two more or with `died`, 92 ms with every literal). Bare
+# lowercase words are avoided where possible (`failed` is the exception): an Iris job name in
+# every line's prefix that held one would flag every line (still correct, but slow).
+_ANCHORS: Final = (
+    # failure vocabulary
+    *("Error", " error", "ERROR", "Exception", ".errors.", ".exceptions.", "Exit", "SIG"),
+    *("NCCL", "CUDA", "Cuda failure", "failed", "Failed", "FAILED", "FATAL"),
+    # failure lines without those words
+    *("The actor", "A worker died", "marked dead", "Task was killed", "(OOM)", "shutting down"),
+    *("Sandbox", "Snapshot with", "pull access denied", "No reward file"),
+    *("PreemptionMode", "In config: Override", "not in struct", "taking the entire"),
+    *("terminate called",),
+    # the older literal rules
+    *("INTERNAL ASSERT", "Watchdog caught", "Could not override", "Trajectory ", "No available"),
+    *("ImagePullBackOff", TRACEBACK, "WANDB_MIRROR kind=", "Batch generation ", "Started: '"),
+    *("Finished: '", "': ", "{'", "reward/", "avg_final_rewards: ", "Progress"),
+    *("[iris setup] step 1/", "No checkpoint found", "Loading checkpoint from"),
+    *("Resuming from global_step",),
+)
+# A literal no anchor covers (a new catalogue entry, say) flags lines by itself.
+_UNCOVERED: Final = tuple(lit for lit in _INTEREST if not any(a in lit for a in _ANCHORS))
+
+# Every literal that flags a line, longest first: one leftmost-first search finds the first one.
+_FLAG_LITERALS: Final = sorted(
+    {*_ANCHORS, *_UNCOVERED, ENGINE_LITERAL}, key=lambda lit: (-len(lit), lit)
+)
+# The native pass keeps a rest line that holds one of these (and drops one that holds none and
+# that nothing else reads: `native.Rules`), so they stay the one list of what flags a line.
+FLAG_LITERALS: Final[tuple[str, ...]] = tuple(_FLAG_LITERALS)
+
+# The rest lines the polars path can read (`native.Rules`); the native pass drops the others.
+# Kept: a flag literal; the first lines (the first window, `detect._picked`, and the head lines);
+# a traceback window; a line that could be cut (a line grows at most 3x when invalid UTF-8 is
+# replaced, so 1/16 of the cap is well short of it); the head's first non-blank line.
+KEEP: Final = native.rules(
+    literals=FLAG_LITERALS,
+    blocks=BLOCK_STARTS,
+    window=WINDOW_LINES,
+    first_lines=max(HEAD_SCAN_LINES, WINDOW_LINES + 1),
+    long_line=LINE_MAX_BYTES // 16,
+)
