@@ -309,6 +309,13 @@ static int stat_line(const char *p, size_t n, Row *row) {
     return 1;
 }
 
+/* The picked lines read natively (`picked_line`, below): detect.evidence_lines columns. */
+typedef struct {
+    Buf idx, tod, ldt, ldt_valid;
+    Strings text, msg, prefix, task, pid, ip, rank, kind, actor;
+    size_t rows;
+} Picked;
+
 typedef struct {
     Buf rest_idx, idx, start, stop, numbers[6], tod, tod_valid;
     Strings index, pid, ip, vts;
@@ -316,7 +323,15 @@ typedef struct {
     size_t n_lines;
     size_t rest_len;
     size_t dropped;
+    Picked picked;
 } Out;
+
+static Strings *picked_strings(Picked *p, int i) {
+    Strings *all[] = {&p->text, &p->msg, &p->prefix, &p->task, &p->pid,
+                      &p->ip,   &p->rank, &p->kind,  &p->actor};
+    return all[i];
+}
+#define N_PICKED_STRINGS 9
 
 static void out_free(Out *o) {
     free(o->rest_idx.data);
@@ -330,6 +345,12 @@ static void out_free(Out *o) {
     strings_free(&o->pid);
     strings_free(&o->ip);
     strings_free(&o->vts);
+    Picked *p = &o->picked;
+    free(p->idx.data);
+    free(p->tod.data);
+    free(p->ldt.data);
+    free(p->ldt_valid.data);
+    for (int i = 0; i < N_PICKED_STRINGS; i++) strings_free(picked_strings(p, i));
 }
 
 static int add_row(Out *o, uint32_t line, int64_t start, int64_t stop, const Row *row) {
@@ -381,6 +402,7 @@ typedef struct {
     size_t window;                   /* a block literal keeps its line and `window` lines after */
     size_t first_lines;              /* the first lines of a read are always kept */
     size_t long_line;                /* a line this long may be cut: kept */
+    int picked;                      /* strict timer lines are read natively (`picked_line`) */
     char *storage;
 } Rules;
 
@@ -539,7 +561,7 @@ typedef struct {
 
 /* Whether rest line `line` ([p, p + n), no newline) must reach the polars path. */
 static int kept(const Rules *r, Keep *k, size_t line, const unsigned char *p, size_t n,
-                size_t avail) {
+                size_t avail, int *flagged_out) {
     unsigned classes = byte_classes(p, n);
     int keep = line <= k->keep_until || k->before_content || n >= r->long_line ||
                (classes & (HAS_NUL | HAS_CR)) || ((classes & HAS_HIGH) && !valid_utf8(p, n));
@@ -550,7 +572,296 @@ static int kept(const Rules *r, Keep *k, size_t line, const unsigned char *p, si
     for (size_t b = 0; flagged && !block && b < r->n_blocks; b++)
         block = find((const char *)p, n, r->blocks[b].data, r->blocks[b].len) != NULL;
     if (block && line + r->window > k->keep_until) k->keep_until = line + r->window;
+    *flagged_out = flagged && !block;
     return keep || flagged || block;
+}
+
+/* ---- Picked lines read natively: strict timer lines.
+ *
+ * A rest line the polars path would pick as an interesting line and classify as a timer
+ * (`Started: '...` or `Finished: '...` opening its message) is read here when it is *strict*:
+ * printable ASCII besides complete SGR colour codes, shorter than MAX_LINE and than a line that
+ * may be cut, an Iris prefix `[HH:MM:SS] task=T | `, then Ray process prefixes
+ * `(Name pid=N, ip=X) ` (each as detect._PROCESS's first form reads it; any other prefix
+ * shape, `(` or `[` there, or an NCCL prefix, is not strict), then an optional loguru header
+ * `YYYY-MM-DD HH:MM:SS.mmm | LEVEL | where - ` (a valid date and time, three fraction digits),
+ * then the message. It must hold a flag literal (it is picked), none of the stat and block
+ * literals (it is neither a stat line nor a traceback start), no flag literal in its message
+ * from its second byte on (so no error or failure literal and no other kind: `native.rules`
+ * checks that no literal starts with the timer literals or is a prefix of them), and must not
+ * end with a space or `]` (Ray's `[repeated Nx across cluster]` suffix). Its columns are those
+ * of detect.evidence_lines, with detect's semantics (the leftmost match of each pattern on the
+ * line with its colour codes removed). Any other line stays a rest line, for the polars path. */
+
+typedef struct {
+    const char *s; /* the line without its colour codes */
+    size_t n;
+    size_t outer;  /* detect._OUTER's match: s[:outer] */
+    size_t header; /* detect._HEADER's match: s[outer:outer + header] */
+    size_t task_at, task_len;
+    int32_t tod;
+    int ldt_valid;
+    int64_t ldt; /* microseconds since 1970, UTC */
+    const char *kind;
+} PickedRow;
+
+static int is_word(char c) {
+    return is_digit(c) || (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || c == '_';
+}
+
+/* `s` without SGR codes (`\x1b\[[0-9;]*m`) into `out` (room for n bytes): its length, or -1 when
+ * a byte is not printable ASCII outside a complete code. */
+static long without_sgr(const char *s, size_t n, char *out) {
+    size_t m = 0;
+    for (size_t i = 0; i < n;) {
+        unsigned char c = (unsigned char)s[i];
+        if (c == 0x1b) {
+            size_t j = i + 1;
+            if (j >= n || s[j] != '[') return -1;
+            for (j++; j < n && (is_digit(s[j]) || s[j] == ';');) j++;
+            if (j >= n || s[j] != 'm') return -1;
+            i = j + 1;
+            continue;
+        }
+        if (c < 0x20 || c > 0x7e) return -1;
+        out[m++] = (char)c;
+        i++;
+    }
+    return (long)m;
+}
+
+/* The end of `[^\s()]+` from `i` (ASCII without control bytes: \s is the space). */
+static size_t run_no_paren(const char *s, size_t n, size_t i) {
+    while (i < n && s[i] != ' ' && s[i] != '(' && s[i] != ')') i++;
+    return i;
+}
+
+/* `pid=\d+(?:, ip=[^\s()]+)?\)` at `i`: its end, or 0. */
+static size_t ray_owner(const char *s, size_t n, size_t i) {
+    if (n - i < 6 || memcmp(s + i, "pid=", 4) != 0 || !is_digit(s[i + 4])) return 0;
+    size_t q = i + 4;
+    while (q < n && is_digit(s[q])) q++;
+    if (n - q >= 5 && memcmp(s + q, ", ip=", 5) == 0) {
+        size_t r = run_no_paren(s, n, q + 5);
+        if (r > q + 5 && r < n && s[r] == ')') return r + 1;
+    }
+    return q < n && s[q] == ')' ? q + 1 : 0;
+}
+
+/* detect._PROCESS's first form, `\((?:[^\s()]+ )?pid=...\)`, at `i` (s[i] is `(`): its end
+ * (before the optional space), or 0. */
+static size_t ray_process(const char *s, size_t n, size_t i) {
+    size_t r = run_no_paren(s, n, i + 1);
+    if (r > i + 1 && r < n && s[r] == ' ') {
+        size_t end = ray_owner(s, n, r + 1);
+        if (end) return end;
+    }
+    return ray_owner(s, n, i + 1);
+}
+
+/* Whether detect._PROCESS's NCCL form `[\w.-]+:\d+:\d+ \[\d+\]` matches at `i`. */
+static int nccl_at(const char *s, size_t n, size_t i) {
+    size_t q = i;
+    while (q < n && (is_word(s[q]) || s[q] == '.' || s[q] == '-')) q++;
+    if (q == i) return 0;
+    static const char shape[] = ":d:d [d]";
+    for (const char *c = shape; *c; c++) {
+        if (*c == 'd') {
+            size_t d = q;
+            while (q < n && is_digit(s[q])) q++;
+            if (q == d) return 0;
+        } else if (q >= n || s[q++] != *c) {
+            return 0;
+        }
+    }
+    return 1;
+}
+
+static int two_digits(const char *s, int *out) {
+    if (!is_digit(s[0]) || !is_digit(s[1])) return 0;
+    *out = (s[0] - '0') * 10 + (s[1] - '0');
+    return 1;
+}
+
+/* Days from 1970-01-01 to y-m-d (proleptic Gregorian; H. Hinnant's days_from_civil). */
+static int64_t days_from_civil(int64_t y, int m, int d) {
+    y -= m <= 2;
+    int64_t era = (y >= 0 ? y : y - 399) / 400;
+    int64_t yoe = y - era * 400;
+    int64_t doy = (153 * (m + (m > 2 ? -3 : 9)) + 2) / 5 + d - 1;
+    int64_t doe = yoe * 365 + yoe / 4 - yoe / 100 + doy;
+    return era * 146097 + doe - 719468;
+}
+
+static int days_in_month(int y, int m) {
+    static const int days[12] = {31, 28, 31, 30, 31, 30, 31, 31, 30, 31, 30, 31};
+    int leap = (y % 4 == 0 && y % 100 != 0) || y % 400 == 0;
+    return days[m - 1] + (m == 2 && leap);
+}
+
+/* detect._HEADER's loguru form at s[i:]: its length (0: none; -1: a start of one that is not
+ * strict), its time in *row. The date must be valid with three fraction digits. */
+static long loguru_header(const char *s, size_t n, size_t i, PickedRow *row) {
+    static const char shape[] = "dddd-dd-dd dd:dd:dd.ddd |";
+    size_t m = sizeof shape - 1;
+    if (i >= n || !is_digit(s[i])) return 0;
+    if (n - i < m + 4) return -1;
+    for (size_t k = 0; k < m; k++) {
+        if (shape[k] == 'd' ? !is_digit(s[i + k]) : s[i + k] != shape[k]) return -1;
+    }
+    const char *t = s + i; /* digits where the shape has them */
+#define DD(k) ((t[k] - '0') * 10 + (t[(k) + 1] - '0'))
+    int year = DD(0) * 100 + DD(2), mo = DD(5), d = DD(8), h = DD(11), mi = DD(14), se = DD(17);
+    int millis = DD(20) * 10 + (t[22] - '0');
+#undef DD
+    if (year < 1000 || mo < 1 || mo > 12 || d < 1 || d > days_in_month(year, mo) || h > 23 ||
+        mi > 59 || se > 59)
+        return -1;
+    /* ` \| *[A-Z]+ *\| \S+ - ?` from the ` |` */
+    size_t q = i + m;
+    while (q < n && s[q] == ' ') q++;
+    size_t level = q;
+    while (q < n && s[q] >= 'A' && s[q] <= 'Z') q++;
+    if (q == level) return -1;
+    while (q < n && s[q] == ' ') q++;
+    if (n - q < 2 || s[q] != '|' || s[q + 1] != ' ') return -1;
+    q += 2;
+    size_t where = q;
+    while (q < n && s[q] != ' ') q++;
+    if (q == where || n - q < 2 || s[q + 1] != '-') return -1;
+    q += 2;
+    if (q < n && s[q] == ' ') q++;
+    int64_t days = days_from_civil(year, mo, d);
+    row->ldt = ((days * 86400 + h * 3600 + mi * 60 + se) * 1000 + millis) * 1000;
+    row->ldt_valid = 1;
+    return (long)(q - i);
+}
+
+/* detect._OUTER of a strict line: the Iris prefix and Ray process prefixes; 0 when not strict. */
+static size_t outer_prefix(const char *s, size_t n, PickedRow *row) {
+    int h, m, sec;
+    if (n < 20 || s[0] != '[' || s[3] != ':' || s[6] != ':' || memcmp(s + 9, "] task=", 7) != 0 ||
+        !two_digits(s + 1, &h) || !two_digits(s + 4, &m) || !two_digits(s + 7, &sec))
+        return 0;
+    size_t q = 16;
+    while (q < n && s[q] != ' ') q++;
+    if (q == 16 || n - q < 2 || s[q + 1] != '|') return 0;
+    row->task_at = 16;
+    row->task_len = q - 16;
+    row->tod = h * 3600 + m * 60 + sec;
+    q += 2;
+    if (q < n && s[q] == ' ') q++;
+    while (q < n && s[q] == '(') {
+        size_t end = ray_process(s, n, q);
+        if (!end) return 0;
+        q = end < n && s[end] == ' ' ? end + 1 : end;
+    }
+    if (q < n && (s[q] == '[' || nccl_at(s, n, q))) return 0;
+    return q;
+}
+
+#define PICKED_BUF (MAX_LINE + 64)
+
+static const char *const TIMER_STARTS[2] = {"Started: '", "Finished: '"};
+
+/* Whether raw line [p, p + n) is a strict timer line; its fields in *row (`row->s` points into
+ * `buf`, PICKED_BUF bytes, allocated once: the vector search may read past the line) if so. */
+static int picked_line(const Rules *r, const char *p, size_t n, char *buf, PickedRow *row) {
+    if (n >= MAX_LINE || n >= r->long_line) return 0;
+    long m = without_sgr(p, n, buf);
+    if (m < 20) return 0;
+    const char *s = buf;
+    size_t len = (size_t)m;
+    if (s[len - 1] == ' ' || s[len - 1] == ']') return 0;
+    row->ldt_valid = 0;
+    size_t outer = outer_prefix(s, len, row);
+    if (!outer) return 0;
+    long header = loguru_header(s, len, outer, row);
+    if (header < 0) return 0;
+    const char *msg = s + outer + header;
+    size_t msg_len = len - outer - (size_t)header;
+    row->kind = NULL;
+    for (int i = 0; i < 2; i++) {
+        size_t k = strlen(TIMER_STARTS[i]);
+        if (msg_len >= k && memcmp(msg, TIMER_STARTS[i], k) == 0) row->kind = "timer";
+    }
+    if (!row->kind || find(p, n, LITERAL, sizeof LITERAL - 1) ||
+        find(p, n, TRACEBACK, sizeof TRACEBACK - 1) || find(p, n, UNHANDLED, sizeof UNHANDLED - 1))
+        return 0;
+    size_t avail = PICKED_BUF - (size_t)(msg + 1 - buf);
+    if (holds_literal(r, (const unsigned char *)msg + 1, msg_len - 1, avail)) return 0;
+    row->s = s;
+    row->n = len;
+    row->outer = outer;
+    row->header = (size_t)header;
+    return 1;
+}
+
+/* The leftmost `needle` in s[:n] followed by a byte `ok` accepts: its position, or n. */
+static size_t leftmost(const char *s, size_t n, const char *needle, int (*ok)(char)) {
+    size_t m = strlen(needle);
+    for (size_t i = 0; i + m < n; i++) {
+        const char *hit = find(s + i, n - i, needle, m);
+        if (!hit) return n;
+        i = (size_t)(hit - s);
+        if (i + m < n && ok(s[i + m])) return i;
+    }
+    return n;
+}
+
+static int ip_byte(char c) { return c != ' ' && c != '(' && c != ')' && c != ']'; }
+
+static int add_picked(Picked *o, uint32_t line, const PickedRow *row) {
+    size_t n = o->rows++;
+    const char *s = row->s;
+    size_t outer = row->outer, prefix = outer;
+    while (prefix > 0 && s[prefix - 1] == ' ') prefix--;
+    /* pid=(\d+), ip=([^\s()\]]+), \[rank\d+\] on the outer prefix: leftmost matches */
+    size_t pid = leftmost(s, outer, "pid=", is_digit), pid_len = 0;
+    if (pid < outer) {
+        pid += 4;
+        while (pid + pid_len < outer && is_digit(s[pid + pid_len])) pid_len++;
+    }
+    size_t ip = leftmost(s, outer, "ip=", ip_byte), ip_len = 0;
+    if (ip < outer) {
+        ip += 3;
+        while (ip + ip_len < outer && ip_byte(s[ip + ip_len])) ip_len++;
+    }
+    size_t rank = outer, rank_len = 0;
+    for (size_t i = leftmost(s, outer, "[rank", is_digit); i < outer;
+         i = leftmost(s + i + 1, outer - i - 1, "[rank", is_digit) + i + 1) {
+        size_t q = i + 5;
+        while (q < outer && is_digit(s[q])) q++;
+        if (q < outer && s[q] == ']') {
+            rank = i;
+            rank_len = q + 1 - i;
+            break;
+        }
+    }
+    const char *text = s + outer;
+    size_t text_len = row->n - outer;
+    if (buf_put(&o->idx, &line, sizeof line) < 0 || buf_put(&o->tod, &row->tod, 4) < 0 ||
+        buf_put(&o->ldt, &row->ldt, 8) < 0 || bit_put(&o->ldt_valid, n, row->ldt_valid) < 0 ||
+        strings_add(&o->text, n, text, text_len, 1) < 0 ||
+        strings_add(&o->msg, n, text + row->header, text_len - row->header, 1) < 0 ||
+        strings_add(&o->prefix, n, s, prefix, 1) < 0 ||
+        strings_add(&o->task, n, s + row->task_at, row->task_len, 1) < 0 ||
+        strings_add(&o->pid, n, s + pid, pid_len, pid < outer) < 0 ||
+        strings_add(&o->ip, n, s + ip, ip_len, ip < outer) < 0 ||
+        strings_add(&o->rank, n, s + rank, rank_len, rank < outer) < 0 ||
+        strings_add(&o->kind, n, row->kind, strlen(row->kind), 1) < 0)
+        return -1;
+    /* actor: task|pid@ip rank (absent parts empty); every part lies within the outer prefix */
+    char actor[MAX_LINE + 8];
+    size_t k = 0;
+    memcpy(actor + k, s + row->task_at, row->task_len);
+    k += row->task_len;
+    actor[k++] = '|';
+    if (pid < outer) memcpy(actor + k, s + pid, pid_len), k += pid_len;
+    actor[k++] = '@';
+    if (ip < outer) memcpy(actor + k, s + ip, ip_len), k += ip_len;
+    if (rank < outer) memcpy(actor + k, s + rank, rank_len), k += rank_len;
+    return strings_add(&o->actor, n, actor, k, 1);
 }
 
 /* rules(literals, blocks, window, first_lines, long_line): the rules as a capsule. */
@@ -558,10 +869,11 @@ static PyObject *rules(PyObject *self, PyObject *args) {
     Py_buffer buckets_view;
     PyObject *literals, *blocks;
     Py_ssize_t window, first_lines, long_line;
-    int vector = 1;
+    int vector = 1, picked = 0;
     (void)self;
-    if (!PyArg_ParseTuple(args, "O!y*O!nnn|p", &PyTuple_Type, &literals, &buckets_view,
-                          &PyTuple_Type, &blocks, &window, &first_lines, &long_line, &vector))
+    if (!PyArg_ParseTuple(args, "O!y*O!nnn|pp", &PyTuple_Type, &literals, &buckets_view,
+                          &PyTuple_Type, &blocks, &window, &first_lines, &long_line, &vector,
+                          &picked))
         return NULL;
     Py_ssize_t n = PyTuple_GET_SIZE(literals), nb = PyTuple_GET_SIZE(blocks);
     int bad = n > MAX_LITERALS || nb > 2 || window < 0 || first_lines < 0 || long_line < 1 ||
@@ -613,6 +925,7 @@ static PyObject *rules(PyObject *self, PyObject *args) {
     }
     r->n_lits = (size_t)n;
     r->vector = vector;
+    r->picked = picked;
     teddy(r, all, bucket_of, (size_t)n);
     r->window = (size_t)window;
     r->first_lines = (size_t)first_lines;
@@ -623,31 +936,49 @@ static PyObject *rules(PyObject *self, PyObject *args) {
 }
 
 /* The pass: lines of data[:end]; rest lines copied into `rest` (room for `end` bytes), all of
- * them without `r`, else only those the rules keep (the others counted in o->dropped). */
+ * them without `r`, else only those the rules keep (the others counted in o->dropped). With
+ * `r->picked`, a strict timer line (`picked_line`) after the read's first lines and after its
+ * first rest line with a printable byte (the summary head reads those) is read here. */
 static int pass(const char *data, size_t end, char *rest, Out *o, const Rules *r) {
     size_t at = 0, line = 0;
     Keep k = {r && r->first_lines ? r->first_lines - 1 : 0, 1};
-    while (at < end) {
+    char *buf = r && r->picked ? calloc(1, PICKED_BUF) : NULL;
+    if (r && r->picked && !buf) return -1;
+    int failed = 0;
+    while (at < end && !failed) {
         const char *nl = memchr(data + at, '\n', end - at);
         size_t stop = nl ? (size_t)(nl - data) : end;
         size_t next = nl ? stop + 1 : end;
         Row row;
-        if (line > UINT32_MAX) return -1;
+        PickedRow picked;
+        if (line > UINT32_MAX) {
+            failed = 1;
+            break;
+        }
         if (stat_line(data + at, stop - at, &row)) {
-            if (add_row(o, (uint32_t)line, (int64_t)at, (int64_t)stop, &row) < 0) return -1;
-        } else if (!r || kept(r, &k, line, (const unsigned char *)data + at, stop - at, end - at)) {
-            uint32_t where = (uint32_t)line;
-            memcpy(rest + o->rest_len, data + at, next - at);
-            o->rest_len += next - at;
-            if (buf_put(&o->rest_idx, &where, sizeof where) < 0) return -1;
+            failed = add_row(o, (uint32_t)line, (int64_t)at, (int64_t)stop, &row) < 0;
         } else {
-            o->dropped++;
+            int flagged = 0, before_content = k.before_content;
+            int keep = !r || kept(r, &k, line, (const unsigned char *)data + at, stop - at,
+                                  end - at, &flagged);
+            if (flagged && buf && line >= r->first_lines && !before_content &&
+                picked_line(r, data + at, stop - at, buf, &picked)) {
+                failed = add_picked(&o->picked, (uint32_t)line, &picked) < 0;
+            } else if (keep) {
+                uint32_t where = (uint32_t)line;
+                memcpy(rest + o->rest_len, data + at, next - at);
+                o->rest_len += next - at;
+                failed = buf_put(&o->rest_idx, &where, sizeof where) < 0;
+            } else {
+                o->dropped++;
+            }
         }
         at = next;
         line++;
     }
+    free(buf);
     o->n_lines = line;
-    return 0;
+    return failed ? -1 : 0;
 }
 
 /* ---- Arrow C data interface (https://arrow.apache.org/docs/format/CDataInterface.html):
@@ -686,22 +1017,33 @@ static const char *const NAMES[N_COLUMNS] = {"idx",    "index",      "pid",     
                                              "running", "waiting",   "kv",      "hit"};
 static const char *const FORMATS[N_COLUMNS] = {"I", "u", "u", "u", "u", "l",
                                                "g", "g", "g", "g", "g", "g"};
+/* The picked lines' columns (detect.evidence_lines's but the constant ones). */
+#define N_PICKED 12
+static const char *const PICKED_NAMES[N_PICKED] = {"idx", "text", "msg", "prefix", "task", "tod",
+                                                   "pid", "ip",   "rank", "ldt",   "kind", "actor"};
+static const char *const PICKED_FORMATS[N_PICKED] = {"I", "u", "u", "u", "u", "i",
+                                                     "u", "u", "u", "tsu:UTC", "u", "u"};
+/* The arrays: the stat columns and their struct, `where`, the picked columns and their struct. */
+#define WHERE (N_COLUMNS + 1)
+#define PICKED (WHERE + 1)
+#define N_ARRAYS (PICKED + N_PICKED + 1)
 
 /* What the exported arrays point into; freed when the last of them is released (polars may
  * release them from any thread: the count is atomic). */
 typedef struct {
     Out out;
     int refs;
-    const void *buffers[N_COLUMNS + 2][3];
-    struct ArrowArray arrays[N_COLUMNS + 2]; /* the columns, the struct, `where` */
-    struct ArrowArray *children[N_COLUMNS];
+    const void *buffers[N_ARRAYS][3];
+    struct ArrowArray arrays[N_ARRAYS];
+    struct ArrowArray *children[N_COLUMNS + N_PICKED];
 } Holder;
 
 /* Schemas: one block each, children released with their parent. */
+#define MAX_CHILDREN (N_COLUMNS > N_PICKED ? N_COLUMNS : N_PICKED)
 typedef struct {
     struct ArrowSchema parent;
-    struct ArrowSchema columns[N_COLUMNS];
-    struct ArrowSchema *children[N_COLUMNS];
+    struct ArrowSchema columns[MAX_CHILDREN];
+    struct ArrowSchema *children[MAX_CHILDREN];
 } SchemaBlock;
 
 static void schema_child_release(struct ArrowSchema *schema) { schema->release = NULL; }
@@ -793,20 +1135,22 @@ static PyObject *capsules(struct ArrowSchema *schema, struct ArrowArray *array) 
     return Py_BuildValue("(NN)", s, a);
 }
 
-static struct ArrowSchema *stats_schema(void) {
+/* A struct of `n` columns. */
+static struct ArrowSchema *struct_schema(const char *const *names, const char *const *formats,
+                                          int n) {
     SchemaBlock *block = calloc(1, sizeof *block);
     if (!block) return NULL;
-    for (int k = 0; k < N_COLUMNS; k++) {
+    for (int k = 0; k < n; k++) {
         struct ArrowSchema *c = &block->columns[k];
-        c->format = FORMATS[k];
-        c->name = NAMES[k];
+        c->format = formats[k];
+        c->name = names[k];
         c->flags = ARROW_FLAG_NULLABLE;
         c->release = schema_child_release;
         block->children[k] = c;
     }
     block->parent.format = "+s";
     block->parent.name = "";
-    block->parent.n_children = N_COLUMNS;
+    block->parent.n_children = n;
     block->parent.children = block->children;
     block->parent.release = schema_release;
     block->parent.private_data = block;
@@ -831,24 +1175,45 @@ static struct ArrowSchema *where_schema(void) {
 
 /* Every buffer at least 8 bytes (no NULL data pointer, even for no rows). */
 static int out_ready(Out *o) {
-    Buf *bufs[] = {&o->rest_idx, &o->idx, &o->tod, &o->tod_valid};
+    Picked *p = &o->picked;
+    Buf *bufs[] = {&o->rest_idx, &o->idx, &o->tod, &o->tod_valid,
+                   &p->idx,      &p->tod, &p->ldt, &p->ldt_valid};
     for (size_t i = 0; i < sizeof bufs / sizeof *bufs; i++) {
         if (buf_reserve(bufs[i], 8) < 0) return -1;
     }
     for (int i = 0; i < 6; i++) {
         if (buf_reserve(&o->numbers[i], 8) < 0) return -1;
     }
-    Strings *strs[] = {&o->index, &o->pid, &o->ip, &o->vts};
-    for (int i = 0; i < 4; i++) {
+    Strings *strs[4 + N_PICKED_STRINGS] = {&o->index, &o->pid, &o->ip, &o->vts};
+    for (int i = 0; i < N_PICKED_STRINGS; i++) strs[4 + i] = picked_strings(p, i);
+    for (int i = 0; i < 4 + N_PICKED_STRINGS; i++) {
         if (buf_reserve(&strs[i]->chars, 8) < 0 || buf_reserve(&strs[i]->valid, 8) < 0)
             return -1;
     }
     return 0;
 }
 
-/* The stats columns (a struct array) and `where`, as capsule pairs; the holder is consumed. */
+/* arrays[k] as a struct of the `n` arrays from arrays[first] (children from children[child]). */
+static void struct_array(Holder *h, int k, int first, int n, int child, size_t rows) {
+    static const void *no_validity[1] = {NULL};
+    struct ArrowArray *parent = &h->arrays[k];
+    memset(parent, 0, sizeof *parent);
+    for (int i = 0; i < n; i++) h->children[child + i] = &h->arrays[first + i];
+    parent->length = (int64_t)rows;
+    parent->n_buffers = 1;
+    parent->buffers = no_validity;
+    parent->n_children = n;
+    parent->children = &h->children[child];
+    parent->release = array_release;
+    parent->private_data = h;
+    h->refs++;
+}
+
+/* The stats columns and the picked columns (struct arrays) and `where`, as capsule pairs; the
+ * holder is consumed. */
 static PyObject *export(Holder *h) {
     Out *o = &h->out;
+    Picked *p = &o->picked;
     size_t rows = o->rows;
     h->refs = 1; /* held while exporting */
     column(h, 0, rows, NULL, &o->idx, NULL);
@@ -856,40 +1221,44 @@ static PyObject *export(Holder *h) {
     for (int i = 0; i < 4; i++) column(h, 1 + i, rows, &strs[i]->valid, &strs[i]->offsets, &strs[i]->chars);
     column(h, 5, rows, &o->tod_valid, &o->tod, NULL);
     for (int i = 0; i < 6; i++) column(h, 6 + i, rows, NULL, &o->numbers[i], NULL);
-    struct ArrowArray *parent = &h->arrays[N_COLUMNS];
-    static const void *no_validity[1] = {NULL};
-    memset(parent, 0, sizeof *parent);
-    for (int k = 0; k < N_COLUMNS; k++) h->children[k] = &h->arrays[k];
-    parent->length = (int64_t)rows;
-    parent->n_buffers = 1;
-    parent->buffers = no_validity;
-    parent->n_children = N_COLUMNS;
-    parent->children = h->children;
-    parent->release = array_release;
-    parent->private_data = h;
-    h->refs++;
-    column(h, N_COLUMNS + 1, o->rest_idx.len / 4, NULL, &o->rest_idx, NULL);
+    struct_array(h, N_COLUMNS, 0, N_COLUMNS, 0, rows);
+    column(h, WHERE, o->rest_idx.len / 4, NULL, &o->rest_idx, NULL);
+    /* picked: idx, text, msg, prefix, task, tod, pid, ip, rank, ldt, kind, actor */
+    Strings *ps[N_PICKED] = {NULL, &p->text, &p->msg, &p->prefix, &p->task, NULL,
+                             &p->pid, &p->ip, &p->rank, NULL, &p->kind, &p->actor};
+    for (int i = 0; i < N_PICKED; i++) {
+        const Buf *data = i == 0 ? &p->idx : i == 5 ? &p->tod : &p->ldt;
+        if (ps[i]) column(h, PICKED + i, p->rows, &ps[i]->valid, &ps[i]->offsets, &ps[i]->chars);
+        else column(h, PICKED + i, p->rows, i == 9 ? &p->ldt_valid : NULL, data, NULL);
+    }
+    struct_array(h, PICKED + N_PICKED, PICKED, N_PICKED, N_COLUMNS, p->rows);
     holder_drop(h); /* the arrays hold it now */
-    struct ArrowSchema *s1 = stats_schema();
+    struct ArrowSchema *s1 = struct_schema(NAMES, FORMATS, N_COLUMNS);
     struct ArrowSchema *s2 = where_schema();
-    if (!s1 || !s2) {
-        parent->release(parent);
-        h->arrays[N_COLUMNS + 1].release(&h->arrays[N_COLUMNS + 1]);
-        if (s1) {
-            s1->release(s1);
-            free(s1);
+    struct ArrowSchema *s3 = struct_schema(PICKED_NAMES, PICKED_FORMATS, N_PICKED);
+    if (!s1 || !s2 || !s3) {
+        int owned[] = {N_COLUMNS, WHERE, PICKED + N_PICKED};
+        for (int i = 0; i < 3; i++) h->arrays[owned[i]].release(&h->arrays[owned[i]]);
+        struct ArrowSchema *schemas[] = {s1, s3};
+        for (int i = 0; i < 2; i++) {
+            if (schemas[i]) {
+                schemas[i]->release(schemas[i]);
+                free(schemas[i]);
+            }
         }
         free(s2);
         return PyErr_NoMemory();
     }
-    PyObject *stats = capsules(s1, parent);
-    PyObject *where = capsules(s2, &h->arrays[N_COLUMNS + 1]);
-    if (!stats || !where) {
+    PyObject *stats = capsules(s1, &h->arrays[N_COLUMNS]);
+    PyObject *where = capsules(s2, &h->arrays[WHERE]);
+    PyObject *picked = capsules(s3, &h->arrays[PICKED + N_PICKED]);
+    if (!stats || !where || !picked) {
         Py_XDECREF(stats);
         Py_XDECREF(where);
+        Py_XDECREF(picked);
         return NULL;
     }
-    return Py_BuildValue("(NN)", stats, where);
+    return Py_BuildValue("(NNN)", stats, where, picked);
 }
 
 static PyObject *scan(PyObject *self, PyObject *args) {
@@ -920,6 +1289,8 @@ static PyObject *scan(PyObject *self, PyObject *args) {
     PyObject *rest = PyBytes_FromStringAndSize(NULL, end);
     int failed = rest == NULL || strings_init(&o->index) < 0 || strings_init(&o->pid) < 0 ||
                  strings_init(&o->ip) < 0 || strings_init(&o->vts) < 0;
+    for (int i = 0; !failed && i < N_PICKED_STRINGS; i++)
+        failed = strings_init(picked_strings(&o->picked, i)) < 0;
     if (!failed) {
         char *into = PyBytes_AS_STRING(rest);
         Py_BEGIN_ALLOW_THREADS
@@ -967,5 +1338,8 @@ static struct PyModuleDef module = {
 PyMODINIT_FUNC PyInit__fastscan(void) {
     c_locale = newlocale(LC_NUMERIC_MASK, "C", (locale_t)0);
     if (!c_locale) return PyErr_NoMemory();
-    return PyModule_Create(&module);
+    PyObject *m = PyModule_Create(&module);
+    /* API 2: scan returns the picked lines too; rules takes `picked` */
+    if (m && PyModule_AddIntConstant(m, "API", 2) < 0) Py_CLEAR(m);
+    return m;
 }

@@ -165,6 +165,18 @@ _ANY_FLAG: Final = "|".join(re.escape(lit) for lit in _FLAG_LITERALS)
 # that nothing else reads: `native.Rules`), so they stay the one list of what flags a line.
 FLAG_LITERALS: Final[tuple[str, ...]] = tuple(_FLAG_LITERALS)
 
+_TIMER_STARTS: Final = ("Started: '", "Finished: '")
+# Whether the native pass may read strict timer lines (`native.Rules.picked`): it proves that a
+# message opening with a timer literal holds no flag literal from its second byte on, so that
+# message holds no literal that classifies it otherwise, unless one starts at its first byte:
+# none may start with a timer literal or be a prefix of one (the literals are checked here,
+# so a new catalogue entry that breaks this turns the native timer lines off, not wrong).
+NATIVE_TIMERS: Final = not any(
+    lit not in _TIMER_STARTS and (lit.startswith(start) or start.startswith(lit))
+    for lit in (*_INTEREST, *_FLAG_LITERALS)
+    for start in _TIMER_STARTS
+)
+
 
 def strip_sgr(expr: pl.Expr) -> pl.Expr:
     """`expr` without SGR colour codes."""
@@ -343,6 +355,23 @@ def _raw(lines: pl.Series, native: Native, idx: pl.Series) -> pl.Series:
     return raw
 
 
+def _native_rows(picked: pl.DataFrame) -> pl.DataFrame:
+    """The native pass's timer lines as evidence rows: interesting, no traceback, no vLLM time,
+    no error or failure (the pass proved it)."""
+    null = pl.lit(None, dtype=pl.String)
+    return picked.select(
+        "idx",
+        pl.lit(False).alias("window_only"),
+        pl.lit(False).alias("tb"),
+        *("text", "msg", "prefix", "task", "tod", "pid", "ip", "rank", "ldt"),
+        null.alias("vts"),
+        "kind",
+        null.alias("err"),
+        pl.lit(False).alias("failure"),
+        "actor",
+    )
+
+
 def evidence_lines(
     lines: pl.Series, native: Native | None = None
 ) -> tuple[pl.LazyFrame, pl.DataFrame]:
@@ -354,13 +383,20 @@ def evidence_lines(
     or exception marker is in the message), actor. The second has `idx` and `raw`
     of the vLLM engine stat lines, which take a shorter path (they are most of a busy log).
     With `native`, `lines` are the lines the native pass did not read (its `rest`): the stat
-    lines returned are the rest's, and `idx` counts every line of the read.
+    lines returned are the rest's, `idx` counts every line of the read, and the timer lines the
+    pass read join the others (a window over one of them would pick it as interesting anyway).
     """
     flags = _flags(lines, None if native is None else native.where)
     idx = _picked(flags, len(lines) if native is None else native.n_lines)
+    done = None if native is None or not len(native.picked) else native.picked
+    if done is not None:
+        idx = idx.filter(~idx.is_in(done.get_column("idx").implode()))
     raw = lines.gather(idx) if native is None else _raw(lines, native, idx)
     picked = pl.DataFrame({"idx": idx, "raw": raw}).with_columns(
         tb=pl.col("idx").is_in(flags.tb.implode()),
         window_only=~pl.col("idx").is_in(flags.interest.implode()),
     )
-    return _classify(_strip_prefixes(picked.lazy())), flags.engine
+    ev = _classify(_strip_prefixes(picked.lazy()))
+    if done is not None:
+        ev = ev.merge_sorted(_native_rows(done).lazy(), key="idx")
+    return ev, flags.engine

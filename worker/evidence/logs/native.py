@@ -1,7 +1,9 @@
 """The native fast path of a scan: one C pass (`_fastscan.c`) over a read.
 
 The pass reads the strict vLLM stat lines itself (the fields `engines.engine_fields` reads, with
-the same values) and hands every other line, byte for byte, to the polars path. A line it cannot
+the same values) and, with `Rules.picked`, the strict timer lines (`Started: '...'`, the
+`detect.evidence_lines` columns those lines get, with the same values), and hands every other
+line, byte for byte, to the polars path. A line it cannot
 prove strict (any other shape, non-ASCII, a control byte, a CR, a number of more than 20 digits,
 a traceback literal) is a rest line: the polars path reads it as before, so the tables are the
 same with or without the extension. Without the extension (`AVAILABLE` false) every line takes
@@ -23,7 +25,7 @@ try:
     from worker.evidence.logs import _fastscan  # type: ignore[attr-defined]
 except ImportError:  # not built: the polars path reads every line
     _fastscan = None
-if _fastscan is not None and not hasattr(_fastscan, "rules"):
+if _fastscan is not None and getattr(_fastscan, "API", 1) < 2:
     # built from an older _fastscan.c (`make venv` rebuilds it): the polars path, not a crash
     _fastscan = None
 
@@ -49,6 +51,7 @@ class Rules:
     window: int
     first_lines: int
     long_line: int
+    picked: bool
     _capsule: object | None
 
 
@@ -99,11 +102,14 @@ def rules(
     long_line: int,
     *,
     vector: bool = True,
+    picked: bool = False,
 ) -> Rules:
     """The rules; without the extension, or with a literal the raw bytes cannot show as such
     (shorter than 2 bytes, or holding a NUL, CR, newline or U+FFFD), none (every line is kept).
     `vector`: the literal search uses AVX2 when the CPU has it (off: the scalar search, to
-    compare both)."""
+    compare both). `picked`: strict timer lines are read natively (the caller vouches that no
+    literal the polars path classifies by starts with `Started: '` or `Finished: '` or is a
+    prefix of them: `detect.NATIVE_TIMERS`)."""
     usable = (
         _fastscan is not None
         and len(literals) <= _MAX_LITERALS
@@ -122,11 +128,12 @@ def rules(
             first_lines,
             long_line,
             vector,
+            picked,
         )
         if usable and _fastscan is not None
         else None
     )
-    return Rules(literals, blocks, window, first_lines, long_line, capsule)
+    return Rules(literals, blocks, window, first_lines, long_line, picked, capsule)
 
 
 class _Capsules:
@@ -142,13 +149,15 @@ class _Capsules:
 @dataclass(frozen=True)
 class Native:
     """A read after the native pass: `rest` holds the lines it did not read (`where`: their
-    line index in the read), `stats` the stat lines it read (`engines.engine_fields` columns)."""
+    line index in the read), `stats` the stat lines it read (`engines.engine_fields` columns),
+    `picked` the timer lines it read (`detect.evidence_lines` columns but the constant ones)."""
 
     n_lines: int
     rest: bytes
     dropped: int  # rest lines no rule keeps: counted, not in `rest`
     where: pl.Series  # UInt32, sorted
     stats: pl.DataFrame
+    picked: pl.DataFrame  # idx, text, msg, prefix, task, tod, pid, ip, rank, ldt, kind, actor
     _data: bytes
     _starts: memoryview  # byte offset of each stat line in the read
     _stops: memoryview
@@ -166,13 +175,15 @@ def native_scan(data: bytes, end: int, keep: Rules | None = None) -> Native | No
     if not AVAILABLE or _fastscan is None:
         return None
     capsule = keep._capsule if keep is not None and DROP else None
-    n_lines, _, rest, starts, stops, (stats, where), dropped = _fastscan.scan(data, end, capsule)
+    n_lines, _, rest, starts, stops, columns, dropped = _fastscan.scan(data, end, capsule)
+    stats, where, picked = columns
     return Native(
         n_lines=n_lines,
         rest=rest,
         dropped=dropped,
         where=pl.Series("idx", _Capsules(where)),
         stats=pl.DataFrame(_Capsules(stats)),
+        picked=pl.DataFrame(_Capsules(picked)),
         _data=data,
         _starts=memoryview(starts).cast("q"),
         _stops=memoryview(stops).cast("q"),

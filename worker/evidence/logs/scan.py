@@ -43,6 +43,7 @@ KEEP: Final = native_pass.rules(
     window=WINDOW_LINES,
     first_lines=max(HEAD_SCAN_LINES, WINDOW_LINES + 1),
     long_line=LINE_MAX_BYTES // 16,
+    picked=detect.NATIVE_TIMERS,
 )
 
 
