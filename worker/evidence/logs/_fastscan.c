@@ -582,8 +582,8 @@ static int kept(const Rules *r, Keep *k, size_t line, const unsigned char *p, si
  * (`Started: '...` or `Finished: '...` opening its message) is read here when it is *strict*:
  * printable ASCII besides complete SGR colour codes, shorter than MAX_LINE and than a line that
  * may be cut, an Iris prefix `[HH:MM:SS] task=T | `, then Ray process prefixes
- * `(Name pid=N, ip=X) ` (each as detect._PROCESS's first form reads it; any other prefix
- * shape, `(` or `[` there, or an NCCL prefix, is not strict), then an optional loguru header
+ * `(Name pid=N, ip=X) ` (as detect._PROCESS's first form reads them; a line with a prefix of
+ * another shape is not strict), then an optional loguru header
  * `YYYY-MM-DD HH:MM:SS.mmm | LEVEL | where - ` (a valid date and time, three fraction digits),
  * then the message. It must hold a flag literal (it is picked), none of the stat and block
  * literals (it is neither a stat line nor a traceback start), no flag literal in its message
@@ -604,10 +604,6 @@ typedef struct {
     int64_t ldt; /* microseconds since 1970, UTC */
     const char *kind;
 } PickedRow;
-
-static int is_word(char c) {
-    return is_digit(c) || (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || c == '_';
-}
 
 /* `s` without SGR codes (`\x1b\[[0-9;]*m`) into `out` (room for n bytes): its length, or -1 when
  * a byte is not printable ASCII outside a complete code. */
@@ -657,24 +653,6 @@ static size_t ray_process(const char *s, size_t n, size_t i) {
         if (end) return end;
     }
     return ray_owner(s, n, i + 1);
-}
-
-/* Whether detect._PROCESS's NCCL form `[\w.-]+:\d+:\d+ \[\d+\]` matches at `i`. */
-static int nccl_at(const char *s, size_t n, size_t i) {
-    size_t q = i;
-    while (q < n && (is_word(s[q]) || s[q] == '.' || s[q] == '-')) q++;
-    if (q == i) return 0;
-    static const char shape[] = ":d:d [d]";
-    for (const char *c = shape; *c; c++) {
-        if (*c == 'd') {
-            size_t d = q;
-            while (q < n && is_digit(s[q])) q++;
-            if (q == d) return 0;
-        } else if (q >= n || s[q++] != *c) {
-            return 0;
-        }
-    }
-    return 1;
 }
 
 static int two_digits(const char *s, int *out) {
@@ -756,7 +734,9 @@ static size_t outer_prefix(const char *s, size_t n, PickedRow *row) {
         if (!end) return 0;
         q = end < n && s[end] == ' ' ? end + 1 : end;
     }
-    if (q < n && (s[q] == '[' || nccl_at(s, n, q))) return 0;
+    /* _PROCESS's other forms (`[Name pid=N]`, `[rankN]:`, NCCL's `host:pid:tid [dev]`) cannot
+     * match here when the line is strict: what follows must be a loguru header (digits, then
+     * `-`) or a timer literal (a word, then `: '`), and neither starts any of them. */
     return q;
 }
 
