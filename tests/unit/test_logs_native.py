@@ -495,7 +495,10 @@ def test_random_noise_with_flag_literals_scans_the_same_with_the_drop(
 
 
 SCALAR = native.rules(
-    KEEP.literals, KEEP.blocks, KEEP.window, KEEP.first_lines, KEEP.long_line, vector=False
+    *(KEEP.literals, KEEP.blocks, KEEP.window, KEEP.first_lines, KEEP.long_line),
+    vector=False,
+    classes=KEEP.classes,
+    kinds=KEEP.kinds,
 )
 
 
@@ -512,6 +515,7 @@ def test_the_vector_and_scalar_literal_searches_keep_the_same_lines(
         assert kept[0] is not None and kept[1] is not None
         assert kept[0].where.to_list() == kept[1].where.to_list()
         assert kept[0].rest == kept[1].rest
+        assert_frame_equal(kept[0].picked, kept[1].picked, check_exact=True)
 
 
 @pytest.mark.parametrize("rules", [KEEP, SCALAR], ids=["vector", "scalar"])
@@ -583,7 +587,7 @@ def _read_natively(body: list[str], first: int = FIRST) -> list[int]:
 
 
 def test_a_strict_timer_line_is_read_natively_with_the_polars_columns() -> None:
-    assert detect.NATIVE_TIMERS and KEEP.picked
+    assert ("Started: '", "timer") in detect.NATIVE_KINDS == KEEP.kinds
     data = ("\n".join([NOISE] * FIRST + [TIMER, FINISHED]) + "\n").encode()
     result = native.native_scan(data, len(data), KEEP)
     assert result is not None
@@ -646,10 +650,51 @@ def test_a_strict_timer_line_is_read_natively_with_the_polars_columns() -> None:
         # the message's kind
         (TIMER.replace("Started: '", "Started: "), TIMER.replace(LOGURU, "")),
         (TIMER.replace("Started", "started"), FINISHED),
+        (IRIS + "[iris setup] step 1/2", IRIS + "Training Step Progress: 3 / 9"),
+        (IRIS + " Training Step Progress: 3 / 9", IRIS + "Training Step Progress: 3 / 9 x"),
+        (IRIS + LOGURU + "WANDB_MIRROR kind=x .errors.", IRIS + LOGURU + "WANDB_MIRROR kind=x .errors"),
+        (TIMER.replace("Started: '", "Batch generation"), TIMER.replace("Started: '", "Batch generation ")),
+        # a flag literal that classifies nothing else (`': `, `{'`, `Progress`) does not stop it
+        (TIMER + " Exception", TIMER + ": {'a': 1} Progress"),
+        (IRIS + LOGURU + "{'loss': 0.5, 'Error': 1}", IRIS + LOGURU + "{'loss': 0.5, 'Erro': 1}"),
     ],
 )
 def test_each_timer_rule_just_past_and_just_short(past: str, short: str) -> None:
     assert _read_natively([past, short]) == [1]
+
+
+def test_the_kinds_read_natively_are_those_no_prefix_or_other_kind_can_start_at() -> None:
+    """`detect._native_kind`, each gate just past and just short; and every kind the native pass
+    reads classifies its lines as the polars path does."""
+    kinds = dict(detect.NATIVE_KINDS)
+    assert kinds["Started: '"] == "timer" and kinds["WANDB_MIRROR kind="] == "mirror"
+    assert "[iris setup] step 1/" not in kinds  # `[` may open a process prefix
+    past_short = [
+        ("host:1", "host: 1"),  # NCCL's host:pid
+        ("host:", "host;"),
+        ("(name", "name("),
+        ("[x", "x["),
+        ("1st ", "st1 "),
+        ("word", "word "),  # a word the message may follow with `:1:2 [3]`
+        (" '", "' "),
+        ("INFO ", "INFA "),
+        ("WARNING 1", "WARNIN 1"),
+        ("Started: 'x", "Startedx "),  # a kind literal starts with it
+        ("Started", "Starts "),  # it starts a kind literal
+        ("caf\u00e9 ", "cafe "),
+    ]
+    for past, short in past_short:
+        assert (detect._native_kind(past), detect._native_kind(short)) == (False, True), past
+    body = [f"{IRIS}{LOGURU}{literal}x 1" for literal in kinds]
+    picked = _read_natively(body)
+    data = ("\n".join([NOISE] * FIRST + body) + "\n").encode()
+    result = native.native_scan(data, len(data), KEEP)
+    assert result is not None
+    classes = any(c in lit for lit in kinds for c in detect.CLASS_LITERALS)
+    assert len(picked) == len(body) - classes  # `Exception breakdown: ` holds `Exception`
+    assert result.picked.get_column("kind").to_list() == [
+        kinds[lit] for lit in kinds if not any(c in lit for c in detect.CLASS_LITERALS)
+    ]
 
 
 def test_a_long_timer_line_is_left_and_one_a_byte_shorter_is_read() -> None:
@@ -726,6 +771,13 @@ _HEADERS = st.sampled_from(
 )
 _MESSAGES = st.sampled_from(
     [
+        *(f"{lit}{tail}" for lit, _ in detect.NATIVE_KINDS for tail in ("", " 3 / 9", "x")),
+        '{"a": 1}',
+        "WANDB_MIRROR kind=train step=3 metrics={\"a\": 1, \"b\": \"x\"}",
+        "{'trainer/global_step': 3, 'loss': 0.5}",
+        "reward/avg: 0.5, reward/x: 1, avg_final_rewards: 2",
+        "Generation Buffer Progress: 75%|███| 24/32 [41:07<00:01]",
+        "Training Step Progress: 1 / 100000",
         "Started: 'step'",
         "Started: 'x'",
         "Started: ''",

@@ -387,6 +387,7 @@ typedef struct {
     size_t len;
 } Lit;
 
+/* A set of literals to search for (each at least 2 bytes). */
 typedef struct {
     uint64_t pairs[1024];            /* bit (a | b << 8): some literal starts with bytes a, b */
     uint16_t first[257];             /* literals starting with byte c: lits[first[c]:first[c+1]] */
@@ -397,12 +398,21 @@ typedef struct {
      * j. A position is a candidate when its 3 bytes pass for one bucket. */
     uint8_t lo[3][16], hi[3][16];
     int vector;                      /* the CPU has AVX2 */
+} LitSet;
+
+#define MAX_KINDS 32
+
+typedef struct {
+    LitSet flags;                    /* a line holding one of these may be picked: kept */
+    LitSet classes;                  /* a message holding one of these is not read natively */
     Lit blocks[2];                   /* the literals that open a traceback window */
     size_t n_blocks;
     size_t window;                   /* a block literal keeps its line and `window` lines after */
     size_t first_lines;              /* the first lines of a read are always kept */
     size_t long_line;                /* a line this long may be cut: kept */
-    int picked;                      /* strict timer lines are read natively (`picked_line`) */
+    Lit kinds[MAX_KINDS];            /* a strict line whose message starts with kinds[i] ... */
+    Lit kind_names[MAX_KINDS];       /* ... is read natively, of kind kind_names[i] */
+    size_t n_kinds;
     char *storage;
 } Rules;
 
@@ -417,7 +427,7 @@ static void rules_capsule_free(PyObject *capsule) {
 }
 
 /* Whether a literal starts at p[i] (and ends within p[:n]): those of its first byte. */
-static int literal_at(const Rules *r, const unsigned char *p, size_t n, size_t i) {
+static int literal_at(const LitSet *r, const unsigned char *p, size_t n, size_t i) {
     for (size_t k = r->first[p[i]]; k < r->first[p[i] + 1]; k++) {
         const Lit *lit = &r->lits[k];
         if (lit->len <= n - i && memcmp(p + i, lit->data, lit->len) == 0) return 1;
@@ -427,7 +437,7 @@ static int literal_at(const Rules *r, const unsigned char *p, size_t n, size_t i
 
 /* Whether [p, p + n) holds one of the literals (each at least 2 bytes), from position `i` on:
  * a bitmap of their first two bytes, then those of the first byte compared. */
-static int holds_literal_scalar(const Rules *r, const unsigned char *p, size_t n, size_t i) {
+static int holds_literal_scalar(const LitSet *r, const unsigned char *p, size_t n, size_t i) {
     for (; i + 1 < n; i++) {
         unsigned pair = (unsigned)p[i] | ((unsigned)p[i + 1] << 8);
         if (((r->pairs[pair >> 6] >> (pair & 63)) & 1) && literal_at(r, p, n, i)) return 1;
@@ -443,7 +453,7 @@ static int holds_literal_scalar(const Rules *r, const unsigned char *p, size_t n
  * (the bytes after the line in the read), so a block may run past the line's end; candidates
  * past it are ignored. A candidate is checked against the bitmap of the literals' first two
  * bytes, then against the literals of its first byte. */
-__attribute__((target("avx2"))) static int holds_literal_avx2(const Rules *r,
+__attribute__((target("avx2"))) static int holds_literal_avx2(const LitSet *r,
                                                               const unsigned char *p, size_t n,
                                                               size_t avail) {
     const __m256i nibble = _mm256_set1_epi8(0x0f);
@@ -475,7 +485,7 @@ __attribute__((target("avx2"))) static int holds_literal_avx2(const Rules *r,
 #endif
 
 /* Whether [p, p + n) holds one of the literals; `avail` bytes from p may be read. */
-static int holds_literal(const Rules *r, const unsigned char *p, size_t n, size_t avail) {
+static int holds_literal(const LitSet *r, const unsigned char *p, size_t n, size_t avail) {
 #ifdef VECTOR
     if (r->vector) return holds_literal_avx2(r, p, n, avail);
 #endif
@@ -485,7 +495,7 @@ static int holds_literal(const Rules *r, const unsigned char *p, size_t n, size_
 
 /* Teddy masks of the literals in their buckets (0-7, chosen by native.buckets so that a bucket's
  * literals share most nibbles). A literal of 2 bytes passes any third byte. */
-static void teddy(Rules *r, const Lit *lits, const uint8_t *bucket_of, size_t n) {
+static void teddy(LitSet *r, const Lit *lits, const uint8_t *bucket_of, size_t n) {
     for (size_t i = 0; i < n; i++) {
         unsigned b = bucket_of[i];
         for (size_t j = 0; j < 3; j++) {
@@ -566,7 +576,7 @@ static int kept(const Rules *r, Keep *k, size_t line, const unsigned char *p, si
     int keep = line <= k->keep_until || k->before_content || n >= r->long_line ||
                (classes & (HAS_NUL | HAS_CR)) || ((classes & HAS_HIGH) && !valid_utf8(p, n));
     if (classes & HAS_PRINTABLE) k->before_content = 0;
-    int flagged = holds_literal(r, p, n, avail);
+    int flagged = holds_literal(&r->flags, p, n, avail);
     /* a block literal opens a window (NUL, blanked to a space before the search, might make one) */
     int block = classes & HAS_NUL;
     for (size_t b = 0; flagged && !block && b < r->n_blocks; b++)
@@ -576,22 +586,22 @@ static int kept(const Rules *r, Keep *k, size_t line, const unsigned char *p, si
     return keep || flagged || block;
 }
 
-/* ---- Picked lines read natively: strict timer lines.
+/* ---- Picked lines read natively: strict lines of the kinds in the rules.
  *
- * A rest line the polars path would pick as an interesting line and classify as a timer
- * (`Started: '...` or `Finished: '...` opening its message) is read here when it is *strict*:
- * printable ASCII besides complete SGR colour codes, shorter than MAX_LINE and than a line that
- * may be cut, an Iris prefix `[HH:MM:SS] task=T | `, then Ray process prefixes
- * `(Name pid=N, ip=X) ` (as detect._PROCESS's first form reads them; a line with a prefix of
- * another shape is not strict), then an optional loguru header
- * `YYYY-MM-DD HH:MM:SS.mmm | LEVEL | where - ` (a valid date and time, three fraction digits),
- * then the message. It must hold a flag literal (it is picked), none of the stat and block
- * literals (it is neither a stat line nor a traceback start), no flag literal in its message
- * from its second byte on (so no error or failure literal and no other kind: `native.rules`
- * checks that no literal starts with the timer literals or is a prefix of them), and must not
- * end with a space or `]` (Ray's `[repeated Nx across cluster]` suffix). Its columns are those
- * of detect.evidence_lines, with detect's semantics (the leftmost match of each pattern on the
- * line with its colour codes removed). Any other line stays a rest line, for the polars path. */
+ * A rest line the polars path would pick as an interesting line and classify by a kind literal
+ * opening its message (`Started: '`, `WANDB_MIRROR kind=`, ...: the rules' kinds, those
+ * detect.NATIVE_KINDS proves safe) is read here when it is *strict*: printable ASCII besides
+ * complete SGR colour codes, shorter than MAX_LINE and than a line that may be cut, an Iris
+ * prefix `[HH:MM:SS] task=T | `, then Ray process prefixes `(Name pid=N, ip=X) ` (as
+ * detect._PROCESS's first form reads them; a line with a prefix of another shape is not strict),
+ * then an optional loguru header `YYYY-MM-DD HH:MM:SS.mmm | LEVEL | where - ` (a valid date and
+ * time, three fraction digits), then the message, opening with a kind literal. It must hold a
+ * flag literal (so it is picked), none of the stat and block literals (it is neither a stat line
+ * nor a traceback start), no literal of the rules' `classes` in its message (so no error or
+ * failure literal: detect.CLASS_LITERALS), and must not end with a space or `]` (Ray's
+ * `[repeated Nx across cluster]` suffix). Its columns are those of detect.evidence_lines, with
+ * detect's semantics (the leftmost match of each pattern on the line with its colour codes
+ * removed). Any other line stays a rest line, for the polars path. */
 
 typedef struct {
     const char *s; /* the line without its colour codes */
@@ -602,7 +612,7 @@ typedef struct {
     int32_t tod;
     int ldt_valid;
     int64_t ldt; /* microseconds since 1970, UTC */
-    const char *kind;
+    const Lit *kind;
 } PickedRow;
 
 /* `s` without SGR codes (`\x1b\[[0-9;]*m`) into `out` (room for n bytes): its length, or -1 when
@@ -742,8 +752,6 @@ static size_t outer_prefix(const char *s, size_t n, PickedRow *row) {
 
 #define PICKED_BUF (MAX_LINE + 64)
 
-static const char *const TIMER_STARTS[2] = {"Started: '", "Finished: '"};
-
 /* Whether raw line [p, p + n) is a strict timer line; its fields in *row (`row->s` points into
  * `buf`, PICKED_BUF bytes, allocated once: the vector search may read past the line) if so. */
 static int picked_line(const Rules *r, const char *p, size_t n, char *buf, PickedRow *row) {
@@ -761,15 +769,15 @@ static int picked_line(const Rules *r, const char *p, size_t n, char *buf, Picke
     const char *msg = s + outer + header;
     size_t msg_len = len - outer - (size_t)header;
     row->kind = NULL;
-    for (int i = 0; i < 2; i++) {
-        size_t k = strlen(TIMER_STARTS[i]);
-        if (msg_len >= k && memcmp(msg, TIMER_STARTS[i], k) == 0) row->kind = "timer";
+    for (size_t i = 0; i < r->n_kinds && !row->kind; i++) {
+        if (msg_len >= r->kinds[i].len && memcmp(msg, r->kinds[i].data, r->kinds[i].len) == 0)
+            row->kind = &r->kind_names[i];
     }
     if (!row->kind || find(p, n, LITERAL, sizeof LITERAL - 1) ||
         find(p, n, TRACEBACK, sizeof TRACEBACK - 1) || find(p, n, UNHANDLED, sizeof UNHANDLED - 1))
         return 0;
-    size_t avail = PICKED_BUF - (size_t)(msg + 1 - buf);
-    if (holds_literal(r, (const unsigned char *)msg + 1, msg_len - 1, avail)) return 0;
+    size_t avail = PICKED_BUF - (size_t)(msg - buf);
+    if (holds_literal(&r->classes, (const unsigned char *)msg, msg_len, avail)) return 0;
     row->s = s;
     row->n = len;
     row->outer = outer;
@@ -829,7 +837,7 @@ static int add_picked(Picked *o, uint32_t line, const PickedRow *row) {
         strings_add(&o->pid, n, s + pid, pid_len, pid < outer) < 0 ||
         strings_add(&o->ip, n, s + ip, ip_len, ip < outer) < 0 ||
         strings_add(&o->rank, n, s + rank, rank_len, rank < outer) < 0 ||
-        strings_add(&o->kind, n, row->kind, strlen(row->kind), 1) < 0)
+        strings_add(&o->kind, n, row->kind->data, row->kind->len, 1) < 0)
         return -1;
     /* actor: task|pid@ip rank (absent parts empty); every part lies within the outer prefix */
     char actor[MAX_LINE + 8];
@@ -844,69 +852,125 @@ static int add_picked(Picked *o, uint32_t line, const PickedRow *row) {
     return strings_add(&o->actor, n, actor, k, 1);
 }
 
-/* rules(literals, blocks, window, first_lines, long_line): the rules as a capsule. */
-static PyObject *rules(PyObject *self, PyObject *args) {
-    Py_buffer buckets_view;
-    PyObject *literals, *blocks;
-    Py_ssize_t window, first_lines, long_line;
-    int vector = 1, picked = 0;
-    (void)self;
-    if (!PyArg_ParseTuple(args, "O!y*O!nnn|pp", &PyTuple_Type, &literals, &buckets_view,
-                          &PyTuple_Type, &blocks, &window, &first_lines, &long_line, &vector,
-                          &picked))
+/* The bytes of `item` when it is bytes of `least` to MAX_LITERAL; else NULL, error set. */
+static const char *literal_bytes(PyObject *item, Py_ssize_t least, size_t *len) {
+    if (!PyBytes_Check(item) || PyBytes_GET_SIZE(item) < least ||
+        PyBytes_GET_SIZE(item) > MAX_LITERAL) {
+        PyErr_SetString(PyExc_ValueError, "a literal must be bytes of 2 (1 for a kind) to 1024");
         return NULL;
-    Py_ssize_t n = PyTuple_GET_SIZE(literals), nb = PyTuple_GET_SIZE(blocks);
-    int bad = n > MAX_LITERALS || nb > 2 || window < 0 || first_lines < 0 || long_line < 1 ||
-              buckets_view.len != n;
-    for (Py_ssize_t i = 0; !bad && i < n; i++) bad = ((const uint8_t *)buckets_view.buf)[i] > 7;
-    uint8_t bucket_of[MAX_LITERALS];
-    if (!bad) memcpy(bucket_of, buckets_view.buf, (size_t)n);
-    PyBuffer_Release(&buckets_view);
-    if (bad) {
+    }
+    *len = (size_t)PyBytes_GET_SIZE(item);
+    return PyBytes_AS_STRING(item);
+}
+
+/* Copy `src` into the storage at *into: its Lit. */
+static Lit stored(char **into, const char *src, size_t len) {
+    Lit lit = {*into, len};
+    memcpy(*into, src, len);
+    *into += len;
+    return lit;
+}
+
+/* The literals of `tuple` (buckets 0-7 in `buckets`) as set `set`, copied into *into; -1 with
+ * an error set when out of range. */
+static int litset(LitSet *set, PyObject *tuple, const Py_buffer *buckets, char **into, int vector) {
+    Py_ssize_t n = PyTuple_GET_SIZE(tuple);
+    if (n > MAX_LITERALS || buckets->len != n) {
         PyErr_SetString(PyExc_ValueError, "rules out of range");
-        return NULL;
+        return -1;
     }
-    size_t total = 0;
-    for (Py_ssize_t i = 0; i < n + nb; i++) {
-        PyObject *item = i < n ? PyTuple_GET_ITEM(literals, i) : PyTuple_GET_ITEM(blocks, i - n);
-        if (!PyBytes_Check(item) || PyBytes_GET_SIZE(item) < 2 ||
-            PyBytes_GET_SIZE(item) > MAX_LITERAL) {
-            PyErr_SetString(PyExc_ValueError, "a literal must be bytes of 2 to 1024");
-            return NULL;
-        }
-        total += (size_t)PyBytes_GET_SIZE(item);
-    }
-    Rules *r = calloc(1, sizeof *r);
-    if (!r || !(r->storage = malloc(total + 1))) {
-        free(r);
-        return PyErr_NoMemory();
-    }
-    char *into = r->storage;
+    uint8_t bucket_of[MAX_LITERALS];
+    if (n) memcpy(bucket_of, buckets->buf, (size_t)n);
     Lit all[MAX_LITERALS];
-    for (Py_ssize_t i = 0; i < n + nb; i++) {
-        PyObject *item = i < n ? PyTuple_GET_ITEM(literals, i) : PyTuple_GET_ITEM(blocks, i - n);
-        size_t m = (size_t)PyBytes_GET_SIZE(item);
-        memcpy(into, PyBytes_AS_STRING(item), m);
-        Lit lit = {into, m};
-        if (i < n) all[i] = lit;
-        else r->blocks[r->n_blocks++] = lit;
-        into += m;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        size_t m;
+        const char *src = literal_bytes(PyTuple_GET_ITEM(tuple, i), 2, &m);
+        if (!src) return -1;
+        if (bucket_of[i] > 7) {
+            PyErr_SetString(PyExc_ValueError, "rules out of range");
+            return -1;
+        }
+        all[i] = stored(into, src, m);
     }
     /* counting sort by first byte */
     size_t count[257] = {0};
     for (Py_ssize_t i = 0; i < n; i++) count[(unsigned char)all[i].data[0] + 1]++;
     for (int c = 0; c < 256; c++) count[c + 1] += count[c];
-    for (int c = 0; c <= 256; c++) r->first[c] = (uint16_t)count[c];
+    for (int c = 0; c <= 256; c++) set->first[c] = (uint16_t)count[c];
     for (Py_ssize_t i = 0; i < n; i++) {
         const unsigned char *d = (const unsigned char *)all[i].data;
-        r->lits[count[d[0]]++] = all[i];
+        set->lits[count[d[0]]++] = all[i];
         unsigned pair = (unsigned)d[0] | ((unsigned)d[1] << 8);
-        r->pairs[pair >> 6] |= UINT64_C(1) << (pair & 63);
+        set->pairs[pair >> 6] |= UINT64_C(1) << (pair & 63);
     }
-    r->n_lits = (size_t)n;
-    r->vector = vector;
-    r->picked = picked;
-    teddy(r, all, bucket_of, (size_t)n);
+    set->n_lits = (size_t)n;
+    set->vector = vector;
+    teddy(set, all, bucket_of, (size_t)n);
+    return 0;
+}
+
+static size_t tuple_bytes(PyObject *tuple) {
+    size_t total = 0;
+    for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(tuple); i++) {
+        PyObject *item = PyTuple_GET_ITEM(tuple, i);
+        if (PyTuple_Check(item)) total += tuple_bytes(item);
+        else if (PyBytes_Check(item)) total += (size_t)PyBytes_GET_SIZE(item);
+    }
+    return total;
+}
+
+/* rules(literals, buckets, blocks, window, first_lines, long_line, vector=True, classes=(),
+ * class_buckets=b"", kinds=()): the rules as a capsule. `kinds`: (literal, kind) pairs. */
+static PyObject *rules(PyObject *self, PyObject *args) {
+    Py_buffer buckets = {0}, class_buckets = {0};
+    PyObject *literals, *blocks, *classes = NULL, *kinds = NULL;
+    Py_ssize_t window, first_lines, long_line;
+    int vector = 1;
+    (void)self;
+    if (!PyArg_ParseTuple(args, "O!y*O!nnn|pO!y*O!", &PyTuple_Type, &literals, &buckets,
+                          &PyTuple_Type, &blocks, &window, &first_lines, &long_line, &vector,
+                          &PyTuple_Type, &classes, &class_buckets, &PyTuple_Type, &kinds))
+        return NULL;
+    PyObject *none = PyTuple_New(0);
+    Rules *r = calloc(1, sizeof *r);
+    Py_ssize_t nb = PyTuple_GET_SIZE(blocks), nk = kinds ? PyTuple_GET_SIZE(kinds) : 0;
+    size_t total = tuple_bytes(literals) + tuple_bytes(blocks) +
+                   (classes ? tuple_bytes(classes) : 0) + (kinds ? tuple_bytes(kinds) : 0);
+    int failed = !none || !r || !(r->storage = malloc(total + 1));
+    if (failed) PyErr_NoMemory();
+    if (!failed && (nb > 2 || nk > MAX_KINDS || window < 0 || first_lines < 0 || long_line < 1)) {
+        PyErr_SetString(PyExc_ValueError, "rules out of range");
+        failed = 1;
+    }
+    char *into = failed ? NULL : r->storage;
+    failed = failed || litset(&r->flags, literals, &buckets, &into, vector) < 0 ||
+             litset(&r->classes, classes ? classes : none, &class_buckets, &into, vector) < 0;
+    for (Py_ssize_t i = 0; !failed && i < nb; i++) {
+        size_t m;
+        const char *src = literal_bytes(PyTuple_GET_ITEM(blocks, i), 2, &m);
+        if (src) r->blocks[r->n_blocks++] = stored(&into, src, m);
+        failed = !src;
+    }
+    for (Py_ssize_t i = 0; !failed && i < nk; i++) {
+        PyObject *pair = PyTuple_GET_ITEM(kinds, i);
+        size_t m, k;
+        const char *lit = NULL, *name = NULL;
+        if (!PyTuple_Check(pair) || PyTuple_GET_SIZE(pair) != 2) {
+            PyErr_SetString(PyExc_ValueError, "a kind is a (literal, name) pair");
+        } else if ((lit = literal_bytes(PyTuple_GET_ITEM(pair, 0), 1, &m)) &&
+                   (name = literal_bytes(PyTuple_GET_ITEM(pair, 1), 1, &k))) {
+            r->kinds[r->n_kinds] = stored(&into, lit, m);
+            r->kind_names[r->n_kinds++] = stored(&into, name, k);
+        }
+        failed = !name;
+    }
+    Py_XDECREF(none);
+    PyBuffer_Release(&buckets);
+    if (class_buckets.obj) PyBuffer_Release(&class_buckets);
+    if (failed) {
+        rules_free(r);
+        return NULL;
+    }
     r->window = (size_t)window;
     r->first_lines = (size_t)first_lines;
     r->long_line = (size_t)long_line;
@@ -917,13 +981,13 @@ static PyObject *rules(PyObject *self, PyObject *args) {
 
 /* The pass: lines of data[:end]; rest lines copied into `rest` (room for `end` bytes), all of
  * them without `r`, else only those the rules keep (the others counted in o->dropped). With
- * `r->picked`, a strict timer line (`picked_line`) after the read's first lines and after its
+ * kinds in `r`, a strict line of one (`picked_line`) after the read's first lines and after its
  * first rest line with a printable byte (the summary head reads those) is read here. */
 static int pass(const char *data, size_t end, char *rest, Out *o, const Rules *r) {
     size_t at = 0, line = 0;
     Keep k = {r && r->first_lines ? r->first_lines - 1 : 0, 1};
-    char *buf = r && r->picked ? calloc(1, PICKED_BUF) : NULL;
-    if (r && r->picked && !buf) return -1;
+    char *buf = r && r->n_kinds ? calloc(1, PICKED_BUF) : NULL;
+    if (r && r->n_kinds && !buf) return -1;
     int failed = 0;
     while (at < end && !failed) {
         const char *nl = memchr(data + at, '\n', end - at);

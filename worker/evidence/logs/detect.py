@@ -165,16 +165,41 @@ _ANY_FLAG: Final = "|".join(re.escape(lit) for lit in _FLAG_LITERALS)
 # that nothing else reads: `native.Rules`), so they stay the one list of what flags a line.
 FLAG_LITERALS: Final[tuple[str, ...]] = tuple(_FLAG_LITERALS)
 
-_TIMER_STARTS: Final = ("Started: '", "Finished: '")
-# Whether the native pass may read strict timer lines (`native.Rules.picked`): it proves that a
-# message opening with a timer literal holds no flag literal from its second byte on, so that
-# message holds no literal that classifies it otherwise, unless one starts at its first byte:
-# none may start with a timer literal or be a prefix of one (the literals are checked here,
-# so a new catalogue entry that breaks this turns the native timer lines off, not wrong).
-NATIVE_TIMERS: Final = not any(
-    lit not in _TIMER_STARTS and (lit.startswith(start) or start.startswith(lit))
-    for lit in (*_INTEREST, *_FLAG_LITERALS)
-    for start in _TIMER_STARTS
+# The native pass reads a strict line whose message opens with a kind literal (`native.Rules`)
+# when its message holds none of CLASS_LITERALS: the flag literals found in an error or failure
+# literal or the traceback literal. Every literal that could classify the message otherwise
+# holds one (each holds a flag literal, and those in one of them are these), so the message has
+# no error and no failure and its kind is the one its first bytes name.
+_CLASSIFYING: Final = (*(lit for _, lit in ERROR_RULES), *FAILURE_LITERALS, TRACEBACK)
+CLASS_LITERALS: Final[tuple[str, ...]] = tuple(
+    flag for flag in FLAG_LITERALS if any(flag in lit for lit in _CLASSIFYING)
+)
+_LEVELS: Final = ("INFO", "WARNING", "ERROR", "DEBUG", "CRITICAL")
+
+
+def _native_kind(literal: str) -> bool:
+    """Whether a message opening with `literal` has its kind, the prefixes before it read as the
+    native pass reads them: no other kind literal can match where it starts (none is a prefix of
+    it or starts with it), and no prefix or header pattern can start at it (no `(`, `[`, digit,
+    space or log level, and not a word then `:` and a digit, as NCCL's `host:pid:tid`)."""
+    others = (lit for _, lit, _ in KIND_RULES if lit != literal)
+    word = re.match(r"[\w.-]*", literal)
+    # what follows the word (a `:` closing the literal might be followed by a digit)
+    after = literal[word.end() : word.end() + 2] + "0" if word is not None else ""
+    return (
+        literal.isascii()
+        and literal.isprintable()
+        and not any(lit.startswith(literal) or literal.startswith(lit) for lit in others)
+        and literal[0] not in "([ " + "0123456789"
+        and len(after) >= 2
+        and not (after[0] == ":" and after[1] in "0123456789")
+        and not any(literal.startswith(w) or w.startswith(literal) for w in _LEVELS)
+    )
+
+
+# (literal, kind) of the kinds the native pass reads.
+NATIVE_KINDS: Final[tuple[tuple[str, str], ...]] = tuple(
+    (lit, kind) for kind, lit, _ in KIND_RULES if _native_kind(lit)
 )
 
 
@@ -356,8 +381,8 @@ def _raw(lines: pl.Series, native: Native, idx: pl.Series) -> pl.Series:
 
 
 def _native_rows(picked: pl.DataFrame) -> pl.DataFrame:
-    """The native pass's timer lines as evidence rows: interesting, no traceback, no vLLM time,
-    no error or failure (the pass proved it)."""
+    """The lines the native pass read as evidence rows: interesting, no traceback, no vLLM
+    time, no error or failure (the pass proved it)."""
     null = pl.lit(None, dtype=pl.String)
     return picked.select(
         "idx",
@@ -383,8 +408,8 @@ def evidence_lines(
     or exception marker is in the message), actor. The second has `idx` and `raw`
     of the vLLM engine stat lines, which take a shorter path (they are most of a busy log).
     With `native`, `lines` are the lines the native pass did not read (its `rest`): the stat
-    lines returned are the rest's, `idx` counts every line of the read, and the timer lines the
-    pass read join the others (a window over one of them would pick it as interesting anyway).
+    lines returned are the rest's, `idx` counts every line of the read, and the lines of a kind
+    the pass read (`NATIVE_KINDS`) join the others (a window over one of them would pick it as interesting anyway).
     """
     flags = _flags(lines, None if native is None else native.where)
     idx = _picked(flags, len(lines) if native is None else native.n_lines)

@@ -1,9 +1,10 @@
 """The native fast path of a scan: one C pass (`_fastscan.c`) over a read.
 
 The pass reads the strict vLLM stat lines itself (the fields `engines.engine_fields` reads, with
-the same values) and, with `Rules.picked`, the strict timer lines (`Started: '...'`, the
-`detect.evidence_lines` columns those lines get, with the same values), and hands every other
-line, byte for byte, to the polars path. A line it cannot
+the same values) and, with `Rules.kinds`, the strict lines whose message opens with one of
+those kind literals (`Started: '...'`, `WANDB_MIRROR kind=...`: the `detect.evidence_lines`
+columns those lines get, with the same values), and hands every other line, byte for byte, to
+the polars path. A line it cannot
 prove strict (any other shape, non-ASCII, a control byte, a CR, a number of more than 20 digits,
 a traceback literal) is a rest line: the polars path reads it as before, so the tables are the
 same with or without the extension. Without the extension (`AVAILABLE` false) every line takes
@@ -51,11 +52,12 @@ class Rules:
     window: int
     first_lines: int
     long_line: int
-    picked: bool
+    classes: tuple[str, ...]
+    kinds: tuple[tuple[str, str], ...]
     _capsule: object | None
 
 
-_MAX_LITERALS, _MAX_LITERAL = 1024, 1024  # as _fastscan.c takes them
+_MAX_LITERALS, _MAX_LITERAL, _MAX_KINDS = 1024, 1024, 32  # as _fastscan.c takes them
 
 
 # How often a byte comes in log text, roughly: letters, digits and spaces three times as often as
@@ -94,6 +96,13 @@ def buckets(literals: list[bytes]) -> list[int]:
     return chosen
 
 
+def _shown(literal: str, least: int = 2) -> bool:
+    """Whether the raw bytes can show `literal` as such (NUL, CR, newline and U+FFFD are
+    rewritten before the polars path searches)."""
+    size = len(literal.encode())
+    return least <= size <= _MAX_LITERAL and not any(c in literal for c in "\x00\r\n\ufffd")
+
+
 def rules(
     literals: tuple[str, ...],
     blocks: tuple[str, ...],
@@ -102,22 +111,21 @@ def rules(
     long_line: int,
     *,
     vector: bool = True,
-    picked: bool = False,
+    classes: tuple[str, ...] = (),
+    kinds: tuple[tuple[str, str], ...] = (),
 ) -> Rules:
     """The rules; without the extension, or with a literal the raw bytes cannot show as such
     (shorter than 2 bytes, or holding a NUL, CR, newline or U+FFFD), none (every line is kept).
     `vector`: the literal search uses AVX2 when the CPU has it (off: the scalar search, to
-    compare both). `picked`: strict timer lines are read natively (the caller vouches that no
-    literal the polars path classifies by starts with `Started: '` or `Finished: '` or is a
-    prefix of them: `detect.NATIVE_TIMERS`)."""
+    compare both). `kinds`, (literal, kind) pairs, and `classes`: the strict lines the pass
+    reads natively (the caller vouches for them: `detect.NATIVE_KINDS`, `detect.CLASS_LITERALS`)."""
     usable = (
         _fastscan is not None
-        and len(literals) <= _MAX_LITERALS
+        and max(len(literals), len(classes)) <= _MAX_LITERALS
         and len(blocks) <= 2
-        and all(
-            2 <= len(lit.encode()) <= _MAX_LITERAL and not any(c in lit for c in "\x00\r\n\ufffd")
-            for lit in (*literals, *blocks)
-        )
+        and len(kinds) <= _MAX_KINDS
+        and all(_shown(lit) for lit in (*literals, *blocks, *classes))
+        and all(_shown(lit, 1) and _shown(name, 1) for lit, name in kinds)
     )
     capsule = (
         _fastscan.rules(
@@ -128,12 +136,14 @@ def rules(
             first_lines,
             long_line,
             vector,
-            picked,
+            tuple(lit.encode() for lit in classes),
+            bytes(buckets([lit.encode() for lit in classes])),
+            tuple((lit.encode(), name.encode()) for lit, name in kinds),
         )
         if usable and _fastscan is not None
         else None
     )
-    return Rules(literals, blocks, window, first_lines, long_line, picked, capsule)
+    return Rules(literals, blocks, window, first_lines, long_line, classes, kinds, capsule)
 
 
 class _Capsules:

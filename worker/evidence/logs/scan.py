@@ -43,7 +43,8 @@ KEEP: Final = native_pass.rules(
     window=WINDOW_LINES,
     first_lines=max(HEAD_SCAN_LINES, WINDOW_LINES + 1),
     long_line=LINE_MAX_BYTES // 16,
-    picked=detect.NATIVE_TIMERS,
+    classes=detect.CLASS_LITERALS,
+    kinds=detect.NATIVE_KINDS,
 )
 
 
