@@ -121,9 +121,16 @@ typedef struct {
 
 static int is_digit(char c) { return c >= '0' && c <= '9'; }
 
+/* The first `needle` in hay[:n]: its first byte by memchr, then the rest compared (the lines
+ * are short, at most MAX_LINE bytes here: cheaper than memmem's set-up for each line). */
 static const char *find(const char *hay, size_t n, const char *needle, size_t m) {
     if (m == 0 || n < m) return NULL;
-    return memmem(hay, n, needle, m);
+    const char *last = hay + (n - m); /* the last position a match can start */
+    for (const char *q = memchr(hay, needle[0], (size_t)(last - hay) + 1); q;
+         q = q < last ? memchr(q + 1, needle[0], (size_t)(last - q)) : NULL) {
+        if (memcmp(q + 1, needle + 1, m - 1) == 0) return q;
+    }
+    return NULL;
 }
 
 /* A plain number (\d+(\.\d+)?, at most MAX_DIGITS digits each side) at p, before stop: its
