@@ -625,20 +625,24 @@ typedef struct {
 /* `s` without SGR codes (`\x1b\[[0-9;]*m`) into `out` (room for n bytes): its length, or -1 when
  * a byte is not printable ASCII outside a complete code. */
 static long without_sgr(const char *s, size_t n, char *out) {
+    uint8_t bad = 0; /* a byte neither printable ASCII nor ESC (no early exit: vectorised) */
+    for (size_t i = 0; i < n; i++) {
+        uint8_t c = (uint8_t)s[i];
+        bad |= (uint8_t)((uint8_t)(c - 0x20) > 0x5e) & (uint8_t)(c != 0x1b);
+    }
+    if (bad) return -1;
     size_t m = 0;
     for (size_t i = 0; i < n;) {
-        unsigned char c = (unsigned char)s[i];
-        if (c == 0x1b) {
-            size_t j = i + 1;
-            if (j >= n || s[j] != '[') return -1;
-            for (j++; j < n && (is_digit(s[j]) || s[j] == ';');) j++;
-            if (j >= n || s[j] != 'm') return -1;
-            i = j + 1;
-            continue;
-        }
-        if (c < 0x20 || c > 0x7e) return -1;
-        out[m++] = (char)c;
-        i++;
+        const char *esc = memchr(s + i, 0x1b, n - i);
+        size_t stop = esc ? (size_t)(esc - s) : n;
+        memcpy(out + m, s + i, stop - i);
+        m += stop - i;
+        if (!esc) break;
+        size_t j = stop + 1;
+        if (j >= n || s[j] != '[') return -1; /* an ESC outside a code */
+        for (j++; j < n && (is_digit(s[j]) || s[j] == ';');) j++;
+        if (j >= n || s[j] != 'm') return -1;
+        i = j + 1;
     }
     return (long)m;
 }
@@ -780,9 +784,8 @@ static int picked_line(const Rules *r, const char *p, size_t n, char *buf, Picke
         if (msg_len >= r->kinds[i].len && memcmp(msg, r->kinds[i].data, r->kinds[i].len) == 0)
             row->kind = &r->kind_names[i];
     }
-    if (!row->kind || find(p, n, LITERAL, sizeof LITERAL - 1) ||
-        find(p, n, TRACEBACK, sizeof TRACEBACK - 1) || find(p, n, UNHANDLED, sizeof UNHANDLED - 1))
-        return 0;
+    /* (no block literal either: `kept` found none in a line it reports flagged) */
+    if (!row->kind || find(p, n, LITERAL, sizeof LITERAL - 1)) return 0;
     size_t avail = PICKED_BUF - (size_t)(msg - buf);
     if (holds_literal(&r->classes, (const unsigned char *)msg, msg_len, avail)) return 0;
     row->s = s;
