@@ -633,16 +633,25 @@ def test_a_strict_timer_line_is_read_natively_with_the_polars_columns() -> None:
         (TIMER.replace(" | ", "  | ", 1), TIMER.replace(" | ", " |", 1)),
         # the process prefixes: Ray's first form only
         (TIMER.replace("pid=8455)", "pid=8455,)"), TIMER.replace("pid=8455)", "pid=8455, ip=h)")),
-        (TIMER.replace("(skyrl_entrypoint ", "[skyrl_entrypoint "), TIMER.replace("(sk", "(pid=1) (sk")),
+        (
+            TIMER.replace("(skyrl_entrypoint ", "[skyrl_entrypoint "),
+            TIMER.replace("(sk", "(pid=1) (sk"),
+        ),
         (TIMER.replace(RAY, "(raylet) "), TIMER.replace(RAY, "")),
         (TIMER.replace(RAY, "host:1:2 [3] "), TIMER.replace(RAY, "(pid=1, ip=10.0.0.1) ")),
         # the fields read from the prefixes: the leftmost match of each, in the task too
         (TIMER.replace(RAY, "(pid=1, ip=a b) "), TIMER.replace(RAY, "(pid=1, ip=a]b) ")),
-        (TIMER.replace("/0", "/pid=7/zip=]/[rank2]") + "]", TIMER.replace("/0", "/pid=7/zip=]/[rank2]")),
+        (
+            TIMER.replace("/0", "/pid=7/zip=]/[rank2]") + "]",
+            TIMER.replace("/0", "/pid=7/zip=]/[rank2]"),
+        ),
         # the loguru header: a valid date and time, three fraction digits
         (TIMER.replace(".123 |", ".1234 |"), TIMER.replace(".123 |", ".999 |")),
         (TIMER.replace("2026-03-26", "2023-02-29"), TIMER.replace("2026-03-26", "2024-02-29")),
-        (TIMER.replace("21:00:05.123", "21:00:60.123"), TIMER.replace("21:00:05.123", "23:59:59.123")),
+        (
+            TIMER.replace("21:00:05.123", "21:00:60.123"),
+            TIMER.replace("21:00:05.123", "23:59:59.123"),
+        ),
         (TIMER.replace("2026-03-26", "0999-03-26"), TIMER.replace("2026-03-26", "1000-03-26")),
         (TIMER.replace("2026-03-26", "2026-13-26"), TIMER.replace("2026-03-26", "2026-12-31")),
         (TIMER.replace("INFO     |", "info     |"), TIMER.replace("INFO     |", "INFO|")),
@@ -652,8 +661,14 @@ def test_a_strict_timer_line_is_read_natively_with_the_polars_columns() -> None:
         (TIMER.replace("Started", "started"), FINISHED),
         (IRIS + "[iris setup] step 1/2", IRIS + "Training Step Progress: 3 / 9"),
         (IRIS + " Training Step Progress: 3 / 9", IRIS + "Training Step Progress: 3 / 9 x"),
-        (IRIS + LOGURU + "WANDB_MIRROR kind=x .errors.", IRIS + LOGURU + "WANDB_MIRROR kind=x .errors"),
-        (TIMER.replace("Started: '", "Batch generation"), TIMER.replace("Started: '", "Batch generation ")),
+        (
+            IRIS + LOGURU + "WANDB_MIRROR kind=x .errors.",
+            IRIS + LOGURU + "WANDB_MIRROR kind=x .errors",
+        ),
+        (
+            TIMER.replace("Started: '", "Batch generation"),
+            TIMER.replace("Started: '", "Batch generation "),
+        ),
         # a flag literal that classifies nothing else (`': `, `{'`, `Progress`) does not stop it
         (TIMER + " Exception", TIMER + ": {'a': 1} Progress"),
         (IRIS + LOGURU + "{'loss': 0.5, 'Error': 1}", IRIS + LOGURU + "{'loss': 0.5, 'Erro': 1}"),
@@ -735,6 +750,8 @@ def test_the_prefix_fields_are_the_leftmost_matches_as_the_polars_path_reads_the
     processes = ["", RAY, "(pid=5, ip=10.0.0.1]x) ", "(Name pid=5, ip=h)(Other pid=6, ip=g) "]
     body = [f"[21:00:05] task={task} | {p}{LOGURU}Started: 'x'" for p in processes]
     assert _read_natively(body) == list(range(len(body)))
+
+
 _PROCESSES = st.sampled_from(
     [
         "",
@@ -773,7 +790,7 @@ _MESSAGES = st.sampled_from(
     [
         *(f"{lit}{tail}" for lit, _ in detect.NATIVE_KINDS for tail in ("", " 3 / 9", "x")),
         '{"a": 1}',
-        "WANDB_MIRROR kind=train step=3 metrics={\"a\": 1, \"b\": \"x\"}",
+        'WANDB_MIRROR kind=train step=3 metrics={"a": 1, "b": "x"}',
         "{'trainer/global_step': 3, 'loss': 0.5}",
         "reward/avg: 0.5, reward/x: 1, avg_final_rewards: 2",
         "Generation Buffer Progress: 75%|███| 24/32 [41:07<00:01]",

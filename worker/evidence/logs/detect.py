@@ -409,7 +409,8 @@ def evidence_lines(
     of the vLLM engine stat lines, which take a shorter path (they are most of a busy log).
     With `native`, `lines` are the lines the native pass did not read (its `rest`): the stat
     lines returned are the rest's, `idx` counts every line of the read, and the lines of a kind
-    the pass read (`NATIVE_KINDS`) join the others (a window over one of them would pick it as interesting anyway).
+    the pass read (`NATIVE_KINDS`) join the others (a window over one would pick it as
+    interesting anyway).
     """
     flags = _flags(lines, None if native is None else native.where)
     idx = _picked(flags, len(lines) if native is None else native.n_lines)
