@@ -81,7 +81,7 @@ def _assert_same_tables(plain: LogTables | None, fast: LogTables | None) -> None
 def test_the_extension_is_built_in_this_venv() -> None:
     """`make venv` builds it; without it the parser silently takes the slower polars path."""
     module = importlib.import_module("worker.evidence.logs._fastscan")
-    assert callable(module.scan)
+    assert callable(module.scan) and module.API == 2
     assert native.native_scan(STAT.encode() + b"\n", len(STAT) + 1) is not None
 
 
@@ -540,8 +540,9 @@ def test_a_literal_at_every_offset_of_a_line_is_found(rules: native.Rules) -> No
 def test_an_extension_built_from_an_older_source_is_not_used(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    """A stale build (no `rules`: an older _fastscan.c) leaves the polars path on, never a crash
-    at import; `test_the_extension_is_built_in_this_venv` is what fails for it."""
+    """A stale build (without `API` 2: an older _fastscan.c, with `rules` or without) leaves the
+    polars path on, never a crash at import; `test_the_extension_is_built_in_this_venv` is what
+    fails for it."""
     import importlib.util
     import sys
     import types
@@ -550,6 +551,7 @@ def test_an_extension_built_from_an_older_source_is_not_used(
 
     stale = types.ModuleType("worker.evidence.logs._fastscan")
     stale.scan = lambda *args: None  # type: ignore[attr-defined]
+    stale.rules = lambda *args: None  # type: ignore[attr-defined]  # the fourth round's build
     monkeypatch.setattr(package, "_fastscan", stale)
     monkeypatch.setitem(sys.modules, "worker.evidence.logs._fastscan", stale)
     spec = importlib.util.spec_from_file_location("native_stale", native.__file__)
