@@ -629,6 +629,8 @@ def test_a_strict_timer_line_is_read_natively_with_the_polars_columns() -> None:
         # bytes: non-ASCII, a control byte, a broken colour code
         (TIMER.replace("generate", "générer"), TIMER.replace("generate", "generer")),
         (TIMER.replace("generate", "gen\tx"), TIMER.replace("generate", "gen x")),
+        (TIMER.replace("generate", "gen\x7fx"), TIMER.replace("generate", "gen~x")),
+        (TIMER.replace("generate", "gen\x1fx"), TIMER.replace("generate", "gen x")),
         (TIMER.replace("\x1b[0m", "\x1b[0"), TIMER.replace("\x1b[0m", "\x1b[;0;m")),
         # the Iris prefix
         (TIMER.replace("[21:00:05]", "[21:00:5]"), TIMER.replace("[21:00:05]", "[99:99:99]")),
