@@ -63,6 +63,18 @@ static int buf_reserve(Buf *b, size_t more) {
     return 0;
 }
 
+/* Give back what doubling reserved beyond `len` (at least 8 bytes kept), when it is much: the
+ * exported columns live as long as the scan's frames. A failed shrink keeps the buffer. */
+static void buf_fit(Buf *b) {
+    size_t want = b->len > 8 ? b->len : 8;
+    if (b->cap < want + 65536) return;
+    char *data = realloc(b->data, want);
+    if (data) {
+        b->data = data;
+        b->cap = want;
+    }
+}
+
 static int buf_put(Buf *b, const void *src, size_t n) {
     if (buf_reserve(b, n) < 0) return -1;
     if (n) memcpy(b->data + b->len, src, n);
@@ -1243,7 +1255,11 @@ static int out_ready(Out *o) {
     for (int i = 0; i < 4 + N_PICKED_STRINGS; i++) {
         if (buf_reserve(&strs[i]->chars, 8) < 0 || buf_reserve(&strs[i]->valid, 8) < 0)
             return -1;
+        buf_fit(&strs[i]->chars);
+        buf_fit(&strs[i]->offsets);
     }
+    for (size_t i = 0; i < sizeof bufs / sizeof *bufs; i++) buf_fit(bufs[i]);
+    for (int i = 0; i < 6; i++) buf_fit(&o->numbers[i]);
     return 0;
 }
 
@@ -1263,13 +1279,14 @@ static void struct_array(Holder *h, int k, int first, int n, int child, size_t r
     h->refs++;
 }
 
-/* The stats columns and the picked columns (struct arrays) and `where`, as capsule pairs; the
- * holder is consumed. */
-static PyObject *export(Holder *h) {
+/* The stats columns and `where` (from `h`), the picked columns (from `hp`, which holds only
+ * them: polars may let them go before the stats), as capsule pairs; both holders are consumed. */
+static PyObject *export(Holder *h, Holder *hp) {
     Out *o = &h->out;
-    Picked *p = &o->picked;
+    Picked *p = &hp->out.picked;
     size_t rows = o->rows;
     h->refs = 1; /* held while exporting */
+    hp->refs = 1;
     column(h, 0, rows, NULL, &o->idx, NULL);
     Strings *strs[] = {&o->index, &o->pid, &o->ip, &o->vts};
     for (int i = 0; i < 4; i++) column(h, 1 + i, rows, &strs[i]->valid, &strs[i]->offsets, &strs[i]->chars);
@@ -1282,17 +1299,19 @@ static PyObject *export(Holder *h) {
                              &p->pid, &p->ip, &p->rank, NULL, &p->kind, &p->actor};
     for (int i = 0; i < N_PICKED; i++) {
         const Buf *data = i == 0 ? &p->idx : i == 5 ? &p->tod : &p->ldt;
-        if (ps[i]) column(h, PICKED + i, p->rows, &ps[i]->valid, &ps[i]->offsets, &ps[i]->chars);
-        else column(h, PICKED + i, p->rows, i == 9 ? &p->ldt_valid : NULL, data, NULL);
+        if (ps[i]) column(hp, PICKED + i, p->rows, &ps[i]->valid, &ps[i]->offsets, &ps[i]->chars);
+        else column(hp, PICKED + i, p->rows, i == 9 ? &p->ldt_valid : NULL, data, NULL);
     }
-    struct_array(h, PICKED + N_PICKED, PICKED, N_PICKED, N_COLUMNS, p->rows);
-    holder_drop(h); /* the arrays hold it now */
+    struct_array(hp, PICKED + N_PICKED, PICKED, N_PICKED, N_COLUMNS, p->rows);
+    holder_drop(h); /* the arrays hold them now */
+    holder_drop(hp);
     struct ArrowSchema *s1 = struct_schema(NAMES, FORMATS, N_COLUMNS);
     struct ArrowSchema *s2 = where_schema();
     struct ArrowSchema *s3 = struct_schema(PICKED_NAMES, PICKED_FORMATS, N_PICKED);
     if (!s1 || !s2 || !s3) {
-        int owned[] = {N_COLUMNS, WHERE, PICKED + N_PICKED};
-        for (int i = 0; i < 3; i++) h->arrays[owned[i]].release(&h->arrays[owned[i]]);
+        h->arrays[N_COLUMNS].release(&h->arrays[N_COLUMNS]);
+        h->arrays[WHERE].release(&h->arrays[WHERE]);
+        hp->arrays[PICKED + N_PICKED].release(&hp->arrays[PICKED + N_PICKED]);
         struct ArrowSchema *schemas[] = {s1, s3};
         for (int i = 0; i < 2; i++) {
             if (schemas[i]) {
@@ -1305,7 +1324,7 @@ static PyObject *export(Holder *h) {
     }
     PyObject *stats = capsules(s1, &h->arrays[N_COLUMNS]);
     PyObject *where = capsules(s2, &h->arrays[WHERE]);
-    PyObject *picked = capsules(s3, &h->arrays[PICKED + N_PICKED]);
+    PyObject *picked = capsules(s3, &hp->arrays[PICKED + N_PICKED]);
     if (!stats || !where || !picked) {
         Py_XDECREF(stats);
         Py_XDECREF(where);
@@ -1334,8 +1353,10 @@ static PyObject *scan(PyObject *self, PyObject *args) {
         PyErr_SetString(PyExc_ValueError, "end out of range");
         return NULL;
     }
-    Holder *h = calloc(1, sizeof *h);
-    if (!h) {
+    Holder *h = calloc(1, sizeof *h), *hp = calloc(1, sizeof *hp);
+    if (!h || !hp) {
+        free(h);
+        free(hp);
         PyBuffer_Release(&view);
         return PyErr_NoMemory();
     }
@@ -1356,6 +1377,7 @@ static PyObject *scan(PyObject *self, PyObject *args) {
         Py_XDECREF(rest);
         out_free(o);
         free(h);
+        free(hp);
         return PyErr_Occurred() ? NULL : PyErr_NoMemory();
     }
     PyObject *starts = PyBytes_FromStringAndSize(o->start.data ? o->start.data : "",
@@ -1364,7 +1386,9 @@ static PyObject *scan(PyObject *self, PyObject *args) {
                                                 (Py_ssize_t)o->stop.len);
     Py_ssize_t n_lines = (Py_ssize_t)o->n_lines, rows = (Py_ssize_t)o->rows;
     Py_ssize_t dropped = (Py_ssize_t)o->dropped;
-    PyObject *columns = export(h); /* consumes h */
+    hp->out.picked = o->picked; /* the picked columns get a holder of their own */
+    memset(&o->picked, 0, sizeof o->picked);
+    PyObject *columns = export(h, hp); /* consumes h and hp */
     if (!starts || !stops || !columns) {
         Py_XDECREF(rest);
         Py_XDECREF(starts);
