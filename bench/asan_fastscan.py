@@ -8,7 +8,9 @@
         $(gcc -print-file-name=libubsan.so)" .venv/bin/python bench/asan_fastscan.py
     cp /tmp/fastscan.so $SO   # (or `python setup.py build_ext --inplace`)
 
-Stat lines, noise, NUL, CR, invalid UTF-8, every flag literal (whole or truncated) in random
+Stat lines, lines of the kinds the pass reads natively (`detect.NATIVE_KINDS`: Iris and Ray
+prefixes, colour codes, loguru headers, cut at any byte, a colour code cut at the line's or the
+buffer's end), noise, NUL, CR, invalid UTF-8, every flag literal (whole or truncated) in random
 order, at random `end`s, with rules that keep few lines (so the drop runs) and with the parser's
 own; every literal at the very end of a buffer at 70 offsets (the vector loads stop short of
 `end`); an 8 MiB read of the continuous log through the whole scan. A sanitizer report aborts.
@@ -36,11 +38,23 @@ STAT = (
 )
 
 
+def _kind_lines() -> list[bytes]:
+    """Lines of each kind the pass reads natively, and colour codes cut short."""
+    prefix = b"[21:00:05] task=/ops/rl-bench/0 | \x1b[36m(skyrl_entrypoint pid=8455, ip=h)\x1b[0m "
+    loguru = b"2026-03-26 21:00:05.123 | INFO     | skyrl.train.trainer:train:210 - "
+    kinds = [prefix + loguru + lit.encode() + b"x'" for lit, _ in detect.NATIVE_KINDS]
+    kinds += [prefix + lit.encode() + b" 1 / 9" for lit, _ in detect.NATIVE_KINDS]
+    return [*kinds, prefix + loguru + b"Started: 'x' \x1b[", prefix + b"\x1b[3", b"\x1b"]
+
+
 def main() -> None:
     rng = random.Random(5)
     literals = [lit.encode() for lit in detect.FLAG_LITERALS]
     few = native.rules(detect.FLAG_LITERALS, detect.BLOCK_STARTS, 3, 1, 64)
+    kinds = _kind_lines()
     pieces = [STAT, b"noise line", b"", b"\x00", b"\r", b"\xff\xfe", "é█".encode(), *literals]
+    pieces += kinds
+    first = b"noise\n" * KEEP.first_lines
     dropped = 0
     for _ in range(3000):
         parts = []
@@ -50,10 +64,15 @@ def main() -> None:
                 piece = piece[: rng.randint(0, len(piece))]
             parts.append(piece + (b"\n" if rng.random() < 0.8 else b""))
         data = b"".join(parts) + bytes(rng.randrange(256) for _ in range(rng.randint(0, 40)))
+        late = first + data  # past the first lines: the native kinds are read
         for end in {len(data), rng.randint(0, len(data))}:
-            for rules in (few, KEEP):
-                result = native.native_scan(data, end, rules)
-                dropped += result.dropped if result is not None else 0
+            runs = ((data, end, few), (data, end, KEEP), (late, len(first) + end, KEEP))
+            results = [native.native_scan(buffer, stop, rules) for buffer, stop, rules in runs]
+            dropped += sum(result.dropped for result in results if result is not None)
+    for line in kinds:
+        for stop in range(len(line) + 1):  # each kind line cut at every byte, at the buffer's end
+            data = first + line[:stop]
+            native.native_scan(data, len(data), KEEP)
     for literal in literals:
         for pad in range(70):
             data = b"x" * pad + literal

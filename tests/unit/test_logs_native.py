@@ -81,7 +81,7 @@ def _assert_same_tables(plain: LogTables | None, fast: LogTables | None) -> None
 def test_the_extension_is_built_in_this_venv() -> None:
     """`make venv` builds it; without it the parser silently takes the slower polars path."""
     module = importlib.import_module("worker.evidence.logs._fastscan")
-    assert callable(module.scan)
+    assert callable(module.scan) and module.API == 2
     assert native.native_scan(STAT.encode() + b"\n", len(STAT) + 1) is not None
 
 
@@ -495,7 +495,10 @@ def test_random_noise_with_flag_literals_scans_the_same_with_the_drop(
 
 
 SCALAR = native.rules(
-    KEEP.literals, KEEP.blocks, KEEP.window, KEEP.first_lines, KEEP.long_line, vector=False
+    *(KEEP.literals, KEEP.blocks, KEEP.window, KEEP.first_lines, KEEP.long_line),
+    vector=False,
+    classes=KEEP.classes,
+    kinds=KEEP.kinds,
 )
 
 
@@ -512,6 +515,7 @@ def test_the_vector_and_scalar_literal_searches_keep_the_same_lines(
         assert kept[0] is not None and kept[1] is not None
         assert kept[0].where.to_list() == kept[1].where.to_list()
         assert kept[0].rest == kept[1].rest
+        assert_frame_equal(kept[0].picked, kept[1].picked, check_exact=True)
 
 
 @pytest.mark.parametrize("rules", [KEEP, SCALAR], ids=["vector", "scalar"])
@@ -536,8 +540,9 @@ def test_a_literal_at_every_offset_of_a_line_is_found(rules: native.Rules) -> No
 def test_an_extension_built_from_an_older_source_is_not_used(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    """A stale build (no `rules`: an older _fastscan.c) leaves the polars path on, never a crash
-    at import; `test_the_extension_is_built_in_this_venv` is what fails for it."""
+    """A stale build (without `API` 2: an older _fastscan.c, with `rules` or without) leaves the
+    polars path on, never a crash at import; `test_the_extension_is_built_in_this_venv` is what
+    fails for it."""
     import importlib.util
     import sys
     import types
@@ -546,6 +551,7 @@ def test_an_extension_built_from_an_older_source_is_not_used(
 
     stale = types.ModuleType("worker.evidence.logs._fastscan")
     stale.scan = lambda *args: None  # type: ignore[attr-defined]
+    stale.rules = lambda *args: None  # type: ignore[attr-defined]  # the fourth round's build
     monkeypatch.setattr(package, "_fastscan", stale)
     monkeypatch.setitem(sys.modules, "worker.evidence.logs._fastscan", stale)
     spec = importlib.util.spec_from_file_location("native_stale", native.__file__)
@@ -555,3 +561,285 @@ def test_an_extension_built_from_an_older_source_is_not_used(
     spec.loader.exec_module(copy)
     assert copy._fastscan is None and copy.AVAILABLE is False
     assert copy.native_scan(b"x\n", 2) is None
+
+
+# ---- The timer lines the native pass reads (`picked_line` in _fastscan.c) --------------------
+#
+# After FIRST noise lines, a strict timer line is read natively (`Native.picked`, not a rest
+# line); each rule has a case just past it (left to the polars path) and one just short (read
+# natively), and every case scans the same both ways.
+
+IRIS = "[21:00:05] task=/ops/rl-bench/0 | "
+RAY = "\x1b[36m(skyrl_entrypoint pid=8455)\x1b[0m "
+LOGURU = "2026-03-26 21:00:05.123 | INFO     | skyrl.train.trainer:train:210 - "
+TIMER = IRIS + RAY + LOGURU + "Started: 'generate'"
+FINISHED = IRIS + RAY + LOGURU + "Finished: 'generate', time cost: 251.67s"
+
+
+def _read_natively(body: list[str], first: int = FIRST) -> list[int]:
+    """The indices (from the first body line) of the body lines read natively as timer lines;
+    the scan with them equals the polars path's."""
+    data = ("\n".join([NOISE] * first + body) + "\n").encode()
+    result = native.native_scan(data, len(data), KEEP)
+    assert result is not None
+    picked = result.picked.get_column("idx").to_list()
+    assert not set(picked) & set(result.where.to_list())
+    _assert_same_scan(*_both_scans(data))
+    return [i - first for i in picked]
+
+
+def test_a_strict_timer_line_is_read_natively_with_the_polars_columns() -> None:
+    assert ("Started: '", "timer") in detect.NATIVE_KINDS == KEEP.kinds
+    data = ("\n".join([NOISE] * FIRST + [TIMER, FINISHED]) + "\n").encode()
+    result = native.native_scan(data, len(data), KEEP)
+    assert result is not None
+    assert result.picked.get_column("idx").to_list() == [FIRST, FIRST + 1]
+    row = result.picked.row(0, named=True)
+    assert {k: v for k, v in row.items() if k != "ldt"} == {
+        "idx": FIRST,
+        "text": LOGURU + "Started: 'generate'",
+        "msg": "Started: 'generate'",
+        "prefix": "[21:00:05] task=/ops/rl-bench/0 | (skyrl_entrypoint pid=8455)",
+        "task": "/ops/rl-bench/0",
+        "tod": 21 * 3600 + 5,
+        "pid": "8455",
+        "ip": None,
+        "rank": None,
+        "kind": "timer",
+        "actor": "/ops/rl-bench/0|8455@",
+    }
+    assert str(row["ldt"]) == "2026-03-26 21:00:05.123000+00:00"
+    _assert_same_scan(*_both_scans(data))
+
+
+@pytest.mark.parametrize(
+    ("past", "short"),
+    [
+        # the message: a flag literal after its first byte (an error or failure literal)
+        (TIMER.replace("'generate'", "'generate_failed'"), TIMER.replace("'generate'", "'g_fail'")),
+        (TIMER.replace("'generate'", "'Error'"), TIMER.replace("'generate'", "'Erro'")),
+        (FINISHED + " error", FINISHED + " erro"),
+        # Ray's repeated suffix (stripped by the polars path), and any line ending in `]` or ` `
+        (TIMER + " [repeated 2x across cluster]", TIMER + " [repeated 2x across cluster"),
+        (TIMER + " ", TIMER + "."),
+        # the stat and block literals anywhere in the line
+        (TIMER + " Avg prompt throughput", TIMER + " Avg prompt throughpu"),
+        (TIMER + " " + TRACEBACK, TIMER + " " + TRACEBACK[:-1]),
+        (IRIS.replace("/0", "/Avg prompt throughput") + LOGURU + "Started: 'x'", TIMER),
+        # bytes: non-ASCII, a control byte, a broken colour code
+        (TIMER.replace("generate", "générer"), TIMER.replace("generate", "generer")),
+        (TIMER.replace("generate", "gen\tx"), TIMER.replace("generate", "gen x")),
+        (TIMER.replace("generate", "gen\x7fx"), TIMER.replace("generate", "gen~x")),
+        (TIMER.replace("generate", "gen\x1fx"), TIMER.replace("generate", "gen x")),
+        (TIMER.replace("\x1b[0m", "\x1b[0"), TIMER.replace("\x1b[0m", "\x1b[;0;m")),
+        # the Iris prefix
+        (TIMER.replace("[21:00:05]", "[21:00:5]"), TIMER.replace("[21:00:05]", "[99:99:99]")),
+        (TIMER.replace(" | ", "  | ", 1), TIMER.replace(" | ", " |", 1)),
+        # the process prefixes: Ray's first form only
+        (TIMER.replace("pid=8455)", "pid=8455,)"), TIMER.replace("pid=8455)", "pid=8455, ip=h)")),
+        (
+            TIMER.replace("(skyrl_entrypoint ", "[skyrl_entrypoint "),
+            TIMER.replace("(sk", "(pid=1) (sk"),
+        ),
+        (TIMER.replace(RAY, "(raylet) "), TIMER.replace(RAY, "")),
+        (TIMER.replace(RAY, "host:1:2 [3] "), TIMER.replace(RAY, "(pid=1, ip=10.0.0.1) ")),
+        # the fields read from the prefixes: the leftmost match of each, in the task too
+        (TIMER.replace(RAY, "(pid=1, ip=a b) "), TIMER.replace(RAY, "(pid=1, ip=a]b) ")),
+        (
+            TIMER.replace("/0", "/pid=7/zip=]/[rank2]") + "]",
+            TIMER.replace("/0", "/pid=7/zip=]/[rank2]"),
+        ),
+        # the loguru header: a valid date and time, three fraction digits
+        (TIMER.replace(".123 |", ".1234 |"), TIMER.replace(".123 |", ".999 |")),
+        (TIMER.replace("2026-03-26", "2023-02-29"), TIMER.replace("2026-03-26", "2024-02-29")),
+        (
+            TIMER.replace("21:00:05.123", "21:00:60.123"),
+            TIMER.replace("21:00:05.123", "23:59:59.123"),
+        ),
+        (TIMER.replace("2026-03-26", "0999-03-26"), TIMER.replace("2026-03-26", "1000-03-26")),
+        (TIMER.replace("2026-03-26", "2026-13-26"), TIMER.replace("2026-03-26", "2026-12-31")),
+        (TIMER.replace("INFO     |", "info     |"), TIMER.replace("INFO     |", "INFO|")),
+        (TIMER.replace(" - Started", " -- Started"), TIMER.replace(" - Started", " -Started")),
+        # the message's kind
+        (TIMER.replace("Started: '", "Started: "), TIMER.replace(LOGURU, "")),
+        (TIMER.replace("Started", "started"), FINISHED),
+        (IRIS + "[iris setup] step 1/2", IRIS + "Training Step Progress: 3 / 9"),
+        (IRIS + " Training Step Progress: 3 / 9", IRIS + "Training Step Progress: 3 / 9 x"),
+        (
+            IRIS + LOGURU + "WANDB_MIRROR kind=x .errors.",
+            IRIS + LOGURU + "WANDB_MIRROR kind=x .errors",
+        ),
+        (
+            TIMER.replace("Started: '", "Batch generation"),
+            TIMER.replace("Started: '", "Batch generation "),
+        ),
+        # a flag literal that classifies nothing else (`': `, `{'`, `Progress`) does not stop it
+        (TIMER + " Exception", TIMER + ": {'a': 1} Progress"),
+        (IRIS + LOGURU + "{'loss': 0.5, 'Error': 1}", IRIS + LOGURU + "{'loss': 0.5, 'Erro': 1}"),
+    ],
+)
+def test_each_timer_rule_just_past_and_just_short(past: str, short: str) -> None:
+    assert _read_natively([past, short]) == [1]
+
+
+def test_the_kinds_read_natively_are_those_no_prefix_or_other_kind_can_start_at() -> None:
+    """`detect._native_kind`, each gate just past and just short; and every kind the native pass
+    reads classifies its lines as the polars path does."""
+    kinds = dict(detect.NATIVE_KINDS)
+    assert kinds["Started: '"] == "timer" and kinds["WANDB_MIRROR kind="] == "mirror"
+    assert "[iris setup] step 1/" not in kinds  # `[` may open a process prefix
+    past_short = [
+        ("host:1", "host: 1"),  # NCCL's host:pid
+        ("host:", "host;"),
+        ("(name", "name("),
+        ("[x", "x["),
+        ("1st ", "st1 "),
+        ("word", "word "),  # a word the message may follow with `:1:2 [3]`
+        (" '", "' "),
+        ("INFO ", "INFA "),
+        ("WARNING 1", "WARNIN 1"),
+        ("Started: 'x", "Startedx "),  # a kind literal starts with it
+        ("Started", "Starts "),  # it starts a kind literal
+        ("caf\u00e9 ", "cafe "),
+    ]
+    for past, short in past_short:
+        assert (detect._native_kind(past), detect._native_kind(short)) == (False, True), past
+    body = [f"{IRIS}{LOGURU}{literal}x 1" for literal in kinds]
+    picked = _read_natively(body)
+    data = ("\n".join([NOISE] * FIRST + body) + "\n").encode()
+    result = native.native_scan(data, len(data), KEEP)
+    assert result is not None
+    classes = any(c in lit for lit in kinds for c in detect.CLASS_LITERALS)
+    assert len(picked) == len(body) - classes  # `Exception breakdown: ` holds `Exception`
+    assert result.picked.get_column("kind").to_list() == [
+        kinds[lit] for lit in kinds if not any(c in lit for c in detect.CLASS_LITERALS)
+    ]
+
+
+def test_a_long_timer_line_is_left_and_one_a_byte_shorter_is_read() -> None:
+    """A line of 4,096 bytes (MAX_LINE) is left to the polars path; 4,095 is read natively."""
+    pad = 4096 - len(TIMER.encode())
+    long = TIMER.replace("'generate'", "'" + "g" * (pad + 8) + "'")
+    assert len(long.encode()) == 4096
+    assert _read_natively([long, long.replace("gg", "g", 1)]) == [1]
+
+
+def test_timer_lines_in_the_first_lines_or_before_the_first_content_are_left() -> None:
+    """The head reads the first lines and the first rest line with a printable byte."""
+    assert _read_natively([TIMER] * 3, first=FIRST - 1) == [1, 2]
+    data = ("\n".join([STAT] * FIRST + [TIMER, TIMER]) + "\n").encode()
+    result = native.native_scan(data, len(data), KEEP)
+    assert result is not None
+    assert result.picked.get_column("idx").to_list() == [FIRST + 1]
+    _assert_same_scan(*_both_scans(data))
+
+
+def test_a_timer_line_in_a_traceback_window_is_read_and_the_window_ends_the_same() -> None:
+    body = [IRIS + TRACEBACK + ":", '  File "x.py", line 1', TIMER, "ValueError: boom", TIMER]
+    assert _read_natively(body) == [2, 4]
+
+
+TASKS = (
+    *("/ops/rl-bench/0", "/u/pid=77/t", "/u/zip=9/t", "/u/zip=a]b", "/u/[rank3]/t"),
+    *("/u/[rank]/x[rank12]", "/u/[rank3x]/[rank4]", "/u/pid=x/pid=5", "/u/ip=", "/u/ip=)", "x"),
+)
+_TASKS = st.sampled_from(TASKS)
+
+
+@pytest.mark.parametrize("task", TASKS)
+def test_the_prefix_fields_are_the_leftmost_matches_as_the_polars_path_reads_them(
+    task: str,
+) -> None:
+    """pid, ip and rank come from the whole prefix (the task too), each its leftmost match."""
+    processes = ["", RAY, "(pid=5, ip=10.0.0.1]x) ", "(Name pid=5, ip=h)(Other pid=6, ip=g) "]
+    body = [f"[21:00:05] task={task} | {p}{LOGURU}Started: 'x'" for p in processes]
+    assert _read_natively(body) == list(range(len(body)))
+
+
+_PROCESSES = st.sampled_from(
+    [
+        "",
+        RAY,
+        "(skyrl_entrypoint pid=8455) ",
+        "(pid=5)",
+        "(pid=5, ip=10.0.0.1) ",
+        "(pid=5, ip=10.0.0.1]x) ",
+        "(Name pid=5, ip=10.0.0.1)(Other pid=6) ",
+        "(pid=5 pid=6) ",
+        "(Name pid=) ",
+        "(Name pid=5, ip=) ",
+        "[rank1]: ",
+        "(raylet, ip=1.2.3.4) ",
+        "host:1:2 [3] ",
+        "\x1b[1;32m(x pid=1)\x1b[0m ",
+        "\x1b[1m",
+    ]
+)
+_HEADERS = st.sampled_from(
+    [
+        "",
+        LOGURU,
+        "2024-02-29 00:00:00.000 | DEBUG | m - ",
+        "2024-02-29 00:00:00.000 | DEBUG | m -",
+        "2023-02-29 00:00:00.000 | DEBUG | m - ",
+        "1970-01-01 00:00:00.000 | WARNING  | m:f:1 -  ",
+        "1969-12-31 23:59:59.999 | INFO | m - ",
+        "2026-03-26 21:00:05.12 | INFO | m - ",
+        "2026-03-26 21:00:05 | INFO | m - ",
+        "INFO 03-26 21:00:04 [loggers.py:123] ",
+        "2026-03-26 21:00:05.123 | INFO | a b - ",
+    ]
+)
+_MESSAGES = st.sampled_from(
+    [
+        *(f"{lit}{tail}" for lit, _ in detect.NATIVE_KINDS for tail in ("", " 3 / 9", "x")),
+        '{"a": 1}',
+        'WANDB_MIRROR kind=train step=3 metrics={"a": 1, "b": "x"}',
+        "{'trainer/global_step': 3, 'loss': 0.5}",
+        "reward/avg: 0.5, reward/x: 1, avg_final_rewards: 2",
+        "Generation Buffer Progress: 75%|███| 24/32 [41:07<00:01]",
+        "Training Step Progress: 1 / 100000",
+        "Started: 'step'",
+        "Started: 'x'",
+        "Started: ''",
+        "Finished: 'generate', time cost: 85.14s",
+        "Finished: 'a_failed', time cost: 1s",
+        "Finished: 'x', time cost: 1e400s",
+        "Started: 'CUDA out of memory'",
+        "Started: 'x': {'a': 1}",
+        "Started: 'x' \x1b[31mError: red\x1b[0m",
+        "Started: 'x' [repeated 3x across cluster]  ",
+        "Started: 'x'\r",
+        "Started: 'ü'",
+        "Finished: 'x', time cost: 12345678901234567890123.5s",
+    ]
+)
+
+
+@st.composite
+def _timer_lines(draw: st.DrawFn) -> str:
+    clock = draw(st.sampled_from(["[21:00:05]", "[00:00:00]", "[29:61:99]", "[1:00:05]"]))
+    iris = draw(st.sampled_from([f"{clock} task={draw(_TASKS)} | ", f"{clock} task=x |", ""]))
+    return iris + draw(_PROCESSES) + draw(_PROCESSES) + draw(_HEADERS) + draw(_MESSAGES)
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    body=st.lists(
+        st.one_of(_timer_lines(), _OTHER, st.just(TIMER), st.just(NOISE)), min_size=1, max_size=25
+    ),
+    first=st.sampled_from([FIRST - 2, FIRST]),
+)
+def test_timer_lines_of_every_shape_scan_the_same_both_ways(body: list[str], first: int) -> None:
+    """Tasks holding `pid=`, `ip=` or `[rank1]`, nested, nameless, broken and other process
+    prefixes, colour codes, valid and invalid dates, other headers, messages with error and
+    failure literals, dict text, repeated suffixes, CR, non-ASCII, huge numbers, tracebacks."""
+    _read_natively(body, first)
+
+
+@settings(max_examples=40, deadline=None)
+@given(body=_mixed_body(), timers=st.lists(_timer_lines(), min_size=1, max_size=8))
+def test_timer_lines_among_noise_and_real_failure_text_scan_the_same(
+    body: list[str], timers: list[str]
+) -> None:
+    _read_natively(body + timers + body)

@@ -63,6 +63,18 @@ static int buf_reserve(Buf *b, size_t more) {
     return 0;
 }
 
+/* Give back what doubling reserved beyond `len` (at least 8 bytes kept), when it is much: the
+ * exported columns live as long as the scan's frames. A failed shrink keeps the buffer. */
+static void buf_fit(Buf *b) {
+    size_t want = b->len > 8 ? b->len : 8;
+    if (b->cap < want + 65536) return;
+    char *data = realloc(b->data, want);
+    if (data) {
+        b->data = data;
+        b->cap = want;
+    }
+}
+
 static int buf_put(Buf *b, const void *src, size_t n) {
     if (buf_reserve(b, n) < 0) return -1;
     if (n) memcpy(b->data + b->len, src, n);
@@ -121,9 +133,16 @@ typedef struct {
 
 static int is_digit(char c) { return c >= '0' && c <= '9'; }
 
+/* The first `needle` in hay[:n]: its first byte by memchr, then the rest compared (the lines
+ * are short, at most MAX_LINE bytes here: cheaper than memmem's set-up for each line). */
 static const char *find(const char *hay, size_t n, const char *needle, size_t m) {
     if (m == 0 || n < m) return NULL;
-    return memmem(hay, n, needle, m);
+    const char *last = hay + (n - m); /* the last position a match can start */
+    for (const char *q = memchr(hay, needle[0], (size_t)(last - hay) + 1); q;
+         q = q < last ? memchr(q + 1, needle[0], (size_t)(last - q)) : NULL) {
+        if (memcmp(q + 1, needle + 1, m - 1) == 0) return q;
+    }
+    return NULL;
 }
 
 /* A plain number (\d+(\.\d+)?, at most MAX_DIGITS digits each side) at p, before stop: its
@@ -309,6 +328,13 @@ static int stat_line(const char *p, size_t n, Row *row) {
     return 1;
 }
 
+/* The picked lines read natively (`picked_line`, below): detect.evidence_lines columns. */
+typedef struct {
+    Buf idx, tod, ldt, ldt_valid;
+    Strings text, msg, prefix, task, pid, ip, rank, kind, actor;
+    size_t rows;
+} Picked;
+
 typedef struct {
     Buf rest_idx, idx, start, stop, numbers[6], tod, tod_valid;
     Strings index, pid, ip, vts;
@@ -316,7 +342,15 @@ typedef struct {
     size_t n_lines;
     size_t rest_len;
     size_t dropped;
+    Picked picked;
 } Out;
+
+static Strings *picked_strings(Picked *p, int i) {
+    Strings *all[] = {&p->text, &p->msg, &p->prefix, &p->task, &p->pid,
+                      &p->ip,   &p->rank, &p->kind,  &p->actor};
+    return all[i];
+}
+#define N_PICKED_STRINGS 9
 
 static void out_free(Out *o) {
     free(o->rest_idx.data);
@@ -330,6 +364,12 @@ static void out_free(Out *o) {
     strings_free(&o->pid);
     strings_free(&o->ip);
     strings_free(&o->vts);
+    Picked *p = &o->picked;
+    free(p->idx.data);
+    free(p->tod.data);
+    free(p->ldt.data);
+    free(p->ldt_valid.data);
+    for (int i = 0; i < N_PICKED_STRINGS; i++) strings_free(picked_strings(p, i));
 }
 
 static int add_row(Out *o, uint32_t line, int64_t start, int64_t stop, const Row *row) {
@@ -366,6 +406,7 @@ typedef struct {
     size_t len;
 } Lit;
 
+/* A set of literals to search for (each at least 2 bytes). */
 typedef struct {
     uint64_t pairs[1024];            /* bit (a | b << 8): some literal starts with bytes a, b */
     uint16_t first[257];             /* literals starting with byte c: lits[first[c]:first[c+1]] */
@@ -376,11 +417,21 @@ typedef struct {
      * j. A position is a candidate when its 3 bytes pass for one bucket. */
     uint8_t lo[3][16], hi[3][16];
     int vector;                      /* the CPU has AVX2 */
+} LitSet;
+
+#define MAX_KINDS 32
+
+typedef struct {
+    LitSet flags;                    /* a line holding one of these may be picked: kept */
+    LitSet classes;                  /* a message holding one of these is not read natively */
     Lit blocks[2];                   /* the literals that open a traceback window */
     size_t n_blocks;
     size_t window;                   /* a block literal keeps its line and `window` lines after */
     size_t first_lines;              /* the first lines of a read are always kept */
     size_t long_line;                /* a line this long may be cut: kept */
+    Lit kinds[MAX_KINDS];            /* a strict line whose message starts with kinds[i] ... */
+    Lit kind_names[MAX_KINDS];       /* ... is read natively, of kind kind_names[i] */
+    size_t n_kinds;
     char *storage;
 } Rules;
 
@@ -395,7 +446,7 @@ static void rules_capsule_free(PyObject *capsule) {
 }
 
 /* Whether a literal starts at p[i] (and ends within p[:n]): those of its first byte. */
-static int literal_at(const Rules *r, const unsigned char *p, size_t n, size_t i) {
+static int literal_at(const LitSet *r, const unsigned char *p, size_t n, size_t i) {
     for (size_t k = r->first[p[i]]; k < r->first[p[i] + 1]; k++) {
         const Lit *lit = &r->lits[k];
         if (lit->len <= n - i && memcmp(p + i, lit->data, lit->len) == 0) return 1;
@@ -405,7 +456,7 @@ static int literal_at(const Rules *r, const unsigned char *p, size_t n, size_t i
 
 /* Whether [p, p + n) holds one of the literals (each at least 2 bytes), from position `i` on:
  * a bitmap of their first two bytes, then those of the first byte compared. */
-static int holds_literal_scalar(const Rules *r, const unsigned char *p, size_t n, size_t i) {
+static int holds_literal_scalar(const LitSet *r, const unsigned char *p, size_t n, size_t i) {
     for (; i + 1 < n; i++) {
         unsigned pair = (unsigned)p[i] | ((unsigned)p[i + 1] << 8);
         if (((r->pairs[pair >> 6] >> (pair & 63)) & 1) && literal_at(r, p, n, i)) return 1;
@@ -421,7 +472,7 @@ static int holds_literal_scalar(const Rules *r, const unsigned char *p, size_t n
  * (the bytes after the line in the read), so a block may run past the line's end; candidates
  * past it are ignored. A candidate is checked against the bitmap of the literals' first two
  * bytes, then against the literals of its first byte. */
-__attribute__((target("avx2"))) static int holds_literal_avx2(const Rules *r,
+__attribute__((target("avx2"))) static int holds_literal_avx2(const LitSet *r,
                                                               const unsigned char *p, size_t n,
                                                               size_t avail) {
     const __m256i nibble = _mm256_set1_epi8(0x0f);
@@ -453,7 +504,7 @@ __attribute__((target("avx2"))) static int holds_literal_avx2(const Rules *r,
 #endif
 
 /* Whether [p, p + n) holds one of the literals; `avail` bytes from p may be read. */
-static int holds_literal(const Rules *r, const unsigned char *p, size_t n, size_t avail) {
+static int holds_literal(const LitSet *r, const unsigned char *p, size_t n, size_t avail) {
 #ifdef VECTOR
     if (r->vector) return holds_literal_avx2(r, p, n, avail);
 #endif
@@ -463,7 +514,7 @@ static int holds_literal(const Rules *r, const unsigned char *p, size_t n, size_
 
 /* Teddy masks of the literals in their buckets (0-7, chosen by native.buckets so that a bucket's
  * literals share most nibbles). A literal of 2 bytes passes any third byte. */
-static void teddy(Rules *r, const Lit *lits, const uint8_t *bucket_of, size_t n) {
+static void teddy(LitSet *r, const Lit *lits, const uint8_t *bucket_of, size_t n) {
     for (size_t i = 0; i < n; i++) {
         unsigned b = bucket_of[i];
         for (size_t j = 0; j < 3; j++) {
@@ -539,81 +590,409 @@ typedef struct {
 
 /* Whether rest line `line` ([p, p + n), no newline) must reach the polars path. */
 static int kept(const Rules *r, Keep *k, size_t line, const unsigned char *p, size_t n,
-                size_t avail) {
+                size_t avail, int *flagged_out) {
     unsigned classes = byte_classes(p, n);
     int keep = line <= k->keep_until || k->before_content || n >= r->long_line ||
                (classes & (HAS_NUL | HAS_CR)) || ((classes & HAS_HIGH) && !valid_utf8(p, n));
     if (classes & HAS_PRINTABLE) k->before_content = 0;
-    int flagged = holds_literal(r, p, n, avail);
+    int flagged = holds_literal(&r->flags, p, n, avail);
     /* a block literal opens a window (NUL, blanked to a space before the search, might make one) */
     int block = classes & HAS_NUL;
     for (size_t b = 0; flagged && !block && b < r->n_blocks; b++)
         block = find((const char *)p, n, r->blocks[b].data, r->blocks[b].len) != NULL;
     if (block && line + r->window > k->keep_until) k->keep_until = line + r->window;
+    *flagged_out = flagged && !block;
     return keep || flagged || block;
 }
 
-/* rules(literals, blocks, window, first_lines, long_line): the rules as a capsule. */
-static PyObject *rules(PyObject *self, PyObject *args) {
-    Py_buffer buckets_view;
-    PyObject *literals, *blocks;
-    Py_ssize_t window, first_lines, long_line;
-    int vector = 1;
-    (void)self;
-    if (!PyArg_ParseTuple(args, "O!y*O!nnn|p", &PyTuple_Type, &literals, &buckets_view,
-                          &PyTuple_Type, &blocks, &window, &first_lines, &long_line, &vector))
-        return NULL;
-    Py_ssize_t n = PyTuple_GET_SIZE(literals), nb = PyTuple_GET_SIZE(blocks);
-    int bad = n > MAX_LITERALS || nb > 2 || window < 0 || first_lines < 0 || long_line < 1 ||
-              buckets_view.len != n;
-    for (Py_ssize_t i = 0; !bad && i < n; i++) bad = ((const uint8_t *)buckets_view.buf)[i] > 7;
-    uint8_t bucket_of[MAX_LITERALS];
-    if (!bad) memcpy(bucket_of, buckets_view.buf, (size_t)n);
-    PyBuffer_Release(&buckets_view);
-    if (bad) {
-        PyErr_SetString(PyExc_ValueError, "rules out of range");
-        return NULL;
+/* ---- Picked lines read natively: strict lines of the kinds in the rules.
+ *
+ * A rest line the polars path would pick as an interesting line and classify by a kind literal
+ * opening its message (`Started: '`, `WANDB_MIRROR kind=`, ...: the rules' kinds, those
+ * detect.NATIVE_KINDS proves safe) is read here when it is *strict*: printable ASCII besides
+ * complete SGR colour codes, shorter than MAX_LINE and than a line that may be cut, an Iris
+ * prefix `[HH:MM:SS] task=T | `, then Ray process prefixes `(Name pid=N, ip=X) ` (as
+ * detect._PROCESS's first form reads them; a line with a prefix of another shape is not strict),
+ * then an optional loguru header `YYYY-MM-DD HH:MM:SS.mmm | LEVEL | where - ` (a valid date and
+ * time, three fraction digits), then the message, opening with a kind literal. It must hold a
+ * flag literal (so it is picked), none of the stat and block literals (it is neither a stat line
+ * nor a traceback start), no literal of the rules' `classes` in its message (so no error or
+ * failure literal: detect.CLASS_LITERALS), and must not end with a space or `]` (Ray's
+ * `[repeated Nx across cluster]` suffix). Its columns are those of detect.evidence_lines, with
+ * detect's semantics (the leftmost match of each pattern on the line with its colour codes
+ * removed). Any other line stays a rest line, for the polars path. */
+
+typedef struct {
+    const char *s; /* the line without its colour codes */
+    size_t n;
+    size_t outer;  /* detect._OUTER's match: s[:outer] */
+    size_t header; /* detect._HEADER's match: s[outer:outer + header] */
+    size_t task_at, task_len;
+    int32_t tod;
+    int ldt_valid;
+    int64_t ldt; /* microseconds since 1970, UTC */
+    const Lit *kind;
+} PickedRow;
+
+/* `s` without SGR codes (`\x1b\[[0-9;]*m`) into `out` (room for n bytes): its length, or -1 when
+ * a byte is not printable ASCII outside a complete code. */
+static long without_sgr(const char *s, size_t n, char *out) {
+    uint8_t bad = 0; /* a byte neither printable ASCII nor ESC (no early exit: vectorised) */
+    for (size_t i = 0; i < n; i++) {
+        uint8_t c = (uint8_t)s[i];
+        bad |= (uint8_t)((uint8_t)(c - 0x20) > 0x5e) & (uint8_t)(c != 0x1b);
     }
-    size_t total = 0;
-    for (Py_ssize_t i = 0; i < n + nb; i++) {
-        PyObject *item = i < n ? PyTuple_GET_ITEM(literals, i) : PyTuple_GET_ITEM(blocks, i - n);
-        if (!PyBytes_Check(item) || PyBytes_GET_SIZE(item) < 2 ||
-            PyBytes_GET_SIZE(item) > MAX_LITERAL) {
-            PyErr_SetString(PyExc_ValueError, "a literal must be bytes of 2 to 1024");
-            return NULL;
+    if (bad) return -1;
+    size_t m = 0;
+    for (size_t i = 0; i < n;) {
+        const char *esc = memchr(s + i, 0x1b, n - i);
+        size_t stop = esc ? (size_t)(esc - s) : n;
+        memcpy(out + m, s + i, stop - i);
+        m += stop - i;
+        if (!esc) break;
+        size_t j = stop + 1;
+        if (j >= n || s[j] != '[') return -1; /* an ESC outside a code */
+        for (j++; j < n && (is_digit(s[j]) || s[j] == ';');) j++;
+        if (j >= n || s[j] != 'm') return -1;
+        i = j + 1;
+    }
+    return (long)m;
+}
+
+/* The end of `[^\s()]+` from `i` (ASCII without control bytes: \s is the space). */
+static size_t run_no_paren(const char *s, size_t n, size_t i) {
+    while (i < n && s[i] != ' ' && s[i] != '(' && s[i] != ')') i++;
+    return i;
+}
+
+/* `pid=\d+(?:, ip=[^\s()]+)?\)` at `i`: its end, or 0. */
+static size_t ray_owner(const char *s, size_t n, size_t i) {
+    if (n - i < 6 || memcmp(s + i, "pid=", 4) != 0 || !is_digit(s[i + 4])) return 0;
+    size_t q = i + 4;
+    while (q < n && is_digit(s[q])) q++;
+    if (n - q >= 5 && memcmp(s + q, ", ip=", 5) == 0) {
+        size_t r = run_no_paren(s, n, q + 5);
+        if (r > q + 5 && r < n && s[r] == ')') return r + 1;
+    }
+    return q < n && s[q] == ')' ? q + 1 : 0;
+}
+
+/* detect._PROCESS's first form, `\((?:[^\s()]+ )?pid=...\)`, at `i` (s[i] is `(`): its end
+ * (before the optional space), or 0. */
+static size_t ray_process(const char *s, size_t n, size_t i) {
+    size_t r = run_no_paren(s, n, i + 1);
+    if (r > i + 1 && r < n && s[r] == ' ') {
+        size_t end = ray_owner(s, n, r + 1);
+        if (end) return end;
+    }
+    return ray_owner(s, n, i + 1);
+}
+
+static int two_digits(const char *s, int *out) {
+    if (!is_digit(s[0]) || !is_digit(s[1])) return 0;
+    *out = (s[0] - '0') * 10 + (s[1] - '0');
+    return 1;
+}
+
+/* Days from 1970-01-01 to y-m-d (proleptic Gregorian; H. Hinnant's days_from_civil). */
+static int64_t days_from_civil(int64_t y, int m, int d) {
+    y -= m <= 2;
+    int64_t era = (y >= 0 ? y : y - 399) / 400;
+    int64_t yoe = y - era * 400;
+    int64_t doy = (153 * (m + (m > 2 ? -3 : 9)) + 2) / 5 + d - 1;
+    int64_t doe = yoe * 365 + yoe / 4 - yoe / 100 + doy;
+    return era * 146097 + doe - 719468;
+}
+
+static int days_in_month(int y, int m) {
+    static const int days[12] = {31, 28, 31, 30, 31, 30, 31, 31, 30, 31, 30, 31};
+    int leap = (y % 4 == 0 && y % 100 != 0) || y % 400 == 0;
+    return days[m - 1] + (m == 2 && leap);
+}
+
+/* detect._HEADER's loguru form at s[i:]: its length (0: none; -1: a start of one that is not
+ * strict), its time in *row. The date must be valid with three fraction digits. */
+static long loguru_header(const char *s, size_t n, size_t i, PickedRow *row) {
+    static const char shape[] = "dddd-dd-dd dd:dd:dd.ddd |";
+    size_t m = sizeof shape - 1;
+    if (i >= n || !is_digit(s[i])) return 0;
+    if (n - i < m + 4) return -1;
+    for (size_t k = 0; k < m; k++) {
+        if (shape[k] == 'd' ? !is_digit(s[i + k]) : s[i + k] != shape[k]) return -1;
+    }
+    const char *t = s + i; /* digits where the shape has them */
+#define DD(k) ((t[k] - '0') * 10 + (t[(k) + 1] - '0'))
+    int year = DD(0) * 100 + DD(2), mo = DD(5), d = DD(8), h = DD(11), mi = DD(14), se = DD(17);
+    int millis = DD(20) * 10 + (t[22] - '0');
+#undef DD
+    if (year < 1000 || mo < 1 || mo > 12 || d < 1 || d > days_in_month(year, mo) || h > 23 ||
+        mi > 59 || se > 59)
+        return -1;
+    /* ` \| *[A-Z]+ *\| \S+ - ?` from the ` |` */
+    size_t q = i + m;
+    while (q < n && s[q] == ' ') q++;
+    size_t level = q;
+    while (q < n && s[q] >= 'A' && s[q] <= 'Z') q++;
+    if (q == level) return -1;
+    while (q < n && s[q] == ' ') q++;
+    if (n - q < 2 || s[q] != '|' || s[q + 1] != ' ') return -1;
+    q += 2;
+    size_t where = q;
+    while (q < n && s[q] != ' ') q++;
+    if (q == where || n - q < 2 || s[q + 1] != '-') return -1;
+    q += 2;
+    if (q < n && s[q] == ' ') q++;
+    int64_t days = days_from_civil(year, mo, d);
+    row->ldt = ((days * 86400 + h * 3600 + mi * 60 + se) * 1000 + millis) * 1000;
+    row->ldt_valid = 1;
+    return (long)(q - i);
+}
+
+/* detect._OUTER of a strict line: the Iris prefix and Ray process prefixes; 0 when not strict. */
+static size_t outer_prefix(const char *s, size_t n, PickedRow *row) {
+    int h, m, sec;
+    if (n < 20 || s[0] != '[' || s[3] != ':' || s[6] != ':' || memcmp(s + 9, "] task=", 7) != 0 ||
+        !two_digits(s + 1, &h) || !two_digits(s + 4, &m) || !two_digits(s + 7, &sec))
+        return 0;
+    size_t q = 16;
+    while (q < n && s[q] != ' ') q++;
+    if (q == 16 || n - q < 2 || s[q + 1] != '|') return 0;
+    row->task_at = 16;
+    row->task_len = q - 16;
+    row->tod = h * 3600 + m * 60 + sec;
+    q += 2;
+    if (q < n && s[q] == ' ') q++;
+    while (q < n && s[q] == '(') {
+        size_t end = ray_process(s, n, q);
+        if (!end) return 0;
+        q = end < n && s[end] == ' ' ? end + 1 : end;
+    }
+    /* _PROCESS's other forms (`[Name pid=N]`, `[rankN]:`, NCCL's `host:pid:tid [dev]`) cannot
+     * match here when the line is strict: what follows must be a loguru header (digits, then
+     * `-`) or a timer literal (a word, then `: '`), and neither starts any of them. */
+    return q;
+}
+
+#define PICKED_BUF (MAX_LINE + 64)
+
+/* Whether raw line [p, p + n) is a strict timer line; its fields in *row (`row->s` points into
+ * `buf`, PICKED_BUF bytes, allocated once: the vector search may read past the line) if so. */
+static int picked_line(const Rules *r, const char *p, size_t n, char *buf, PickedRow *row) {
+    if (n >= MAX_LINE || n >= r->long_line) return 0;
+    long m = without_sgr(p, n, buf);
+    if (m < 20) return 0;
+    const char *s = buf;
+    size_t len = (size_t)m;
+    if (s[len - 1] == ' ' || s[len - 1] == ']') return 0;
+    row->ldt_valid = 0;
+    size_t outer = outer_prefix(s, len, row);
+    if (!outer) return 0;
+    long header = loguru_header(s, len, outer, row);
+    if (header < 0) return 0;
+    const char *msg = s + outer + header;
+    size_t msg_len = len - outer - (size_t)header;
+    row->kind = NULL;
+    for (size_t i = 0; i < r->n_kinds && !row->kind; i++) {
+        if (msg_len >= r->kinds[i].len && memcmp(msg, r->kinds[i].data, r->kinds[i].len) == 0)
+            row->kind = &r->kind_names[i];
+    }
+    /* (no block literal either: `kept` found none in a line it reports flagged) */
+    if (!row->kind || find(p, n, LITERAL, sizeof LITERAL - 1)) return 0;
+    size_t avail = PICKED_BUF - (size_t)(msg - buf);
+    if (holds_literal(&r->classes, (const unsigned char *)msg, msg_len, avail)) return 0;
+    row->s = s;
+    row->n = len;
+    row->outer = outer;
+    row->header = (size_t)header;
+    return 1;
+}
+
+/* The leftmost `needle` in s[:n] followed by a byte `ok` accepts: its position, or n. */
+static size_t leftmost(const char *s, size_t n, const char *needle, int (*ok)(char)) {
+    size_t m = strlen(needle);
+    for (size_t i = 0; i + m < n; i++) {
+        const char *hit = find(s + i, n - i, needle, m);
+        if (!hit) return n;
+        i = (size_t)(hit - s);
+        if (i + m < n && ok(s[i + m])) return i;
+    }
+    return n;
+}
+
+static int ip_byte(char c) { return c != ' ' && c != '(' && c != ')' && c != ']'; }
+
+static int add_picked(Picked *o, uint32_t line, const PickedRow *row) {
+    size_t n = o->rows++;
+    const char *s = row->s;
+    size_t outer = row->outer, prefix = outer;
+    while (prefix > 0 && s[prefix - 1] == ' ') prefix--;
+    /* pid=(\d+), ip=([^\s()\]]+), \[rank\d+\] on the outer prefix: leftmost matches */
+    size_t pid = leftmost(s, outer, "pid=", is_digit), pid_len = 0;
+    if (pid < outer) {
+        pid += 4;
+        while (pid + pid_len < outer && is_digit(s[pid + pid_len])) pid_len++;
+    }
+    size_t ip = leftmost(s, outer, "ip=", ip_byte), ip_len = 0;
+    if (ip < outer) {
+        ip += 3;
+        while (ip + ip_len < outer && ip_byte(s[ip + ip_len])) ip_len++;
+    }
+    size_t rank = outer, rank_len = 0;
+    for (size_t i = leftmost(s, outer, "[rank", is_digit); i < outer;
+         i = leftmost(s + i + 1, outer - i - 1, "[rank", is_digit) + i + 1) {
+        size_t q = i + 5;
+        while (q < outer && is_digit(s[q])) q++;
+        if (q < outer && s[q] == ']') {
+            rank = i;
+            rank_len = q + 1 - i;
+            break;
         }
-        total += (size_t)PyBytes_GET_SIZE(item);
     }
-    Rules *r = calloc(1, sizeof *r);
-    if (!r || !(r->storage = malloc(total + 1))) {
-        free(r);
-        return PyErr_NoMemory();
+    const char *text = s + outer;
+    size_t text_len = row->n - outer;
+    if (buf_put(&o->idx, &line, sizeof line) < 0 || buf_put(&o->tod, &row->tod, 4) < 0 ||
+        buf_put(&o->ldt, &row->ldt, 8) < 0 || bit_put(&o->ldt_valid, n, row->ldt_valid) < 0 ||
+        strings_add(&o->text, n, text, text_len, 1) < 0 ||
+        strings_add(&o->msg, n, text + row->header, text_len - row->header, 1) < 0 ||
+        strings_add(&o->prefix, n, s, prefix, 1) < 0 ||
+        strings_add(&o->task, n, s + row->task_at, row->task_len, 1) < 0 ||
+        strings_add(&o->pid, n, s + pid, pid_len, pid < outer) < 0 ||
+        strings_add(&o->ip, n, s + ip, ip_len, ip < outer) < 0 ||
+        strings_add(&o->rank, n, s + rank, rank_len, rank < outer) < 0 ||
+        strings_add(&o->kind, n, row->kind->data, row->kind->len, 1) < 0)
+        return -1;
+    /* actor: task|pid@ip rank (absent parts empty); every part lies within the outer prefix */
+    char actor[MAX_LINE + 8];
+    size_t k = 0;
+    memcpy(actor + k, s + row->task_at, row->task_len);
+    k += row->task_len;
+    actor[k++] = '|';
+    if (pid < outer) memcpy(actor + k, s + pid, pid_len), k += pid_len;
+    actor[k++] = '@';
+    if (ip < outer) memcpy(actor + k, s + ip, ip_len), k += ip_len;
+    if (rank < outer) memcpy(actor + k, s + rank, rank_len), k += rank_len;
+    return strings_add(&o->actor, n, actor, k, 1);
+}
+
+/* The bytes of `item` when it is bytes of `least` to MAX_LITERAL; else NULL, error set. */
+static const char *literal_bytes(PyObject *item, Py_ssize_t least, size_t *len) {
+    if (!PyBytes_Check(item) || PyBytes_GET_SIZE(item) < least ||
+        PyBytes_GET_SIZE(item) > MAX_LITERAL) {
+        PyErr_SetString(PyExc_ValueError, "a literal must be bytes of 2 (1 for a kind) to 1024");
+        return NULL;
     }
-    char *into = r->storage;
+    *len = (size_t)PyBytes_GET_SIZE(item);
+    return PyBytes_AS_STRING(item);
+}
+
+/* Copy `src` into the storage at *into: its Lit. */
+static Lit stored(char **into, const char *src, size_t len) {
+    Lit lit = {*into, len};
+    memcpy(*into, src, len);
+    *into += len;
+    return lit;
+}
+
+/* The literals of `tuple` (buckets 0-7 in `buckets`) as set `set`, copied into *into; -1 with
+ * an error set when out of range. */
+static int litset(LitSet *set, PyObject *tuple, const Py_buffer *buckets, char **into, int vector) {
+    Py_ssize_t n = PyTuple_GET_SIZE(tuple);
+    if (n > MAX_LITERALS || buckets->len != n) {
+        PyErr_SetString(PyExc_ValueError, "rules out of range");
+        return -1;
+    }
+    uint8_t bucket_of[MAX_LITERALS];
+    if (n) memcpy(bucket_of, buckets->buf, (size_t)n);
     Lit all[MAX_LITERALS];
-    for (Py_ssize_t i = 0; i < n + nb; i++) {
-        PyObject *item = i < n ? PyTuple_GET_ITEM(literals, i) : PyTuple_GET_ITEM(blocks, i - n);
-        size_t m = (size_t)PyBytes_GET_SIZE(item);
-        memcpy(into, PyBytes_AS_STRING(item), m);
-        Lit lit = {into, m};
-        if (i < n) all[i] = lit;
-        else r->blocks[r->n_blocks++] = lit;
-        into += m;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        size_t m;
+        const char *src = literal_bytes(PyTuple_GET_ITEM(tuple, i), 2, &m);
+        if (!src) return -1;
+        if (bucket_of[i] > 7) {
+            PyErr_SetString(PyExc_ValueError, "rules out of range");
+            return -1;
+        }
+        all[i] = stored(into, src, m);
     }
     /* counting sort by first byte */
     size_t count[257] = {0};
     for (Py_ssize_t i = 0; i < n; i++) count[(unsigned char)all[i].data[0] + 1]++;
     for (int c = 0; c < 256; c++) count[c + 1] += count[c];
-    for (int c = 0; c <= 256; c++) r->first[c] = (uint16_t)count[c];
+    for (int c = 0; c <= 256; c++) set->first[c] = (uint16_t)count[c];
     for (Py_ssize_t i = 0; i < n; i++) {
         const unsigned char *d = (const unsigned char *)all[i].data;
-        r->lits[count[d[0]]++] = all[i];
+        set->lits[count[d[0]]++] = all[i];
         unsigned pair = (unsigned)d[0] | ((unsigned)d[1] << 8);
-        r->pairs[pair >> 6] |= UINT64_C(1) << (pair & 63);
+        set->pairs[pair >> 6] |= UINT64_C(1) << (pair & 63);
     }
-    r->n_lits = (size_t)n;
-    r->vector = vector;
-    teddy(r, all, bucket_of, (size_t)n);
+    set->n_lits = (size_t)n;
+    set->vector = vector;
+    teddy(set, all, bucket_of, (size_t)n);
+    return 0;
+}
+
+static size_t tuple_bytes(PyObject *tuple) {
+    size_t total = 0;
+    for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(tuple); i++) {
+        PyObject *item = PyTuple_GET_ITEM(tuple, i);
+        if (PyTuple_Check(item)) total += tuple_bytes(item);
+        else if (PyBytes_Check(item)) total += (size_t)PyBytes_GET_SIZE(item);
+    }
+    return total;
+}
+
+/* rules(literals, buckets, blocks, window, first_lines, long_line, vector=True, classes=(),
+ * class_buckets=b"", kinds=()): the rules as a capsule. `kinds`: (literal, kind) pairs. */
+static PyObject *rules(PyObject *self, PyObject *args) {
+    Py_buffer buckets = {0}, class_buckets = {0};
+    PyObject *literals, *blocks, *classes = NULL, *kinds = NULL;
+    Py_ssize_t window, first_lines, long_line;
+    int vector = 1;
+    (void)self;
+    if (!PyArg_ParseTuple(args, "O!y*O!nnn|pO!y*O!", &PyTuple_Type, &literals, &buckets,
+                          &PyTuple_Type, &blocks, &window, &first_lines, &long_line, &vector,
+                          &PyTuple_Type, &classes, &class_buckets, &PyTuple_Type, &kinds))
+        return NULL;
+    PyObject *none = PyTuple_New(0);
+    Rules *r = calloc(1, sizeof *r);
+    Py_ssize_t nb = PyTuple_GET_SIZE(blocks), nk = kinds ? PyTuple_GET_SIZE(kinds) : 0;
+    size_t total = tuple_bytes(literals) + tuple_bytes(blocks) +
+                   (classes ? tuple_bytes(classes) : 0) + (kinds ? tuple_bytes(kinds) : 0);
+    int failed = !none || !r || !(r->storage = malloc(total + 1));
+    if (failed) PyErr_NoMemory();
+    if (!failed && (nb > 2 || nk > MAX_KINDS || window < 0 || first_lines < 0 || long_line < 1)) {
+        PyErr_SetString(PyExc_ValueError, "rules out of range");
+        failed = 1;
+    }
+    char *into = failed ? NULL : r->storage;
+    failed = failed || litset(&r->flags, literals, &buckets, &into, vector) < 0 ||
+             litset(&r->classes, classes ? classes : none, &class_buckets, &into, vector) < 0;
+    for (Py_ssize_t i = 0; !failed && i < nb; i++) {
+        size_t m;
+        const char *src = literal_bytes(PyTuple_GET_ITEM(blocks, i), 2, &m);
+        if (src) r->blocks[r->n_blocks++] = stored(&into, src, m);
+        failed = !src;
+    }
+    for (Py_ssize_t i = 0; !failed && i < nk; i++) {
+        PyObject *pair = PyTuple_GET_ITEM(kinds, i);
+        size_t m, k;
+        const char *lit = NULL, *name = NULL;
+        if (!PyTuple_Check(pair) || PyTuple_GET_SIZE(pair) != 2) {
+            PyErr_SetString(PyExc_ValueError, "a kind is a (literal, name) pair");
+        } else if ((lit = literal_bytes(PyTuple_GET_ITEM(pair, 0), 1, &m)) &&
+                   (name = literal_bytes(PyTuple_GET_ITEM(pair, 1), 1, &k))) {
+            r->kinds[r->n_kinds] = stored(&into, lit, m);
+            r->kind_names[r->n_kinds++] = stored(&into, name, k);
+        }
+        failed = !name;
+    }
+    Py_XDECREF(none);
+    PyBuffer_Release(&buckets);
+    if (class_buckets.obj) PyBuffer_Release(&class_buckets);
+    if (failed) {
+        rules_free(r);
+        return NULL;
+    }
     r->window = (size_t)window;
     r->first_lines = (size_t)first_lines;
     r->long_line = (size_t)long_line;
@@ -623,31 +1002,49 @@ static PyObject *rules(PyObject *self, PyObject *args) {
 }
 
 /* The pass: lines of data[:end]; rest lines copied into `rest` (room for `end` bytes), all of
- * them without `r`, else only those the rules keep (the others counted in o->dropped). */
+ * them without `r`, else only those the rules keep (the others counted in o->dropped). With
+ * kinds in `r`, a strict line of one (`picked_line`) after the read's first lines and after its
+ * first rest line with a printable byte (the summary head reads those) is read here. */
 static int pass(const char *data, size_t end, char *rest, Out *o, const Rules *r) {
     size_t at = 0, line = 0;
     Keep k = {r && r->first_lines ? r->first_lines - 1 : 0, 1};
-    while (at < end) {
+    char *buf = r && r->n_kinds ? calloc(1, PICKED_BUF) : NULL;
+    if (r && r->n_kinds && !buf) return -1;
+    int failed = 0;
+    while (at < end && !failed) {
         const char *nl = memchr(data + at, '\n', end - at);
         size_t stop = nl ? (size_t)(nl - data) : end;
         size_t next = nl ? stop + 1 : end;
         Row row;
-        if (line > UINT32_MAX) return -1;
+        PickedRow picked;
+        if (line > UINT32_MAX) {
+            failed = 1;
+            break;
+        }
         if (stat_line(data + at, stop - at, &row)) {
-            if (add_row(o, (uint32_t)line, (int64_t)at, (int64_t)stop, &row) < 0) return -1;
-        } else if (!r || kept(r, &k, line, (const unsigned char *)data + at, stop - at, end - at)) {
-            uint32_t where = (uint32_t)line;
-            memcpy(rest + o->rest_len, data + at, next - at);
-            o->rest_len += next - at;
-            if (buf_put(&o->rest_idx, &where, sizeof where) < 0) return -1;
+            failed = add_row(o, (uint32_t)line, (int64_t)at, (int64_t)stop, &row) < 0;
         } else {
-            o->dropped++;
+            int flagged = 0, before_content = k.before_content;
+            int keep = !r || kept(r, &k, line, (const unsigned char *)data + at, stop - at,
+                                  end - at, &flagged);
+            if (flagged && buf && line >= r->first_lines && !before_content &&
+                picked_line(r, data + at, stop - at, buf, &picked)) {
+                failed = add_picked(&o->picked, (uint32_t)line, &picked) < 0;
+            } else if (keep) {
+                uint32_t where = (uint32_t)line;
+                memcpy(rest + o->rest_len, data + at, next - at);
+                o->rest_len += next - at;
+                failed = buf_put(&o->rest_idx, &where, sizeof where) < 0;
+            } else {
+                o->dropped++;
+            }
         }
         at = next;
         line++;
     }
+    free(buf);
     o->n_lines = line;
-    return 0;
+    return failed ? -1 : 0;
 }
 
 /* ---- Arrow C data interface (https://arrow.apache.org/docs/format/CDataInterface.html):
@@ -686,22 +1083,33 @@ static const char *const NAMES[N_COLUMNS] = {"idx",    "index",      "pid",     
                                              "running", "waiting",   "kv",      "hit"};
 static const char *const FORMATS[N_COLUMNS] = {"I", "u", "u", "u", "u", "l",
                                                "g", "g", "g", "g", "g", "g"};
+/* The picked lines' columns (detect.evidence_lines's but the constant ones). */
+#define N_PICKED 12
+static const char *const PICKED_NAMES[N_PICKED] = {"idx", "text", "msg", "prefix", "task", "tod",
+                                                   "pid", "ip",   "rank", "ldt",   "kind", "actor"};
+static const char *const PICKED_FORMATS[N_PICKED] = {"I", "u", "u", "u", "u", "i",
+                                                     "u", "u", "u", "tsu:UTC", "u", "u"};
+/* The arrays: the stat columns and their struct, `where`, the picked columns and their struct. */
+#define WHERE (N_COLUMNS + 1)
+#define PICKED (WHERE + 1)
+#define N_ARRAYS (PICKED + N_PICKED + 1)
 
 /* What the exported arrays point into; freed when the last of them is released (polars may
  * release them from any thread: the count is atomic). */
 typedef struct {
     Out out;
     int refs;
-    const void *buffers[N_COLUMNS + 2][3];
-    struct ArrowArray arrays[N_COLUMNS + 2]; /* the columns, the struct, `where` */
-    struct ArrowArray *children[N_COLUMNS];
+    const void *buffers[N_ARRAYS][3];
+    struct ArrowArray arrays[N_ARRAYS];
+    struct ArrowArray *children[N_COLUMNS + N_PICKED];
 } Holder;
 
 /* Schemas: one block each, children released with their parent. */
+#define MAX_CHILDREN (N_COLUMNS > N_PICKED ? N_COLUMNS : N_PICKED)
 typedef struct {
     struct ArrowSchema parent;
-    struct ArrowSchema columns[N_COLUMNS];
-    struct ArrowSchema *children[N_COLUMNS];
+    struct ArrowSchema columns[MAX_CHILDREN];
+    struct ArrowSchema *children[MAX_CHILDREN];
 } SchemaBlock;
 
 static void schema_child_release(struct ArrowSchema *schema) { schema->release = NULL; }
@@ -793,20 +1201,22 @@ static PyObject *capsules(struct ArrowSchema *schema, struct ArrowArray *array) 
     return Py_BuildValue("(NN)", s, a);
 }
 
-static struct ArrowSchema *stats_schema(void) {
+/* A struct of `n` columns. */
+static struct ArrowSchema *struct_schema(const char *const *names, const char *const *formats,
+                                          int n) {
     SchemaBlock *block = calloc(1, sizeof *block);
     if (!block) return NULL;
-    for (int k = 0; k < N_COLUMNS; k++) {
+    for (int k = 0; k < n; k++) {
         struct ArrowSchema *c = &block->columns[k];
-        c->format = FORMATS[k];
-        c->name = NAMES[k];
+        c->format = formats[k];
+        c->name = names[k];
         c->flags = ARROW_FLAG_NULLABLE;
         c->release = schema_child_release;
         block->children[k] = c;
     }
     block->parent.format = "+s";
     block->parent.name = "";
-    block->parent.n_children = N_COLUMNS;
+    block->parent.n_children = n;
     block->parent.children = block->children;
     block->parent.release = schema_release;
     block->parent.private_data = block;
@@ -831,65 +1241,97 @@ static struct ArrowSchema *where_schema(void) {
 
 /* Every buffer at least 8 bytes (no NULL data pointer, even for no rows). */
 static int out_ready(Out *o) {
-    Buf *bufs[] = {&o->rest_idx, &o->idx, &o->tod, &o->tod_valid};
+    Picked *p = &o->picked;
+    Buf *bufs[] = {&o->rest_idx, &o->idx, &o->tod, &o->tod_valid,
+                   &p->idx,      &p->tod, &p->ldt, &p->ldt_valid};
     for (size_t i = 0; i < sizeof bufs / sizeof *bufs; i++) {
         if (buf_reserve(bufs[i], 8) < 0) return -1;
     }
     for (int i = 0; i < 6; i++) {
         if (buf_reserve(&o->numbers[i], 8) < 0) return -1;
     }
-    Strings *strs[] = {&o->index, &o->pid, &o->ip, &o->vts};
-    for (int i = 0; i < 4; i++) {
+    Strings *strs[4 + N_PICKED_STRINGS] = {&o->index, &o->pid, &o->ip, &o->vts};
+    for (int i = 0; i < N_PICKED_STRINGS; i++) strs[4 + i] = picked_strings(p, i);
+    for (int i = 0; i < 4 + N_PICKED_STRINGS; i++) {
         if (buf_reserve(&strs[i]->chars, 8) < 0 || buf_reserve(&strs[i]->valid, 8) < 0)
             return -1;
+        buf_fit(&strs[i]->chars);
+        buf_fit(&strs[i]->offsets);
     }
+    for (size_t i = 0; i < sizeof bufs / sizeof *bufs; i++) buf_fit(bufs[i]);
+    for (int i = 0; i < 6; i++) buf_fit(&o->numbers[i]);
     return 0;
 }
 
-/* The stats columns (a struct array) and `where`, as capsule pairs; the holder is consumed. */
-static PyObject *export(Holder *h) {
+/* arrays[k] as a struct of the `n` arrays from arrays[first] (children from children[child]). */
+static void struct_array(Holder *h, int k, int first, int n, int child, size_t rows) {
+    static const void *no_validity[1] = {NULL};
+    struct ArrowArray *parent = &h->arrays[k];
+    memset(parent, 0, sizeof *parent);
+    for (int i = 0; i < n; i++) h->children[child + i] = &h->arrays[first + i];
+    parent->length = (int64_t)rows;
+    parent->n_buffers = 1;
+    parent->buffers = no_validity;
+    parent->n_children = n;
+    parent->children = &h->children[child];
+    parent->release = array_release;
+    parent->private_data = h;
+    h->refs++;
+}
+
+/* The stats columns and `where` (from `h`), the picked columns (from `hp`, which holds only
+ * them: polars may let them go before the stats), as capsule pairs; both holders are consumed. */
+static PyObject *export(Holder *h, Holder *hp) {
     Out *o = &h->out;
+    Picked *p = &hp->out.picked;
     size_t rows = o->rows;
     h->refs = 1; /* held while exporting */
+    hp->refs = 1;
     column(h, 0, rows, NULL, &o->idx, NULL);
     Strings *strs[] = {&o->index, &o->pid, &o->ip, &o->vts};
     for (int i = 0; i < 4; i++) column(h, 1 + i, rows, &strs[i]->valid, &strs[i]->offsets, &strs[i]->chars);
     column(h, 5, rows, &o->tod_valid, &o->tod, NULL);
     for (int i = 0; i < 6; i++) column(h, 6 + i, rows, NULL, &o->numbers[i], NULL);
-    struct ArrowArray *parent = &h->arrays[N_COLUMNS];
-    static const void *no_validity[1] = {NULL};
-    memset(parent, 0, sizeof *parent);
-    for (int k = 0; k < N_COLUMNS; k++) h->children[k] = &h->arrays[k];
-    parent->length = (int64_t)rows;
-    parent->n_buffers = 1;
-    parent->buffers = no_validity;
-    parent->n_children = N_COLUMNS;
-    parent->children = h->children;
-    parent->release = array_release;
-    parent->private_data = h;
-    h->refs++;
-    column(h, N_COLUMNS + 1, o->rest_idx.len / 4, NULL, &o->rest_idx, NULL);
-    holder_drop(h); /* the arrays hold it now */
-    struct ArrowSchema *s1 = stats_schema();
+    struct_array(h, N_COLUMNS, 0, N_COLUMNS, 0, rows);
+    column(h, WHERE, o->rest_idx.len / 4, NULL, &o->rest_idx, NULL);
+    /* picked: idx, text, msg, prefix, task, tod, pid, ip, rank, ldt, kind, actor */
+    Strings *ps[N_PICKED] = {NULL, &p->text, &p->msg, &p->prefix, &p->task, NULL,
+                             &p->pid, &p->ip, &p->rank, NULL, &p->kind, &p->actor};
+    for (int i = 0; i < N_PICKED; i++) {
+        const Buf *data = i == 0 ? &p->idx : i == 5 ? &p->tod : &p->ldt;
+        if (ps[i]) column(hp, PICKED + i, p->rows, &ps[i]->valid, &ps[i]->offsets, &ps[i]->chars);
+        else column(hp, PICKED + i, p->rows, i == 9 ? &p->ldt_valid : NULL, data, NULL);
+    }
+    struct_array(hp, PICKED + N_PICKED, PICKED, N_PICKED, N_COLUMNS, p->rows);
+    holder_drop(h); /* the arrays hold them now */
+    holder_drop(hp);
+    struct ArrowSchema *s1 = struct_schema(NAMES, FORMATS, N_COLUMNS);
     struct ArrowSchema *s2 = where_schema();
-    if (!s1 || !s2) {
-        parent->release(parent);
-        h->arrays[N_COLUMNS + 1].release(&h->arrays[N_COLUMNS + 1]);
-        if (s1) {
-            s1->release(s1);
-            free(s1);
+    struct ArrowSchema *s3 = struct_schema(PICKED_NAMES, PICKED_FORMATS, N_PICKED);
+    if (!s1 || !s2 || !s3) {
+        h->arrays[N_COLUMNS].release(&h->arrays[N_COLUMNS]);
+        h->arrays[WHERE].release(&h->arrays[WHERE]);
+        hp->arrays[PICKED + N_PICKED].release(&hp->arrays[PICKED + N_PICKED]);
+        struct ArrowSchema *schemas[] = {s1, s3};
+        for (int i = 0; i < 2; i++) {
+            if (schemas[i]) {
+                schemas[i]->release(schemas[i]);
+                free(schemas[i]);
+            }
         }
         free(s2);
         return PyErr_NoMemory();
     }
-    PyObject *stats = capsules(s1, parent);
-    PyObject *where = capsules(s2, &h->arrays[N_COLUMNS + 1]);
-    if (!stats || !where) {
+    PyObject *stats = capsules(s1, &h->arrays[N_COLUMNS]);
+    PyObject *where = capsules(s2, &h->arrays[WHERE]);
+    PyObject *picked = capsules(s3, &hp->arrays[PICKED + N_PICKED]);
+    if (!stats || !where || !picked) {
         Py_XDECREF(stats);
         Py_XDECREF(where);
+        Py_XDECREF(picked);
         return NULL;
     }
-    return Py_BuildValue("(NN)", stats, where);
+    return Py_BuildValue("(NNN)", stats, where, picked);
 }
 
 static PyObject *scan(PyObject *self, PyObject *args) {
@@ -911,8 +1353,10 @@ static PyObject *scan(PyObject *self, PyObject *args) {
         PyErr_SetString(PyExc_ValueError, "end out of range");
         return NULL;
     }
-    Holder *h = calloc(1, sizeof *h);
-    if (!h) {
+    Holder *h = calloc(1, sizeof *h), *hp = calloc(1, sizeof *hp);
+    if (!h || !hp) {
+        free(h);
+        free(hp);
         PyBuffer_Release(&view);
         return PyErr_NoMemory();
     }
@@ -920,6 +1364,8 @@ static PyObject *scan(PyObject *self, PyObject *args) {
     PyObject *rest = PyBytes_FromStringAndSize(NULL, end);
     int failed = rest == NULL || strings_init(&o->index) < 0 || strings_init(&o->pid) < 0 ||
                  strings_init(&o->ip) < 0 || strings_init(&o->vts) < 0;
+    for (int i = 0; !failed && i < N_PICKED_STRINGS; i++)
+        failed = strings_init(picked_strings(&o->picked, i)) < 0;
     if (!failed) {
         char *into = PyBytes_AS_STRING(rest);
         Py_BEGIN_ALLOW_THREADS
@@ -931,6 +1377,7 @@ static PyObject *scan(PyObject *self, PyObject *args) {
         Py_XDECREF(rest);
         out_free(o);
         free(h);
+        free(hp);
         return PyErr_Occurred() ? NULL : PyErr_NoMemory();
     }
     PyObject *starts = PyBytes_FromStringAndSize(o->start.data ? o->start.data : "",
@@ -939,7 +1386,9 @@ static PyObject *scan(PyObject *self, PyObject *args) {
                                                 (Py_ssize_t)o->stop.len);
     Py_ssize_t n_lines = (Py_ssize_t)o->n_lines, rows = (Py_ssize_t)o->rows;
     Py_ssize_t dropped = (Py_ssize_t)o->dropped;
-    PyObject *columns = export(h); /* consumes h */
+    hp->out.picked = o->picked; /* the picked columns get a holder of their own */
+    memset(&o->picked, 0, sizeof o->picked);
+    PyObject *columns = export(h, hp); /* consumes h and hp */
     if (!starts || !stops || !columns) {
         Py_XDECREF(rest);
         Py_XDECREF(starts);
@@ -967,5 +1416,8 @@ static struct PyModuleDef module = {
 PyMODINIT_FUNC PyInit__fastscan(void) {
     c_locale = newlocale(LC_NUMERIC_MASK, "C", (locale_t)0);
     if (!c_locale) return PyErr_NoMemory();
-    return PyModule_Create(&module);
+    PyObject *m = PyModule_Create(&module);
+    /* API 2: scan returns the picked lines too; rules takes `picked` */
+    if (m && PyModule_AddIntConstant(m, "API", 2) < 0) Py_CLEAR(m);
+    return m;
 }

@@ -21,11 +21,13 @@ import polars as pl
 from worker.evidence.logs.rules import (
     _FLAG_LITERALS,
     BLOCK_STARTS,
+    CLASS_LITERALS,
     ENGINE_LITERAL,
     ERROR_RULES,
     FAILURE_LITERALS,
     FLAG_LITERALS,
     KIND_RULES,
+    NATIVE_KINDS,
     TRACEBACK,
     UNHANDLED,
     WINDOW_LINES,
@@ -36,11 +38,13 @@ if TYPE_CHECKING:
 
 __all__ = [
     "BLOCK_STARTS",
+    "CLASS_LITERALS",
     "ENGINE_LITERAL",
     "ERROR_RULES",
     "FAILURE_LITERALS",
     "FLAG_LITERALS",
     "KIND_RULES",
+    "NATIVE_KINDS",
     "TRACEBACK",
     "UNHANDLED",
     "evidence_lines",
@@ -251,6 +255,23 @@ def _raw(lines: pl.Series, native: Native, idx: pl.Series) -> pl.Series:
     return raw
 
 
+def _native_rows(picked: pl.DataFrame) -> pl.DataFrame:
+    """The lines the native pass read as evidence rows: interesting, no traceback, no vLLM
+    time, no error or failure (the pass proved it)."""
+    null = pl.lit(None, dtype=pl.String)
+    return picked.select(
+        "idx",
+        pl.lit(False).alias("window_only"),
+        pl.lit(False).alias("tb"),
+        *("text", "msg", "prefix", "task", "tod", "pid", "ip", "rank", "ldt"),
+        null.alias("vts"),
+        "kind",
+        null.alias("err"),
+        pl.lit(False).alias("failure"),
+        "actor",
+    )
+
+
 def evidence_lines(
     lines: pl.Series, native: Native | None = None
 ) -> tuple[pl.LazyFrame, pl.DataFrame]:
@@ -262,13 +283,21 @@ def evidence_lines(
     or exception marker is in the message), actor. The second has `idx` and `raw`
     of the vLLM engine stat lines, which take a shorter path (they are most of a busy log).
     With `native`, `lines` are the lines the native pass did not read (its `rest`): the stat
-    lines returned are the rest's, and `idx` counts every line of the read.
+    lines returned are the rest's, `idx` counts every line of the read, and the lines of a kind
+    the pass read (`NATIVE_KINDS`) join the others (a window over one would pick it as
+    interesting anyway).
     """
     flags = _flags(lines, None if native is None else native.where)
     idx = _picked(flags, len(lines) if native is None else native.n_lines)
+    done = None if native is None or not len(native.picked) else native.picked
+    if done is not None:
+        idx = idx.filter(~idx.is_in(done.get_column("idx").implode()))
     raw = lines.gather(idx) if native is None else _raw(lines, native, idx)
     picked = pl.DataFrame({"idx": idx, "raw": raw}).with_columns(
         tb=pl.col("idx").is_in(flags.tb.implode()),
         window_only=~pl.col("idx").is_in(flags.interest.implode()),
     )
-    return _classify(_strip_prefixes(picked.lazy())), flags.engine
+    ev = _classify(_strip_prefixes(picked.lazy()))
+    if done is not None:
+        ev = ev.merge_sorted(_native_rows(done).lazy(), key="idx")
+    return ev, flags.engine

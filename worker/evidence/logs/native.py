@@ -1,7 +1,10 @@
 """The native fast path of a scan: one C pass (`_fastscan.c`) over a read.
 
 The pass reads the strict vLLM stat lines itself (the fields `engines.engine_fields` reads, with
-the same values) and hands every other line, byte for byte, to the polars path. A line it cannot
+the same values) and, with `Rules.kinds`, the strict lines whose message opens with one of
+those kind literals (`Started: '...'`, `WANDB_MIRROR kind=...`: the `detect.evidence_lines`
+columns those lines get, with the same values), and hands every other line, byte for byte, to
+the polars path. A line it cannot
 prove strict (any other shape, non-ASCII, a control byte, a CR, a number of more than 20 digits,
 a traceback literal) is a rest line: the polars path reads it as before, so the tables are the
 same with or without the extension. Without the extension (`AVAILABLE` false) every line takes
@@ -28,7 +31,7 @@ try:
     from worker.evidence.logs import _fastscan  # type: ignore[attr-defined,unused-ignore]
 except ImportError:  # not built: the polars path reads every line
     _fastscan = None
-if _fastscan is not None and not hasattr(_fastscan, "rules"):
+if _fastscan is not None and getattr(_fastscan, "API", 1) < 2:
     # built from an older _fastscan.c (`make venv` rebuilds it): the polars path, not a crash
     _fastscan = None
 
@@ -54,10 +57,12 @@ class Rules:
     window: int
     first_lines: int
     long_line: int
+    classes: tuple[str, ...]
+    kinds: tuple[tuple[str, str], ...]
     _capsule: object | None
 
 
-_MAX_LITERALS, _MAX_LITERAL = 1024, 1024  # as _fastscan.c takes them
+_MAX_LITERALS, _MAX_LITERAL, _MAX_KINDS = 1024, 1024, 32  # as _fastscan.c takes them
 
 
 # How often a byte comes in log text, roughly: letters, digits and spaces three times as often as
@@ -96,6 +101,13 @@ def buckets(literals: list[bytes]) -> list[int]:
     return chosen
 
 
+def _shown(literal: str, least: int = 2) -> bool:
+    """Whether the raw bytes can show `literal` as such (NUL, CR, newline and U+FFFD are
+    rewritten before the polars path searches)."""
+    size = len(literal.encode())
+    return least <= size <= _MAX_LITERAL and not any(c in literal for c in "\x00\r\n\ufffd")
+
+
 def rules(
     literals: tuple[str, ...],
     blocks: tuple[str, ...],
@@ -104,19 +116,21 @@ def rules(
     long_line: int,
     *,
     vector: bool = True,
+    classes: tuple[str, ...] = (),
+    kinds: tuple[tuple[str, str], ...] = (),
 ) -> Rules:
     """The rules; without the extension, or with a literal the raw bytes cannot show as such
     (shorter than 2 bytes, or holding a NUL, CR, newline or U+FFFD), none (every line is kept).
     `vector`: the literal search uses AVX2 when the CPU has it (off: the scalar search, to
-    compare both)."""
+    compare both). `kinds`, (literal, kind) pairs, and `classes`: the strict lines the pass
+    reads natively (the caller vouches for them: `detect.NATIVE_KINDS`, `detect.CLASS_LITERALS`)."""
     usable = (
         _fastscan is not None
-        and len(literals) <= _MAX_LITERALS
+        and max(len(literals), len(classes)) <= _MAX_LITERALS
         and len(blocks) <= 2
-        and all(
-            2 <= len(lit.encode()) <= _MAX_LITERAL and not any(c in lit for c in "\x00\r\n\ufffd")
-            for lit in (*literals, *blocks)
-        )
+        and len(kinds) <= _MAX_KINDS
+        and all(_shown(lit) for lit in (*literals, *blocks, *classes))
+        and all(_shown(lit, 1) and _shown(name, 1) for lit, name in kinds)
     )
     capsule = (
         _fastscan.rules(
@@ -127,11 +141,14 @@ def rules(
             first_lines,
             long_line,
             vector,
+            tuple(lit.encode() for lit in classes),
+            bytes(buckets([lit.encode() for lit in classes])),
+            tuple((lit.encode(), name.encode()) for lit, name in kinds),
         )
         if usable and _fastscan is not None
         else None
     )
-    return Rules(literals, blocks, window, first_lines, long_line, capsule)
+    return Rules(literals, blocks, window, first_lines, long_line, classes, kinds, capsule)
 
 
 class _Capsules:
@@ -147,13 +164,15 @@ class _Capsules:
 @dataclass(frozen=True)
 class Native:
     """A read after the native pass: `rest` holds the lines it did not read (`where`: their
-    line index in the read), `stats` the stat lines it read (`engines.engine_fields` columns)."""
+    line index in the read), `stats` the stat lines it read (`engines.engine_fields` columns),
+    `picked` the timer lines it read (`detect.evidence_lines` columns but the constant ones)."""
 
     n_lines: int
     rest: bytes
     dropped: int  # rest lines no rule keeps: counted, not in `rest`
     where: pl.Series  # UInt32, sorted
     stats: pl.DataFrame
+    picked: pl.DataFrame  # idx, text, msg, prefix, task, tod, pid, ip, rank, ldt, kind, actor
     _data: bytes
     _starts: memoryview  # byte offset of each stat line in the read
     _stops: memoryview
@@ -189,13 +208,15 @@ def wrap(found: Raw) -> Native:
     """The pass `found` with its columns as polars frames."""
     import polars as pl
 
-    n_lines, _, rest, starts, stops, (stats, where), dropped = found.found
+    n_lines, _, rest, starts, stops, columns, dropped = found.found
+    stats, where, picked = columns
     return Native(
         n_lines=n_lines,
         rest=rest,
         dropped=dropped,
         where=pl.Series("idx", _Capsules(where)),
         stats=pl.DataFrame(_Capsules(stats)),
+        picked=pl.DataFrame(_Capsules(picked)),
         _data=found.data,
         _starts=memoryview(starts).cast("q"),
         _stops=memoryview(stops).cast("q"),

@@ -9,6 +9,7 @@ checks it).
 
 from __future__ import annotations
 
+import re
 import tomllib
 from functools import cache
 from pathlib import Path
@@ -18,6 +19,7 @@ from worker.evidence.logs import native
 
 __all__ = [
     "BLOCK_STARTS",
+    "CLASS_LITERALS",
     "ENGINE_LITERAL",
     "ERROR_RULES",
     "FAILURE_LITERALS",
@@ -27,6 +29,7 @@ __all__ = [
     "KEEP",
     "KIND_RULES",
     "LINE_MAX_BYTES",
+    "NATIVE_KINDS",
     "TRACEBACK",
     "UNHANDLED",
     "WINDOW_LINES",
@@ -165,10 +168,50 @@ FLAG_LITERALS: Final[tuple[str, ...]] = tuple(_FLAG_LITERALS)
 # Kept: a flag literal; the first lines (the first window, `detect._picked`, and the head lines);
 # a traceback window; a line that could be cut (a line grows at most 3x when invalid UTF-8 is
 # replaced, so 1/16 of the cap is well short of it); the head's first non-blank line.
+# The native pass reads a strict line whose message opens with a kind literal (`native.Rules`)
+# when its message holds none of CLASS_LITERALS: the flag literals found in an error or failure
+# literal or the traceback literal. Every literal that could classify the message otherwise
+# holds one (each holds a flag literal, and those in one of them are these), so the message has
+# no error and no failure and its kind is the one its first bytes name.
+_CLASSIFYING: Final = (*(lit for _, lit in ERROR_RULES), *FAILURE_LITERALS, TRACEBACK)
+CLASS_LITERALS: Final[tuple[str, ...]] = tuple(
+    flag for flag in FLAG_LITERALS if any(flag in lit for lit in _CLASSIFYING)
+)
+_LEVELS: Final = ("INFO", "WARNING", "ERROR", "DEBUG", "CRITICAL")
+
+
+def _native_kind(literal: str) -> bool:
+    """Whether a message opening with `literal` has its kind, the prefixes before it read as the
+    native pass reads them: no other kind literal can match where it starts (none is a prefix of
+    it or starts with it), and no prefix or header pattern can start at it (no `(`, `[`, digit,
+    space or log level, and not a word then `:` and a digit, as NCCL's `host:pid:tid`)."""
+    others = (lit for _, lit, _ in KIND_RULES if lit != literal)
+    word = re.match(r"[\w.-]*", literal)
+    # what follows the word (a `:` closing the literal might be followed by a digit)
+    after = literal[word.end() : word.end() + 2] + "0" if word is not None else ""
+    return (
+        literal.isascii()
+        and literal.isprintable()
+        and not any(lit.startswith(literal) or literal.startswith(lit) for lit in others)
+        and literal[0] not in "([ " + "0123456789"
+        and len(after) >= 2
+        and not (after[0] == ":" and after[1] in "0123456789")
+        and not any(literal.startswith(w) or w.startswith(literal) for w in _LEVELS)
+    )
+
+
+# (literal, kind) of the kinds the native pass reads.
+NATIVE_KINDS: Final[tuple[tuple[str, str], ...]] = tuple(
+    (lit, kind) for kind, lit, _ in KIND_RULES if _native_kind(lit)
+)
+
+
 KEEP: Final = native.rules(
     literals=FLAG_LITERALS,
     blocks=BLOCK_STARTS,
     window=WINDOW_LINES,
     first_lines=max(HEAD_SCAN_LINES, WINDOW_LINES + 1),
     long_line=LINE_MAX_BYTES // 16,
+    classes=CLASS_LITERALS,
+    kinds=NATIVE_KINDS,
 )
