@@ -24,7 +24,7 @@ from polars.testing import assert_frame_equal
 from bench.gen_continuous import generate_continuous
 from bench.gen_finelog import generate
 from bench.hostile import INPUTS, build
-from worker.evidence.logs import detect, native, parse_job_logs, parse_log_file
+from worker.evidence.logs import detect, native, parse_job_logs, parse_log_file, rules
 from worker.evidence.logs.detect import TRACEBACK
 from worker.evidence.logs.lines import LINE_MAX_BYTES, WINDOW_LINES, Read
 from worker.evidence.logs.scan import HEAD_SCAN_LINES, KEEP, Scan, scan
@@ -683,7 +683,7 @@ def test_each_timer_rule_just_past_and_just_short(past: str, short: str) -> None
 
 
 def test_the_kinds_read_natively_are_those_no_prefix_or_other_kind_can_start_at() -> None:
-    """`detect._native_kind`, each gate just past and just short; and every kind the native pass
+    """`rules._native_kind`, each gate just past and just short; and every kind the native pass
     reads classifies its lines as the polars path does."""
     kinds = dict(detect.NATIVE_KINDS)
     assert kinds["Started: '"] == "timer" and kinds["WANDB_MIRROR kind="] == "mirror"
@@ -703,7 +703,7 @@ def test_the_kinds_read_natively_are_those_no_prefix_or_other_kind_can_start_at(
         ("caf\u00e9 ", "cafe "),
     ]
     for past, short in past_short:
-        assert (detect._native_kind(past), detect._native_kind(short)) == (False, True), past
+        assert (rules._native_kind(past), rules._native_kind(short)) == (False, True), past
     body = [f"{IRIS}{LOGURU}{literal}x 1" for literal in kinds]
     picked = _read_natively(body)
     data = ("\n".join([NOISE] * FIRST + body) + "\n").encode()
