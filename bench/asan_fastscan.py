@@ -44,6 +44,9 @@ def _kind_lines() -> list[bytes]:
     loguru = b"2026-03-26 21:00:05.123 | INFO     | skyrl.train.trainer:train:210 - "
     kinds = [prefix + loguru + lit.encode() + b"x'" for lit, _ in detect.NATIVE_KINDS]
     kinds += [prefix + lit.encode() + b" 1 / 9" for lit, _ in detect.NATIVE_KINDS]
+    # pid, ip and rank inside a task near the line limit: the actor is longer than the line
+    task = b"/pid=" + b"1" * 1300 + b"/ip=" + b"a" * 1300 + b"/[rank" + b"2" * 1290 + b"]"
+    kinds.append(b"[21:00:05] task=" + task + b" | Started: 'x'")
     return [*kinds, prefix + loguru + b"Started: 'x' \x1b[", prefix + b"\x1b[3", b"\x1b"]
 
 

@@ -4,7 +4,8 @@
 
 One read at a time, in this thread, each stage timed with `time.process_time` (run it with one
 polars thread, or polars' own threads are counted too): the native pass, the split of the rest
-lines, the flags, the picked lines' text, their classification, the mirror records and pairs,
+lines, the flags, the picked lines' text, their classification (and the merge with those the pass
+read), the mirror records and pairs,
 the head; then the whole `scan` again and the chunk parse. `--no-drop` hands every rest line to
 polars (`native.DROP` off: the pass as before issue 12's fourth round).
 """
@@ -38,7 +39,7 @@ from worker.evidence.logs.lines import (  # noqa: E402
 from worker.evidence.logs.state import ParserState  # noqa: E402
 
 SPENT: defaultdict[str, float] = defaultdict(float)
-COUNTS = {"lines": 0, "rest": 0, "picked": 0}
+COUNTS = {"lines": 0, "rest": 0, "picked": 0, "read natively": 0}
 
 
 def timed(name: str, work: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
@@ -56,6 +57,13 @@ def _evidence(picked: pl.DataFrame) -> pl.DataFrame:
     return detect._classify(detect._strip_prefixes(picked.lazy())).collect()
 
 
+def _merged(ev: pl.DataFrame, nat: native.Native) -> pl.DataFrame:
+    """`ev` with the lines the pass read (as `evidence_lines` merges them)."""
+    if not len(nat.picked):
+        return ev
+    return ev.merge_sorted(detect._native_rows(nat.picked), key="idx")
+
+
 def _stages(read: Read) -> None:
     """The scan's stages of `read`, one by one."""
     nat = timed("C pass", native.native_scan, read.data, read.end, scan_mod.KEEP)
@@ -64,18 +72,22 @@ def _stages(read: Read) -> None:
     lines = timed("split of the rest", _rest_lines, nat)
     flags = timed("flags", detect._flags, lines, nat.where)
     idx = timed("picked", detect._picked, flags, nat.n_lines)
+    if len(nat.picked):  # the lines the pass read are not taken again (`evidence_lines`)
+        idx = idx.filter(~idx.is_in(nat.picked.get_column("idx").implode()))
     raw = timed("raw", detect._raw, lines, nat, idx)
     picked = pl.DataFrame({"idx": idx, "raw": raw}).with_columns(
         tb=pl.col("idx").is_in(flags.tb.implode()),
         window_only=~pl.col("idx").is_in(flags.interest.implode()),
     )
     ev = timed("classify", _evidence, picked)
+    ev = timed("merge", _merged, ev, nat)
     mirrors = timed("mirrors", records.mirror_records, ev)
     timed("pairs", records.mirror_pairs, mirrors)
     timed("head", scan_mod._head_native, lines, nat)
     COUNTS["lines"] += nat.n_lines
     COUNTS["rest"] += len(lines)
     COUNTS["picked"] += len(idx)
+    COUNTS["read natively"] += nat.picked.height
 
 
 def main() -> None:

@@ -716,6 +716,15 @@ def test_the_kinds_read_natively_are_those_no_prefix_or_other_kind_can_start_at(
     ]
 
 
+def test_prefix_fields_that_overlap_the_task_in_a_line_near_the_limit() -> None:
+    """pid, ip and rank all inside a task of ~3,900 bytes: the actor (task, pid, ip and rank
+    joined) is several times longer than the line."""
+    task = "/pid=" + "1" * 1300 + "/ip=" + "a" * 1300 + "/[rank" + "2" * 1290 + "]"
+    line = f"[21:00:05] task={task} | Started: 'x'"
+    assert 3900 < len(line) < 4096
+    assert _read_natively([line]) == [0]
+
+
 def test_a_long_timer_line_is_left_and_one_a_byte_shorter_is_read() -> None:
     """A line of 4,096 bytes (MAX_LINE) is left to the polars path; 4,095 is read natively."""
     pad = 4096 - len(TIMER.encode())

@@ -112,6 +112,16 @@ static int strings_add(Strings *s, size_t row, const char *src, size_t n, int va
     return bit_put(&s->valid, row, valid);
 }
 
+/* A valid row of the `k` pieces joined. */
+static int strings_join(Strings *s, size_t row, const char *const *src, const size_t *n, int k) {
+    for (int i = 0; i < k; i++) {
+        if (s->chars.len + n[i] > INT32_MAX || buf_put(&s->chars, src[i], n[i]) < 0) return -1;
+    }
+    int32_t end = (int32_t)s->chars.len;
+    if (buf_put(&s->offsets, &end, sizeof end) < 0) return -1;
+    return bit_put(&s->valid, row, 1);
+}
+
 static void strings_free(Strings *s) {
     free(s->chars.data);
     free(s->offsets.data);
@@ -769,13 +779,13 @@ static size_t outer_prefix(const char *s, size_t n, PickedRow *row) {
     }
     /* _PROCESS's other forms (`[Name pid=N]`, `[rankN]:`, NCCL's `host:pid:tid [dev]`) cannot
      * match here when the line is strict: what follows must be a loguru header (digits, then
-     * `-`) or a timer literal (a word, then `: '`), and neither starts any of them. */
+     * `-`) or a kind literal, and detect._native_kind admits none that could start them. */
     return q;
 }
 
 #define PICKED_BUF (MAX_LINE + 64)
 
-/* Whether raw line [p, p + n) is a strict timer line; its fields in *row (`row->s` points into
+/* Whether raw line [p, p + n) is a strict line of a kind; its fields in *row (`row->s` points into
  * `buf`, PICKED_BUF bytes, allocated once: the vector search may read past the line) if so. */
 static int picked_line(const Rules *r, const char *p, size_t n, char *buf, PickedRow *row) {
     if (n >= MAX_LINE || n >= r->long_line) return 0;
@@ -861,17 +871,13 @@ static int add_picked(Picked *o, uint32_t line, const PickedRow *row) {
         strings_add(&o->rank, n, s + rank, rank_len, rank < outer) < 0 ||
         strings_add(&o->kind, n, row->kind->data, row->kind->len, 1) < 0)
         return -1;
-    /* actor: task|pid@ip rank (absent parts empty); every part lies within the outer prefix */
-    char actor[MAX_LINE + 8];
-    size_t k = 0;
-    memcpy(actor + k, s + row->task_at, row->task_len);
-    k += row->task_len;
-    actor[k++] = '|';
-    if (pid < outer) memcpy(actor + k, s + pid, pid_len), k += pid_len;
-    actor[k++] = '@';
-    if (ip < outer) memcpy(actor + k, s + ip, ip_len), k += ip_len;
-    if (rank < outer) memcpy(actor + k, s + rank, rank_len), k += rank_len;
-    return strings_add(&o->actor, n, actor, k, 1);
+    /* actor: task|pid@ip rank (absent parts empty), its parts appended one by one (they may
+     * overlap in the line: pid, ip and rank can lie inside the task) */
+    const char *parts[6] = {s + row->task_at, "|", s + pid, "@", s + ip, s + rank};
+    size_t lens[6] = {row->task_len,          1,
+                      pid < outer ? pid_len : 0, 1,
+                      ip < outer ? ip_len : 0,   rank < outer ? rank_len : 0};
+    return strings_join(&o->actor, n, parts, lens, 6);
 }
 
 /* The bytes of `item` when it is bytes of `least` to MAX_LITERAL; else NULL, error set. */
