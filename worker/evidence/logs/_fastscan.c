@@ -779,7 +779,7 @@ static size_t outer_prefix(const char *s, size_t n, PickedRow *row) {
     }
     /* _PROCESS's other forms (`[Name pid=N]`, `[rankN]:`, NCCL's `host:pid:tid [dev]`) cannot
      * match here when the line is strict: what follows must be a loguru header (digits, then
-     * `-`) or a kind literal, and detect._native_kind admits none that could start them. */
+     * `-`) or a kind literal, and rules._native_kind admits none that could start them. */
     return q;
 }
 
