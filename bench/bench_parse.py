@@ -164,15 +164,16 @@ def _report(name: str, path: Path, r: Rounds) -> None:
     ours_cpu, base_cpu = _median([c.cpu for c in r.ours]), _median([c.cpu for c in r.base])
     print(f"| command CPU s | {ours_cpu:.2f} | {base_cpu:.2f} | {base_cpu / ours_cpu:.2f}x |")
     ours_rss, base_rss = _median([c.rss_mb for c in r.ours]), _median([c.rss_mb for c in r.base])
+    log_mib = path.stat().st_size / 2**20  # RSS is in MiB (ru_maxrss KiB / 1024)
     print(
-        f"| command peak RSS MB | {ours_rss:.0f} ({ours_rss / size:.2f}x the log) | "
+        f"| command peak RSS MiB | {ours_rss:.0f} ({ours_rss / log_mib:.2f}x the log) | "
         f"{base_rss:.0f} | |"
     )
     for other, runs in r.others.items():
         wall, cpu = _median([c.wall for c in runs]), _median([c.cpu for c in runs])
         rss = _median([c.rss_mb for c in runs])
         print(
-            f"| {other}: wall s, CPU s, peak RSS MB | {wall:.2f}, {cpu:.2f}, {rss:.0f} | | "
+            f"| {other}: wall s, CPU s, peak RSS MiB | {wall:.2f}, {cpu:.2f}, {rss:.0f} | | "
             f"{base_wall / wall:.2f}x wall, {base_cpu / cpu:.2f}x CPU |"
         )
     if r.lib:
@@ -274,7 +275,8 @@ def main() -> None:
         with tempfile.TemporaryDirectory() as out:
             peak = child([RL_HEALTH, "parse", str(big), "--out", out])
         size = big.stat().st_size / 1e6
-        print(f"\nrl-health parse, {size:.0f} MB: peak RSS {peak.rss_mb:.0f} MB, {peak.wall:.2f} s")
+        rss = f"peak RSS {peak.rss_mb:.0f} MiB"
+        print(f"\nrl-health parse, {size:.0f} MB: {rss}, {peak.wall:.2f} s")
 
 
 if __name__ == "__main__":
