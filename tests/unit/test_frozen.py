@@ -479,23 +479,6 @@ def test_stored_is_asked_only_once_every_table_is_hashed(
     assert stored.first_asked == tables
 
 
-def test_parts_written_at_once_are_those_written_one_by_one(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """WRITERS parts at once give the same files, the same references and the same thaw as one
-    at a time, parts listed in table order."""
-    evidence = _long(3 * PART_ROWS + 10)
-    freeze(evidence, tmp_path / "many")
-    monkeypatch.setattr(frozen, "WRITERS", 1)
-    one = _part_files(freeze(evidence, tmp_path / "one"))
-    many = sorted((tmp_path / "many" / PARTS).iterdir())
-    assert sorted(p.name for p in one) == [p.name for p in many]
-    assert all((tmp_path / "one" / PARTS / p.name).read_bytes() == p.read_bytes() for p in many)
-    marker = (tmp_path / "one" / MARKER).read_text()
-    assert marker == (tmp_path / "many" / MARKER).read_text()
-    assert_same(thaw(tmp_path / "many"), evidence)
-
-
 def test_parts_are_listed_in_table_order(tmp_path: Path) -> None:
     """The files a freeze returns: every part in table order (each once), the marker last."""
     written = freeze(_long(2 * PART_ROWS + 10), tmp_path)

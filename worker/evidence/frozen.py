@@ -50,7 +50,6 @@ import io
 import json
 from collections import OrderedDict
 from collections.abc import Callable, Mapping
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
@@ -94,7 +93,6 @@ MARKER: Final = "evidence.json"
 PARTS: Final = "parts"
 PART_ROWS: Final = 65536
 TAIL_PARTS: Final = 4  # a large table's rows after its last full part: parts of PART_ROWS // 4
-WRITERS: Final = 2  # parts written at once
 LINE_MAX_BYTES: Final = 16 * 1024
 _PART_TAG: Final = b"rlhealth frozen part 1\0"
 _SEED: Final = 0
@@ -218,10 +216,9 @@ def _digests(name: str, frame: pl.DataFrame) -> list[str]:
 class _Freezer:
     """Writes the parts of one freeze under `directory/parts/`, but those `stored` already.
 
-    `stored` is looked up only once every table's digests are known (`digests`), so a mapping
-    that lists the stored parts meanwhile is not waited for before the rows are hashed; the
-    parts to write are then written WRITERS at once (Parquet and the redactor's prefilter run
-    outside the GIL), each named by its own digest and SHA-256, and listed in table order."""
+    `stored` is looked up only once every table's digests are known, so a mapping that lists the
+    stored parts meanwhile is not waited for before the rows are hashed; the parts to write are
+    then written in table order, each once (two spans of a table with the same rows share one)."""
 
     directory: Path
     stored: Mapping[str, str]  # digest -> SHA-256 of the parts kept already
@@ -246,18 +243,13 @@ class _Freezer:
         }
 
     def _write_all(self, wanted: list[tuple[str, pl.DataFrame]]) -> dict[str, str]:
-        """Write the `wanted` parts (the first of each digest), WRITERS at once; their SHA-256s."""
+        """Write the `wanted` parts (the first of each digest), in order; their SHA-256s."""
         first: dict[str, pl.DataFrame] = {}
         for digest, part in wanted:
             first.setdefault(digest, part)
-        unique = list(first.items())
-        if len(unique) < 2:
-            found = [self._write(digest, part) for digest, part in unique]
-        else:
-            with ThreadPoolExecutor(WRITERS, thread_name_prefix="rlhealth-freeze") as pool:
-                found = list(pool.map(lambda job: self._write(*job), unique))
-        self.written.extend(path for path, _ in found)
-        return {digest: sha for (digest, _), (_, sha) in zip(unique, found, strict=True)}
+        found = {digest: self._write(digest, part) for digest, part in first.items()}
+        self.written.extend(path for path, _ in found.values())
+        return {digest: sha for digest, (_, sha) in found.items()}
 
     def _write(self, digest: str, part: pl.DataFrame) -> tuple[Path, str]:
         """Write one part, redacted (vectorised prefilter, `redact_frame`); its path, SHA-256."""
