@@ -6,7 +6,7 @@ Public API: `parse_log_file` (one file), `parse_job_logs` (a watcher job directo
 `LogBudgetError`). See docs/parsing.md.
 
 The names are imported on first use (PEP 562): importing a polars-free submodule (`rules`,
-`reads`, `native`, `budget`, `early`) does not import polars, so `rl-health parse` can begin
+`reads`, `native`, `budget`, `prelude`) does not import polars, so `rl-health parse` can begin
 reading a log while polars is imported.
 """
 

@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Final
 
-if TYPE_CHECKING:  # the budget is reckoned before polars is imported (`early`)
+if TYPE_CHECKING:  # the budget is reckoned before polars is imported (`prelude`)
     import polars as pl
 
 __all__ = [

@@ -13,7 +13,7 @@ without a copy (and without numpy or pyarrow).
 
 The pass itself (`raw`) needs no polars, and this module imports polars only when a pass is
 wrapped into frames (`wrap`): `rl-health parse` runs the first passes while polars is imported
-(`worker.evidence.logs.early`).
+(`worker.evidence.logs.prelude`).
 """
 
 from __future__ import annotations
@@ -123,7 +123,7 @@ def rules(
     (shorter than 2 bytes, or holding a NUL, CR, newline or U+FFFD), none (every line is kept).
     `vector`: the literal search uses AVX2 when the CPU has it (off: the scalar search, to
     compare both). `kinds`, (literal, kind) pairs, and `classes`: the strict lines the pass
-    reads natively (the caller vouches for them: `detect.NATIVE_KINDS`, `detect.CLASS_LITERALS`)."""
+    reads natively (the caller vouches for them: `rules.NATIVE_KINDS`, `rules.CLASS_LITERALS`)."""
     usable = (
         _fastscan is not None
         and max(len(literals), len(classes)) <= _MAX_LITERALS
@@ -165,7 +165,8 @@ class _Capsules:
 class Native:
     """A read after the native pass: `rest` holds the lines it did not read (`where`: their
     line index in the read), `stats` the stat lines it read (`engines.engine_fields` columns),
-    `picked` the timer lines it read (`detect.evidence_lines` columns but the constant ones)."""
+    `picked` the lines of a native kind it read (`rules.NATIVE_KINDS`; `detect.evidence_lines`
+    columns but the constant ones)."""
 
     n_lines: int
     rest: bytes

@@ -8,7 +8,7 @@ a time, to the next newline (`Read.long_line`); memory stays one read plus one c
 file holds (one 300 MB line, a 2 GB sparse file of NUL bytes).
 
 This module imports no polars: `rl-health parse` begins reading before polars is imported
-(`worker.evidence.logs.early`). `lines` re-exports what it defines.
+(`worker.evidence.logs.prelude`). `lines` re-exports what it defines.
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 the window and line caps, and the rest lines the native pass keeps (`KEEP`).
 
 `rl-health parse` starts reading a log and running the native pass before polars is imported
-(`worker.evidence.logs.early`): the pass needs these, so they live here, and `detect`, `lines`
+(`worker.evidence.logs.prelude`): the pass needs these, so they live here, and `detect`, `lines`
 and `scan` re-export them where they were. Importing this module never imports polars (a test
 checks it).
 """

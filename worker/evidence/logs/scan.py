@@ -162,7 +162,7 @@ def _head_native(lines: pl.Series, native: Native) -> tuple[pl.DataFrame, int | 
 def _lines(read: Read, early: native_pass.Raw | None) -> tuple[pl.Series, list[Cut], Native | None]:
     """The lines of `read` for the polars path (all, or those the native pass left), cut to
     LINE_MAX_BYTES, the cuts (by line index in the read) and the native pass (`early`: its pass
-    made before polars was imported, `worker.evidence.logs.early`)."""
+    made before polars was imported, `worker.evidence.logs.prelude`)."""
     native = (
         native_pass.wrap(early)
         if early is not None
