@@ -226,33 +226,26 @@ class _Freezer:
 
     def tables(self, frames: Mapping[str, pl.DataFrame]) -> dict[str, list[list[Any]]]:
         """The references of the parts of each frame, in order, by table name."""
-        digests = {name: _digests(name, frame) for name, frame in frames.items()}
-        wanted: list[tuple[str, pl.DataFrame]] = []
-        for name, frame in frames.items():
-            for (start, length), digest in zip(_spans(frame.height), digests[name], strict=True):
+        layout = {
+            name: list(zip(_spans(frame.height), _digests(name, frame), strict=True))
+            for name, frame in frames.items()
+        }  # every table hashed before `stored` is asked
+        wanted: dict[str, pl.DataFrame] = {}
+        for name, spans in layout.items():
+            for (start, length), digest in spans:
                 if digest not in self.stored:
-                    wanted.append((digest, frame.slice(start, length)))
-        shas = dict(self.stored)
-        shas.update(self._write_all(wanted))
+                    wanted.setdefault(digest, frames[name].slice(start, length))
+        shas = {digest: self._write(digest, part) for digest, part in wanted.items()}
         return {
             name: [
-                PartRef(digest, shas[digest], length).as_json()
-                for (_, length), digest in zip(_spans(frame.height), digests[name], strict=True)
+                PartRef(digest, shas.get(digest) or self.stored[digest], length).as_json()
+                for (_, length), digest in spans
             ]
-            for name, frame in frames.items()
+            for name, spans in layout.items()
         }
 
-    def _write_all(self, wanted: list[tuple[str, pl.DataFrame]]) -> dict[str, str]:
-        """Write the `wanted` parts (the first of each digest), in order; their SHA-256s."""
-        first: dict[str, pl.DataFrame] = {}
-        for digest, part in wanted:
-            first.setdefault(digest, part)
-        found = {digest: self._write(digest, part) for digest, part in first.items()}
-        self.written.extend(path for path, _ in found.values())
-        return {digest: sha for digest, (_, sha) in found.items()}
-
-    def _write(self, digest: str, part: pl.DataFrame) -> tuple[Path, str]:
-        """Write one part, redacted (vectorised prefilter, `redact_frame`); its path, SHA-256."""
+    def _write(self, digest: str, part: pl.DataFrame) -> str:
+        """Write one part, redacted (vectorised prefilter, `redact_frame`); its SHA-256."""
         buffer = io.BytesIO()
         redact_frame(part).write_parquet(buffer)
         body = buffer.getvalue()
@@ -260,7 +253,8 @@ class _Freezer:
         path = self.directory / PARTS / PartRef(digest, sha, part.height).name
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_bytes(body)
-        return path, sha
+        self.written.append(path)
+        return sha
 
 
 def _freeze_probes(probes: ProbeEvidence, directory: Path) -> list[Path]:
