@@ -10,7 +10,7 @@ import pytest
 from polars.testing import assert_frame_equal
 
 from bench.gen_finelog import generate
-from worker.evidence.logs import LogCache
+from worker.evidence.logs import LogCache, incremental
 from worker.evidence.logs.incremental import CacheEntry
 from worker.evidence.logs.job import parse_job_logs
 from worker.evidence.model import LogTables
@@ -113,3 +113,54 @@ def test_rewritten_finelog_is_stitched_whole(tmp_path: Path) -> None:
     rotated.replace(path)
     _same(parse_job_logs(job, cache=cache), parse_job_logs(job))
     assert _entry(cache).stitched_same == {}
+
+
+@pytest.mark.parametrize(
+    ("done", "height", "spans"),
+    [
+        (0, 0, [(0, 0)]),
+        (0, 256, [(0, 256)]),  # just short: one part
+        (0, 257, [(0, 193), (193, 64)]),  # just past: the last TAIL_ROWS rows apart
+        (100, 356, [(100, 256)]),
+        (100, 357, [(100, 193), (293, 64)]),
+    ],
+)
+def test_rows_written_past_split_rows_are_two_parts(
+    monkeypatch: pytest.MonkeyPatch, done: int, height: int, spans: list[tuple[int, int]]
+) -> None:
+    monkeypatch.setattr(incremental, "TAIL_ROWS", 64)
+    monkeypatch.setattr(incremental, "SPLIT_ROWS", 256)
+    assert incremental._spans(done, height) == spans
+
+
+def test_grown_stitched_table_rewrites_its_tail_part_only(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A growth that re-stitches the last steps of a stitched table links the part before its
+    last TAIL_ROWS rows and writes the rest; the tables equal a whole read. Without the split, the
+    whole stitched table was written again at every growth."""
+    monkeypatch.setattr(incremental, "TAIL_ROWS", 4)
+    monkeypatch.setattr(incremental, "SPLIT_ROWS", 16)
+    data = _log(tmp_path)
+    job = tmp_path / "job"
+    job.mkdir()
+    path = job / "finelog.log"
+    path.write_bytes(data[: len(data) // 4])
+    first = LogCache(directory=tmp_path / "c")
+    parse_job_logs(job, cache=first)
+    before = _entry(first)
+    assert before.stitched is not None
+    body, tail = before.parts["stitched_phases"]  # 28 rows: 24, then the last 4
+    assert before.part_rows["stitched_phases"] == (24, 4)
+    with path.open("ab") as handle:  # within the first attempt: the last step is re-stitched
+        handle.write(data[len(data) // 4 : data.index(RESUMING) - 100])
+    cache = LogCache(directory=tmp_path / "c")
+    _same(parse_job_logs(job, cache=cache), parse_job_logs(job))
+    entry = _entry(cache)
+    assert entry.stitched is not None
+    assert 24 <= entry.stitched_same["phases"] < before.stitched.phases.height
+    parts, rows = entry.parts["stitched_phases"], entry.part_rows["stitched_phases"]
+    assert parts[0] == body and tail not in parts  # the body linked, the tail written again
+    assert rows[0] == 24 and rows[-1] == 4 and sum(rows) == entry.stitched.phases.height
+    # a new cache object reads the parts back (linked and written) as the same tables
+    _same(parse_job_logs(job, cache=LogCache(directory=tmp_path / "c")), parse_job_logs(job))

@@ -27,9 +27,11 @@ read on from (same inode, head and no shrink: its rows then start with the earli
 their count, not compared), the earlier parts within the rows that did not change are hard-linked
 into the new folder (copied where links do not work) and only the rows after them are written, as
 one more part named by their hash; a stitched table keeps the parts before the first step the new
-rows touch (a restart that resumes earlier steps rewrites from there). An entry that replaces one
-it was not read on from has its rows compared; past `MAX_PARTS` parts a table is written whole
-again.
+rows touch (a restart that resumes earlier steps rewrites from there). Rows written that number
+more than `SPLIT_ROWS` are two parts, the last `TAIL_ROWS` rows apart: a stitched table's last
+steps, which the next growth re-stitches, are then rewritten without the (up to a million) rows
+before them. An entry that replaces one it was not read on from has its rows compared; past
+`MAX_PARTS` parts a table is written whole again.
 
 An entry of another cache version, or one whose files do not match their hashes or do not read
 back with the expected columns, is ignored (never trusted) and said in `notes`; the file is then
@@ -72,6 +74,11 @@ __all__ = [
 HEAD_BYTES: Final = 4096
 VERSION: Final = "8"  # 8: stitched tables in parts, rows per part; 7: tables in parts
 MAX_PARTS: Final = 16
+# Rows written after a table's kept parts (all of them for a new table) that number more than
+# SPLIT_ROWS are written as two parts, the last TAIL_ROWS rows apart: the next growth re-stitches
+# a stitched table's last steps, and rewrites only the part that holds them, not the rows before.
+TAIL_ROWS: Final = 16384
+SPLIT_ROWS: Final = 4 * TAIL_ROWS
 _STITCHED: Final[dict[str, dict[str, pl.DataType]]] = {
     "metrics": schema.METRICS,
     "phases": schema.PHASES,
@@ -412,30 +419,46 @@ class _Written:
     hashes: dict[str, str] = field(default_factory=dict)
 
 
+def _spans(done: int, height: int) -> list[tuple[int, int]]:
+    """`(offset, length)` of the parts written for rows `done`.. of a `height`-row table: one
+    part, or, past `SPLIT_ROWS` rows, two, the last `TAIL_ROWS` rows apart."""
+    rows = height - done
+    if rows <= SPLIT_ROWS:
+        return [(done, rows)]
+    return [(done, rows - TAIL_ROWS), (height - TAIL_ROWS, TAIL_ROWS)]
+
+
+def _write_part(folder: Path, name: str, rows: pl.DataFrame, *, first: bool) -> tuple[str, str]:
+    """One part of table `name` in `folder`: `<name>.parquet` when it is the table's first,
+    else named by its hash; its file name and SHA-256."""
+    if first:
+        rows.write_parquet(folder / f"{name}.parquet")
+        return f"{name}.parquet", _sha256(folder / f"{name}.parquet")
+    staged = folder / f".{name}.new"
+    rows.write_parquet(staged)
+    digest = _sha256(staged)
+    part = f"{name}-{digest[:16]}.parquet"
+    staged.rename(folder / part)
+    return part, digest
+
+
 def _write_table(
     folder: Path, name: str, frame: pl.DataFrame, same: int, reuse: _Reuse, out: _Written
 ) -> None:
     """The parts of one table in `folder`: those of the previous entry within its first `same`
-    rows linked, the rows after them written as one more part named by its hash."""
-    parts, done = reuse.kept(name, same)
+    rows linked, the rows after them written as one or two more parts (`_spans`)."""
+    kept, done = reuse.kept(name, same)
+    parts = list(kept)
     counts = list(reuse.previous.part_rows[name][: len(parts)]) if reuse.previous else []
     for part in parts:
         out.hashes[part] = reuse.link(part, folder)
-    if parts and done == frame.height:
-        out.parts[name], out.rows[name] = parts, tuple(counts)
-        return
-    if not parts:
-        frame.write_parquet(folder / f"{name}.parquet")
-        out.hashes[f"{name}.parquet"] = _sha256(folder / f"{name}.parquet")
-        out.parts[name], out.rows[name] = (f"{name}.parquet",), (frame.height,)
-        return
-    staged = folder / f".{name}.new"
-    frame.slice(done).write_parquet(staged)
-    digest = _sha256(staged)
-    part = f"{name}-{digest[:16]}.parquet"
-    staged.rename(folder / part)
-    out.hashes[part] = digest
-    out.parts[name], out.rows[name] = (*parts, part), (*counts, frame.height - done)
+    if not parts or done < frame.height:
+        for offset, length in _spans(done, frame.height):
+            part, digest = _write_part(folder, name, frame.slice(offset, length), first=not parts)
+            out.hashes[part] = digest
+            parts.append(part)
+            counts.append(length)
+    out.parts[name], out.rows[name] = tuple(parts), tuple(counts)
 
 
 def _tables(entry: CacheEntry) -> dict[str, pl.DataFrame]:
