@@ -1,7 +1,7 @@
 """Re-diagnosis of a grown log through the pipeline: redis-server, moto S3, `rl-health worker`
 (2 prefork) and `rl-health ingest`, as in bench/bench_pipeline.py.
 
-    .venv/bin/python -m bench.bench_growth [--mb 1000] [--grow-pct 1] [--json]
+    .venv/bin/python -m bench.bench_growth [--mb 1000] [--grow-pct 1] [--json] [--keep-log FILE]
 
 One job with a `--mb` MB finelog (bench/gen_finelog.py, written under a temporary directory and
 deleted afterwards). After one warm-up alert on a small job (the prefork children's imports), the
@@ -139,8 +139,10 @@ def _verdicts(watcher: Watcher) -> list[str]:
     return [entry.verdict.value for entry in watcher.entries]
 
 
-def growth(base: Path, megabytes: float, grow_pct: float) -> dict[str, Any]:
-    """The three timings and their ratios."""
+def growth(
+    base: Path, megabytes: float, grow_pct: float, keep_log: Path | None = None
+) -> dict[str, Any]:
+    """The three timings and their ratios (`keep_log`: a copy of the worker's log there)."""
     extra = {"RLHEALTH_CAPTURE_TIME_LIMIT_S": "3600", "RLHEALTH_GATE_TIME_LIMIT_S": "900"}
     with (
         services(base, coalesce_s=0, extra_env=extra, loglevel="INFO") as stack,
@@ -164,6 +166,8 @@ def growth(base: Path, megabytes: float, grow_pct: float) -> dict[str, Any]:
                     shutil.rmtree(base / "cache" / folder, ignore_errors=True)
             times[label] = _timed(stack, watcher, job, _last_time(log), log_path)
         verdicts = _verdicts(watcher)
+    if keep_log is not None:
+        shutil.copyfile(base / "worker.log", keep_log)
     stages = _stages((base / "worker.log").read_text(errors="replace"))[1:]  # not the warm-up
     return {
         "finelog_bytes": sizes,
@@ -185,10 +189,11 @@ def main() -> None:
     parser.add_argument("--mb", type=float, default=1000)
     parser.add_argument("--grow-pct", type=float, default=1)
     parser.add_argument("--json", action="store_true")
+    parser.add_argument("--keep-log", type=Path, help="copy the worker's log to this file")
     args = parser.parse_args()
     load_before = os.getloadavg()
     with tempfile.TemporaryDirectory(prefix="rlhealth-bench-growth-") as tmp:
-        result = growth(Path(tmp), args.mb, args.grow_pct)
+        result = growth(Path(tmp), args.mb, args.grow_pct, args.keep_log)
     result["loadavg_before"] = [round(x, 2) for x in load_before]
     result["loadavg_after"] = [round(x, 2) for x in os.getloadavg()]
     print(json.dumps(result, indent=None if args.json else 2))
