@@ -275,3 +275,73 @@ def test_an_older_freeze_thaws_with_null_failure_columns(tmp_path: Path) -> None
     assert thawed is not None
     assert thawed.errors.schema == pl.Schema(schema.ERRORS)
     assert thawed.errors["entry"].to_list() == [None]
+
+
+@pytest.mark.parametrize("chunk_bytes", [120, 1 << 20])
+def test_a_traceback_cut_by_a_restart_does_not_end_in_the_next_attempt(
+    tmp_path: Path, chunk_bytes: int
+) -> None:
+    """A process killed while printing a traceback leaves it without its final line; the job's
+    next attempt starts a process with the same pid. The block ends at the attempt's boundary:
+    the next attempt's own failure line is its own row, in its own attempt, not the first one's
+    final line."""
+    actor = "(TaskRunner pid=77, ip=10.0.0.1) "
+    lines = [
+        "[10:00:00] task=/u/job/0 | [iris setup] step 1/2",
+        f"[10:00:01] task=/u/job/0 | {actor}Traceback (most recent call last):",
+        f'[10:00:01] task=/u/job/0 | {actor}  File "/app/x.py", line 1, in f',
+        "[10:01:00] task=/u/job/0 | [iris setup] step 1/2",
+        f"[10:01:02] task=/u/job/0 | {actor}ValueError: the second attempt's own failure",
+    ]
+    path = tmp_path / "finelog.log"
+    path.write_text("\n".join(lines) + "\n")
+    day = datetime(2026, 5, 1).date()
+    errors = parse_log_file(
+        path, "finelog.log", reference_date=day, chunk_bytes=chunk_bytes
+    ).errors.sort("line")
+    assert errors.select("line", "last_line", "attempt", "exc_type").rows() == [
+        (2, 2, 0, None),  # cut off: no final line
+        (5, 5, 1, "ValueError"),
+    ]
+
+
+def test_a_traceback_ends_within_its_attempt(tmp_path: Path) -> None:
+    """Just short of the boundary: a traceback whose final line comes before the restart keeps
+    it (the boundary takes nothing from a block that ended)."""
+    actor = "(TaskRunner pid=77, ip=10.0.0.1) "
+    lines = [
+        "[10:00:00] task=/u/job/0 | [iris setup] step 1/2",
+        f"[10:00:01] task=/u/job/0 | {actor}Traceback (most recent call last):",
+        f'[10:00:01] task=/u/job/0 | {actor}  File "/app/x.py", line 1, in f',
+        f"[10:00:02] task=/u/job/0 | {actor}KeyError: 'first'",
+        "[10:01:00] task=/u/job/0 | [iris setup] step 1/2",
+        f"[10:01:02] task=/u/job/0 | {actor}ValueError: the second attempt's own failure",
+    ]
+    path = tmp_path / "finelog.log"
+    path.write_text("\n".join(lines) + "\n")
+    day = datetime(2026, 5, 1).date()
+    errors = parse_log_file(path, "finelog.log", reference_date=day).errors.sort("line")
+    assert errors.select("line", "last_line", "attempt", "exc_type").rows() == [
+        (2, 4, 0, "KeyError"),
+        (6, 6, 1, "ValueError"),
+    ]
+
+
+def test_another_tasks_setup_does_not_cut_a_traceback(tmp_path: Path) -> None:
+    """Only a boundary of the attempt's task starts an attempt: another task's setup line in the
+    middle of a traceback leaves the block whole."""
+    actor = "(TaskRunner pid=77, ip=10.0.0.1) "
+    lines = [
+        "[10:00:00] task=/u/job/0 | [iris setup] step 1/2",
+        f"[10:00:01] task=/u/job/0 | {actor}Traceback (most recent call last):",
+        "[10:00:01] task=/u/job/1 | [iris setup] step 1/2",
+        f'[10:00:01] task=/u/job/0 | {actor}  File "/app/x.py", line 1, in f',
+        f"[10:00:02] task=/u/job/0 | {actor}KeyError: 'first'",
+    ]
+    path = tmp_path / "finelog.log"
+    path.write_text("\n".join(lines) + "\n")
+    day = datetime(2026, 5, 1).date()
+    errors = parse_log_file(path, "finelog.log", reference_date=day).errors
+    assert errors.select("line", "last_line", "attempt", "exc_type").rows() == [
+        (2, 5, 0, "KeyError")
+    ]

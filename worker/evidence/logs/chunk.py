@@ -151,7 +151,8 @@ def parse_chunk(
     n_lines = chunk.lines
     _note_head(chunk, state)
     _note_first_content(chunk, state)
-    ev = errors.with_traceback_ends(detect.in_windows(chunk.ev))
+    ev = detect.in_windows(chunk.ev)
+    ev = errors.with_traceback_ends(ev, context.attempt_starts(ev, state))
     blocks = records.block_steps(records.dict_blocks(ev))
     cut = n_lines if final else _cut(ev, blocks, n_lines)
     ev = ev.filter(pl.col("idx") < cut).with_columns(

@@ -38,6 +38,7 @@ __all__ = [
     "add_step_context",
     "add_timestamps",
     "advance_state",
+    "attempt_starts",
     "note_timestamps",
 ]
 
@@ -47,20 +48,30 @@ PREFIX_SKEW_TOLERANCE_S: Final = 60.0
 _STEP_MARKERS: Final = ("Started: 'step'", "Finished: 'step'")
 
 
+def _attempt_task(frame: pl.DataFrame, state: ParserState) -> str | None:
+    """The Iris task whose boundaries start attempts: the state's, else the first a boundary of
+    `frame` names ("" for a boundary without one), else None (no boundary seen yet)."""
+    if state.attempt_task is not None:
+        return state.attempt_task
+    tasks = frame.filter(pl.col("kind") == "boundary").get_column("task")
+    return (tasks[0] or "") if len(tasks) else None
+
+
+def attempt_starts(frame: pl.DataFrame, state: ParserState) -> pl.Expr:
+    """True on the lines of `frame` (which has idx, kind and task) that start a new attempt: a
+    boundary of the attempt task after the log's first content. `state` is not changed."""
+    first = state.first_content if state.first_content is not None else 0
+    line = pl.col("idx").cast(pl.Int64) + state.line + 1
+    task = _attempt_task(frame, state) or ""
+    starts = (pl.col("kind") == "boundary") & (pl.col("task").fill_null("") == task)
+    return (starts & (line > first)).fill_null(False)
+
+
 def add_attempts(frame: pl.DataFrame, state: ParserState) -> pl.DataFrame:
     """Add `attempt` (Int32)."""
-    boundary = pl.col("kind") == "boundary"
     if state.attempt_task is None:
-        tasks = frame.filter(boundary).get_column("task")
-        if len(tasks):
-            state.attempt_task = tasks[0] or ""
-    first = state.first_content if state.first_content is not None else 0
-    bump = (
-        boundary
-        & (pl.col("task").fill_null("") == (state.attempt_task or ""))
-        & (pl.col("line") > first)
-    )
-    attempt = pl.lit(state.attempt) + bump.fill_null(False).cast(pl.Int32).cum_sum()
+        state.attempt_task = _attempt_task(frame, state)
+    attempt = pl.lit(state.attempt) + attempt_starts(frame, state).cast(pl.Int32).cum_sum()
     return frame.with_columns(attempt=attempt.cast(pl.Int32))
 
 

@@ -3,8 +3,9 @@
 Rows come from:
 - **blocks**: a `Traceback (most recent call last)` line or Ray's `Unhandled error (suppress
   with ...)` line gives one row whose end is the first later line of the same actor that is neither
-  indented, blank, nor a chaining or traceback header, within WINDOW_LINES lines (each part of a
-  chained traceback is its own block). When that end is a Ray wrapper (`RayTaskError(X): ray::...`,
+  indented, blank, nor a chaining or traceback header, within WINDOW_LINES lines and the same
+  attempt (a block cut by a restart has no final line; each part of a chained traceback is its
+  own block). When that end is a Ray wrapper (`RayTaskError(X): ray::...`,
   `ActorDiedError: ... ray::...`) the block goes on to the wrapped exception's own final line.
 - **known lines**: the parser's literal rules (`kind` from ERROR_RULES) and the failure catalogue.
 - **final exception lines**: `package.Type: message` (`Type(Inner): message` for Ray wrappers)
@@ -93,10 +94,14 @@ def _opens() -> pl.Expr:
     return (pl.col("err") == "traceback").fill_null(False) | (unhandled & ~pl.col("window_only"))
 
 
-def with_traceback_ends(ev: pl.DataFrame) -> pl.DataFrame:
+def with_traceback_ends(ev: pl.DataFrame, attempt_starts: pl.Expr | None = None) -> pl.DataFrame:
     """Add to the block starts of `ev` (sorted by idx) `tb_end`/`tb_end_idx` (the final line,
     past a Ray wrapper), `tb_wrap_idx` (the wrapper passed) and `tb_open` (a wrapper whose
-    wrapped exception is not in `ev`, or not within WINDOW_LINES)."""
+    wrapped exception is not in `ev`, or not within WINDOW_LINES).
+
+    A block ends within its attempt (`attempt_starts`: the lines that start one): a process
+    killed while it printed a traceback leaves it without a final line, and the next attempt's
+    process may have the same pid, so the same prefix; its lines are never the block's end."""
     if not ev.select(_opens().any()).item():  # most chunks open no block: nothing to join
         return ev.with_columns(
             tb_end_idx=pl.lit(None, dtype=pl.UInt32),
@@ -105,8 +110,9 @@ def with_traceback_ends(ev: pl.DataFrame) -> pl.DataFrame:
             tb_end=pl.lit(None, dtype=pl.String),
         )
     idx = pl.col("idx")
-    after = pl.when(_end_candidate()).then(idx).backward_fill().shift(-1).over("actor")
-    frame = ev.with_columns(_after=after, _opens=_opens())
+    segment = pl.lit(0) if attempt_starts is None else attempt_starts.cast(pl.UInt32).cum_sum()
+    after = pl.when(_end_candidate()).then(idx).backward_fill().shift(-1).over("actor", "_seg")
+    frame = ev.with_columns(_seg=segment).with_columns(_after=after, _opens=_opens())
     ends = frame.select(
         _e=idx, _e_after=pl.col("_after"), _wrapper=pl.col("msg").str.contains(_WRAPPER)
     )
@@ -126,7 +132,7 @@ def with_traceback_ends(ev: pl.DataFrame) -> pl.DataFrame:
     frame = frame.join(
         texts, left_on="tb_end_idx", right_on="_i", how="left", maintain_order="left"
     )
-    return frame.drop("_after", "_opens", "_e_after", "_wrapper")
+    return frame.drop("_seg", "_after", "_opens", "_e_after", "_wrapper")
 
 
 def open_tracebacks(ev: pl.DataFrame, n_lines: int) -> pl.Series:
