@@ -252,6 +252,24 @@ def test_once_polars_is_imported_the_allocator_is_left_alone(
     assert os.environ["_RJEM_MALLOC_CONF"] == "dirty_decay_ms:0"
 
 
+@pytest.mark.parametrize(
+    ("before", "after"), [(None, "in-memory"), ("streaming", "streaming"), ("auto", "auto")]
+)
+def test_the_command_asks_polars_for_its_in_memory_engine(
+    before: str | None, after: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The parse's many small queries run on polars' in-memory engine, unless the operator
+    named an engine."""
+    from worker.cli import parse_cmd
+
+    if before is None:
+        monkeypatch.delenv("POLARS_ENGINE_AFFINITY", raising=False)
+    else:
+        monkeypatch.setenv("POLARS_ENGINE_AFFINITY", before)
+    parse_cmd._engine()
+    assert os.environ["POLARS_ENGINE_AFFINITY"] == after
+
+
 def test_the_trim_threshold_is_set_where_mallopt_exists(monkeypatch: pytest.MonkeyPatch) -> None:
     """glibc's `mallopt(M_TRIM_THRESHOLD, 1 MiB)`; a C library without mallopt is left alone."""
     import ctypes

@@ -3,9 +3,11 @@ each ending at a line end, and tables that do not depend on where the reads fall
 
 from __future__ import annotations
 
+import threading
 from collections import deque
 from concurrent.futures import Future, wait
 from pathlib import Path
+from typing import Any
 
 import polars as pl
 import pytest
@@ -13,7 +15,8 @@ from polars.testing import assert_frame_equal
 
 from bench.gen_continuous import generate_continuous
 from bench.gen_finelog import generate as generate_finelog
-from worker.evidence.logs import parse_log_file, reader, reads
+from worker.evidence.logs import LogCache, parse_log_file, reader, reads
+from worker.evidence.logs.budget import LogBudgetError, MemoryBudget
 from worker.evidence.logs.reader import FIRST_READ_BYTES, _reads, parse_file_rows
 from worker.evidence.logs.scan import Scan, scan
 from worker.evidence.logs.stitch import Stitched, build_tables, stitch
@@ -175,10 +178,10 @@ def test_tables_do_not_depend_on_scans_parsed_together(
     joins: list[int] = []
     ready = reader._ready
 
-    def counted(pending: deque[Future[Scan]], keep: int) -> Scan:
+    def counted(pending: deque[Future[Scan]], keep: int, *, first: bool = False) -> Scan:
         wait(list(pending), timeout=60)
         before = len(pending)
-        found = ready(pending, keep)
+        found = ready(pending, keep, first=first)
         joins.append(before - len(pending))
         return found
 
@@ -193,3 +196,104 @@ def test_tables_do_not_depend_on_scans_parsed_together(
             assert_frame_equal(getattr(apart, name), getattr(together, name))
         assert apart.summary == together.summary
     assert max(joins) > 1
+
+
+def _later(piece: Scan) -> Future[Scan]:
+    """A scan that is done a moment after it is asked for (a read still being scanned)."""
+    future: Future[Scan] = Future()
+    threading.Timer(0.2, future.set_result, (piece,)).start()
+    return future
+
+
+def test_the_short_first_read_is_parsed_with_the_next_one(log: Path) -> None:
+    """The file's first chunk waits for the next read's scan when its own read is the short
+    first one (at most FIRST_READ_BYTES); a first piece just past it, or a later chunk, does not
+    wait for a scan not done."""
+    pieces = _scans(log, 3 * MB)
+    assert pieces[0].size <= FIRST_READ_BYTES < pieces[1].size
+    pending = deque([_done(pieces[0]), _later(pieces[1])])
+    joined = reader._ready(pending, keep=0, first=True)
+    assert joined.lines == pieces[0].lines + pieces[1].lines and not pending
+    waiting = _later(pieces[2])
+    pending = deque([_done(pieces[1]), waiting])
+    assert reader._ready(pending, keep=0, first=True).lines == pieces[1].lines
+    pending = deque([_done(pieces[0]), waiting])
+    assert reader._ready(pending, keep=0).lines == pieces[0].lines
+    assert reader._ready(deque([_done(pieces[0]), _done(pieces[1])]), keep=1, first=True).lines == (
+        pieces[0].lines
+    )  # `keep`: the next one stays pending
+
+
+def _chunk_parses(
+    monkeypatch: pytest.MonkeyPatch, path: Path, cache: LogCache | None
+) -> tuple[list[tuple[int, bool]], int]:
+    """The (bytes, final) of each chunk parse of `path` and how many budget checks were made."""
+    parsed: list[tuple[int, bool]] = []
+    checks: list[int] = []
+    parse_chunk, check = reader.parse_chunk, MemoryBudget.check
+
+    def counted_parse(chunk: Scan, *args: Any, final: bool, **kwargs: Any) -> Any:
+        parsed.append((chunk.size, final))
+        return parse_chunk(chunk, *args, final=final, **kwargs)
+
+    def counted_check(self: MemoryBudget, *args: Any) -> None:
+        checks.append(1)
+        check(self, *args)
+
+    monkeypatch.setattr(reader, "parse_chunk", counted_parse)
+    monkeypatch.setattr(MemoryBudget, "check", counted_check)
+    parse_log_file(path, "finelog.log", cache=cache, budget=_roomy(path))
+    monkeypatch.undo()
+    return parsed, len(checks)
+
+
+def _roomy(path: Path) -> MemoryBudget:
+    """Reads of 3 MB with room for every read in flight (as a large log's budget has)."""
+    size = path.stat().st_size
+    return MemoryBudget(
+        limit_bytes=8 * 2**30, chunk_bytes=3 * MB, aim_bytes=8 * 2**30, log_bytes=size
+    )
+
+
+def test_without_a_cache_no_chunk_parse_is_of_nothing(
+    log: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Without a cache the empty final read is parsed with the chunk before it, and the short
+    first read with the next; with a cache the final read stays a chunk of its own (the rows
+    before it are what the cache keeps). Every chunk, the final one too, is checked against the
+    budget; the tables are the same."""
+    assert log.read_bytes().endswith(b"\n")  # so the final read is empty
+    whole, whole_checks = _chunk_parses(monkeypatch, log, None)
+    cached, cached_checks = _chunk_parses(monkeypatch, log, LogCache(directory=tmp_path))
+    assert all(size > 0 for size, _ in whole) and whole[-1][1]
+    assert whole[0][0] > FIRST_READ_BYTES
+    assert cached[-1] == (0, True)
+    assert sum(size for size, _ in whole) == sum(size for size, _ in cached) == log.stat().st_size
+    assert (whole_checks, cached_checks) == (len(whole), len(cached))
+    again = parse_log_file(
+        log, "finelog.log", chunk_bytes=3 * MB, cache=LogCache(directory=tmp_path)
+    )
+    plain = parse_log_file(log, "finelog.log", chunk_bytes=3 * MB)
+    for name in ("metrics", "timers", "phases", "engines", "progress", "batches", "errors"):
+        assert_frame_equal(getattr(again, name), getattr(plain, name))
+    assert again.summary == plain.summary
+
+
+def test_a_final_chunk_past_the_budget_stops_the_parse(
+    log: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A budget that every chunk but the final one fits: the final chunk's rows stop it."""
+    parsed, _ = _chunk_parses(monkeypatch, log, None)
+    calls: list[int] = []
+    check = MemoryBudget.check
+
+    def last_one_fails(self: MemoryBudget, held: Any, source: str, line: int, offset: int) -> None:
+        calls.append(offset)
+        if len(calls) == len(parsed):
+            raise LogBudgetError(f"{source}: past the budget at byte {offset:,}")
+        check(self, held, source, line, offset)
+
+    monkeypatch.setattr(MemoryBudget, "check", last_one_fails)
+    with pytest.raises(LogBudgetError, match="past the budget"):
+        parse_log_file(log, "finelog.log", budget=_roomy(log))
+    assert calls[-1] == log.stat().st_size

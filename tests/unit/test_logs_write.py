@@ -13,16 +13,34 @@ from polars.testing import assert_frame_equal
 from shared.redact import redact_frame
 from tests.security.corpus import HF, JWT
 from worker.evidence.logs import parse_log_file, write
-from worker.evidence.logs.write import _frames, _iso, redacted, write_tables
+from worker.evidence.logs.write import ISO_UTC, redacted, write_frame, write_tables
 from worker.evidence.model import LogTables, ParseSummary
 
 FIXTURES = Path(__file__).resolve().parent.parent / "fixtures" / "logs"
 LOGS = sorted(p for p in FIXTURES.iterdir() if p.suffix in {".log", ".out", ".txt"})
 
 
+def _iso(frame: pl.DataFrame) -> pl.DataFrame:
+    """Datetimes formatted into strings (the plain way; the writer now formats them itself)."""
+    stamps = [n for n, t in frame.schema.items() if isinstance(t, pl.Datetime)]
+    return frame.with_columns(
+        pl.col(n).dt.convert_time_zone("UTC").dt.strftime(ISO_UTC) for n in stamps
+    )
+
+
 def _plain(frame: pl.DataFrame, path: Path) -> None:
     """How the tables were written before: every cell redacted, then ISO datetimes, then CSV."""
     _iso(redact_frame(frame)).write_csv(path)
+
+
+def _frames(tables: LogTables) -> dict[str, pl.DataFrame]:
+    """The plain way's tables: the metrics pivoted first, on the caller's thread."""
+    frames = {name: getattr(tables, name) for name in write.TABLE_NAMES}
+    if write.wide_fits(tables.metrics):
+        frames["metrics"] = tables.metrics_wide()
+    else:
+        frames["metrics_long"] = frames.pop("metrics")
+    return frames
 
 
 @pytest.mark.parametrize("log", LOGS, ids=[p.name for p in LOGS])
@@ -39,6 +57,36 @@ def test_written_tables_equal_the_plain_way(log: Path, tmp_path: Path) -> None:
     assert [p.name for p in written] == expected
     for name in expected:
         assert (tmp_path / "fast" / name).read_bytes() == (tmp_path / "plain" / name).read_bytes()
+
+
+@pytest.mark.parametrize("unit", ["ms", "us", "ns"])
+@pytest.mark.parametrize("zone", [None, "UTC", "Europe/Berlin", "America/Los_Angeles"])
+def test_datetimes_are_written_as_the_strings_were(
+    unit: str, zone: str | None, tmp_path: Path
+) -> None:
+    """The CSV writer's datetimes (naive UTC, `ISO_UTC`) are the bytes the strings were: any
+    zone (a DST day), any unit (nanoseconds cut, not rounded), nulls, a leap day, before 1970."""
+    from datetime import datetime
+
+    stamps = [
+        datetime(2026, 3, 29, 0, 59, 59, 999999),
+        datetime(2026, 3, 29, 1, 0, 0, 1),
+        datetime(2024, 2, 29, 23, 59, 59),
+        datetime(1969, 12, 31, 23, 59, 59, 500000),
+        None,
+    ]
+    series = pl.Series("t", stamps, dtype=pl.Datetime("us"))
+    if unit == "ns":
+        series = (series.cast(pl.Int64) * 1000 + 789).cast(pl.Datetime("ns"))
+    else:
+        series = series.cast(pl.Datetime(unit))  # type: ignore[arg-type]
+    if zone is not None:
+        series = series.dt.replace_time_zone("UTC").dt.convert_time_zone(zone)
+    frame = pl.DataFrame({"t": series, "other": series.alias("other"), "n": range(5)})
+    written = write_frame(frame, tmp_path, "stamps")
+    _plain(frame, tmp_path / "plain.csv")
+    assert written.read_bytes() == (tmp_path / "plain.csv").read_bytes()
+    assert b"T00:59:59" in written.read_bytes() or zone not in (None, "UTC")
 
 
 def _frame(rows: int, distinct: int) -> pl.DataFrame:

@@ -45,6 +45,11 @@ _ALLOCATOR: Final = (("narenas", "1"), ("muzzy_decay_ms", "0"))
 # M_TRIM_THRESHOLD.
 _TRIM_BYTES: Final = 2**20
 _M_TRIM_THRESHOLD: Final = -1
+# polars' engine for the command's queries, unless the operator names one: the in-memory engine.
+# Its queries are small and many (a chunk's parse runs ~140), so a streaming engine's setup per
+# query (its own threads, morsels) costs more than it saves; docs/performance.md.
+_ENGINE_ENV: Final = "POLARS_ENGINE_AFFINITY"
+_ENGINE: Final = "in-memory"
 
 
 def _shown(text: str) -> str:
@@ -105,6 +110,11 @@ def _allocator() -> None:
     added = [f"{name}:{value}" for name, value in _ALLOCATOR if name not in named]
     if added:
         os.environ[_ALLOCATOR_ENV] = ",".join([current, *added] if current else added)
+
+
+def _engine() -> None:
+    """Ask polars for `_ENGINE` unless the operator set `_ENGINE_ENV` (read at each collect)."""
+    os.environ.setdefault(_ENGINE_ENV, _ENGINE)
 
 
 def _trim_freed_memory() -> None:
@@ -262,6 +272,7 @@ def parse_command(
         _fail(str(exc))
     _writable(out)
     _allocator()
+    _engine()
     _trim_freed_memory()
     prelude = _prelude(path, cache_dir)  # reads while polars is imported
     try:

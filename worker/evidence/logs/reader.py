@@ -1,8 +1,14 @@
 """Reading one log file: chunks through the parser, with or without the incremental cache.
 
-Reads are scanned (split, classified, stat lines read) in worker threads, up to `PREFETCH` reads
+Reads are scanned (split, classified, stat lines read) in a worker thread, up to `PREFETCH` reads
 ahead, while the main thread parses the chunks in order; polars releases the GIL, so a scan and a
-parse run on two cores at once.
+parse run on two cores at once. One scan thread, not two: polars runs each query on its own pool
+too, so a second scan thread only adds switches and memory on a two-core machine
+(docs/performance.md, issue 12, sixth round).
+
+Each chunk parse has a fixed cost (~140 small queries), so the short first read is parsed with
+the next one, and without a cache the last chunk takes the final read with it (a final read is
+usually empty: it would be a parse of nothing).
 """
 
 from __future__ import annotations
@@ -41,7 +47,7 @@ __all__ = [
 
 _LOGURU_TS: Final = r"(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d(?:\.\d+)?) \|"
 PREFETCH: Final = 2
-_WORKERS: Final = 2
+_WORKERS: Final = 1
 _WORST_DENSITY: Final = 4.0
 # Scans already done are parsed as one chunk until it holds this many bytes (`_ready`).
 JOIN_BYTES: Final = 32 * 2**20
@@ -131,9 +137,12 @@ class _Chunks:
         return self.budget.room(self.kept, in_flight + 1, self.density)
 
     def finish(self, piece: Scan) -> _Run:
+        """The last chunk parsed (`final`: open blocks closed) and checked against the budget."""
         saved = self.state.copy()
         chunk = self.carry.then(piece) if self.carry is not None else piece
         tail, _ = parse_chunk(chunk, self.state, self.source, final=True)
+        self.kept.add(tail)
+        self.budget.check(self.kept, self.source, self.state.line, self.state.offset)
         bytes_read = saved.offset + chunk.size
         return _Run(self.committed, saved, tail, self.state, bytes_read, self.early)
 
@@ -143,15 +152,30 @@ def _reads(handle: BufferedReader, chunk_bytes: int) -> Iterator[Read]:
     return first_reads(handle, chunk_bytes)
 
 
-def _ready(pending: deque[Future[Scan]], keep: int) -> Scan:
+def _joined(piece: Scan, other: Scan) -> Scan:
+    # `then` does not carry the cost of a read (density): the costlier one is kept
+    return replace(piece.then(other), density=max(piece.density, other.density))
+
+
+def _ready(pending: deque[Future[Scan]], keep: int, *, first: bool = False) -> Scan:
     """The first pending scan (waited for), followed by the next ones already done, up to
     JOIN_BYTES in all and leaving `keep` pending: one chunk parse for several reads when the
-    parse is behind (each parse has a fixed cost)."""
+    parse is behind (each parse has a fixed cost). `first`: the file's first chunk, whose short
+    first read (`reads.first_reads`) is joined with the next read even if it is not yet done."""
     piece = pending.popleft().result()
+    if first and len(pending) > keep and piece.size <= FIRST_READ_BYTES:
+        piece = _joined(piece, pending.popleft().result())
     while len(pending) > keep and pending[0].done() and piece.size < JOIN_BYTES:
-        other = pending.popleft().result()
-        # `then` does not carry the cost of a read (density): the costlier one is kept
-        piece = replace(piece.then(other), density=max(piece.density, other.density))
+        piece = _joined(piece, pending.popleft().result())
+    return piece
+
+
+def _last(pending: deque[Future[Scan]]) -> Scan:
+    """The pending scans left (the final read's, or the one before it and an empty final
+    read's), as one piece: the final chunk."""
+    piece = pending.popleft().result()
+    while pending:
+        piece = piece.then(pending.popleft().result())
     return piece
 
 
@@ -176,6 +200,7 @@ def _run(
     chunk_bytes: int,
     *,
     early: bool,
+    whole: bool = False,
     prelude: Prelude | None = None,
 ) -> _Run:
     """Scan reads ahead in the pool, as many as the budget has room for (at most PREFETCH + 1),
@@ -184,28 +209,33 @@ def _run(
     With `early`, once every read is scanned or queued, the rows committed so far are stitched in
     the pool while the last chunks are parsed (`_Run.early`): only the steps of those chunks are
     stitched again at the end (`restitch`). With `prelude` (reading this file from its start with
-    this read size), its reads and handle are taken: the same reads, some already passed."""
+    this read size), its reads and handle are taken: the same reads, some already passed. With
+    `whole` (no cache: the rows before the final read are not kept apart), an empty final read
+    is parsed with the chunk before it, not alone."""
     pending: deque[Future[Scan]] = deque()
     taken = prelude.take(chunk_bytes) if prelude is not None and state.offset == 0 else None
     if taken is not None:  # read before the budget first read the RSS: the parse's own
         chunks.budget.held_before(taken.held)
     opened = taken.handle if taken is not None else path.open("rb")
+    empty_final = False
     with opened as handle, ThreadPoolExecutor(_WORKERS) as pool:
         try:
             if taken is None:
                 handle.seek(state.offset)
             for read, passed in _sources(handle, chunk_bytes, taken):
                 while pending and (len(pending) > PREFETCH or not chunks.room(len(pending))):
-                    chunks.add(_ready(pending, keep=0))
+                    chunks.add(_ready(pending, keep=0, first=not chunks.committed))
                 pending.append(pool.submit(scan, read, passed))
                 if read.final:
+                    empty_final = read.size == 0
                     break
             if early and chunks.committed:
                 parts = list(chunks.committed)
                 chunks.early = _Early(len(parts), pool.submit(_stitch_parts, parts))
-            while len(pending) > 1:
-                chunks.add(_ready(pending, keep=1))
-            return chunks.finish(pending.popleft().result())
+            last = 2 if whole and empty_final else 1
+            while len(pending) > last:
+                chunks.add(_ready(pending, keep=last, first=not chunks.committed))
+            return chunks.finish(_last(pending))
         except BaseException:
             for future in pending:
                 future.cancel()
@@ -334,6 +364,7 @@ def _read_file(path: Path, source: str, opts: _Options) -> tuple[FileRows, Stitc
         chunks,
         opts.chunk_bytes,
         early=opts.early and hit is None,
+        whole=cache is None,
         prelude=opts.prelude,
     )
     committed = _concat(([hit.rows] if hit else []) + run.committed)

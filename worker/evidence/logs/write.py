@@ -2,12 +2,14 @@
 string column redacted (`shared.redact.redact_frame`). METRICS is written wide (`metrics`: `step`
 and a column per key) unless that would be too wide (`wide_fits`): then long (`metrics_long`).
 
-The tables are written at once in a few threads (polars releases the GIL while it writes); a
-CSV table of more than `SPLIT_ROWS` rows (the engines table of a busy log) is formatted in parts,
-one per thread: the first is written to the file, the others to temporary files beside it, then
-appended after it and removed (the same bytes as one write; no part is held in memory). A
-string column is redacted through its distinct values (an engine or source column repeats a few
-values over hundreds of thousands of rows).
+The tables are written at once in a few threads (polars releases the GIL while it writes); the
+wide metrics table is pivoted in one of them, beside the other writes. A CSV table of more than
+`SPLIT_ROWS` rows (the engines table of a busy log) is formatted in parts, one per thread: the
+first is written to the file, the others to temporary files beside it, then appended after it
+and removed (the same bytes as one write; no part is held in memory). A string column is
+redacted through its distinct values (an engine or source column repeats a few values over
+hundreds of thousands of rows). A CSV's datetimes are written by the CSV writer (as naive UTC
+times in `ISO_UTC`), not formatted into string columns first.
 """
 
 from __future__ import annotations
@@ -69,20 +71,24 @@ def wide_fits(metrics: pl.DataFrame) -> bool:
     return bool(keys <= WIDE_MAX_KEYS and keys * steps <= WIDE_MAX_CELLS)
 
 
-def _frames(tables: LogTables) -> dict[str, pl.DataFrame]:
+def _frames(tables: LogTables) -> tuple[dict[str, pl.DataFrame], bool]:
+    """The tables with rows, by file name, and whether `metrics` is to be written wide (it then
+    holds the long rows, pivoted by the writer: `_write_wide`)."""
     frames = {name: getattr(tables, name) for name in TABLE_NAMES}
-    if wide_fits(tables.metrics):
-        frames["metrics"] = tables.metrics_wide()
-    else:
+    frames = {name: frame for name, frame in frames.items() if not frame.is_empty()}
+    wide = "metrics" in frames and wide_fits(tables.metrics)
+    if "metrics" in frames and not wide:
         frames["metrics_long"] = frames.pop("metrics")
-    return frames
+    return frames, wide
 
 
-def _iso(frame: pl.DataFrame) -> pl.DataFrame:
+def _write_csv(frame: pl.DataFrame, path: Path, *, header: bool = True) -> None:
+    """`frame` as CSV, its datetimes as UTC in `ISO_UTC` (made naive, the writer formats them)."""
     stamps = [n for n, t in frame.schema.items() if isinstance(t, pl.Datetime)]
-    return frame.with_columns(
-        pl.col(n).dt.convert_time_zone("UTC").dt.strftime(ISO_UTC) for n in stamps
+    naive = frame.with_columns(
+        pl.col(n).dt.convert_time_zone("UTC").dt.replace_time_zone(None) for n in stamps
     )
+    naive.write_csv(path, include_header=header, datetime_format=ISO_UTC)
 
 
 def _redacted_column(column: pl.Series) -> pl.Series:
@@ -111,15 +117,20 @@ def write_tables(
 ) -> list[Path]:
     """Write every table with rows into `out_dir`; the paths written (in table order)."""
     out_dir.mkdir(parents=True, exist_ok=True)
-    frames = {name: frame for name, frame in _frames(tables).items() if not frame.is_empty()}
-    split = {n for n, f in frames.items() if fmt == "csv" and f.height > SPLIT_ROWS}
+    frames, wide = _frames(tables)
+    split = {
+        n
+        for n, f in frames.items()
+        if fmt == "csv" and f.height > SPLIT_ROWS and not (wide and n == "metrics")
+    }
     with ThreadPoolExecutor(_WRITERS) as pool:
-        # the long tables' parts first: the short tables then fill the threads
+        # the pivot and the long tables' parts first: the short tables then fill the threads
+        whole = {"metrics": pool.submit(_write_wide, tables, out_dir, fmt)} if wide else {}
         parts = {name: _submit_parts(pool, frames[name], out_dir / f"{name}.csv") for name in split}
-        whole = {
+        whole |= {
             name: pool.submit(write_frame, frame, out_dir, name, fmt)
             for name, frame in frames.items()
-            if name not in split
+            if name not in split and name not in whole
         }
         return [
             _join_parts(out_dir / f"{name}.csv", parts[name])
@@ -127,6 +138,11 @@ def write_tables(
             else whole[name].result()
             for name in frames
         ]
+
+
+def _write_wide(tables: LogTables, out_dir: Path, fmt: Literal["csv", "parquet"]) -> Path:
+    """The metrics pivoted wide (`LogTables.metrics_wide`) and written as `metrics`."""
+    return write_frame(tables.metrics_wide(), out_dir, "metrics", fmt)
 
 
 def _submit_parts(pool: ThreadPoolExecutor, frame: pl.DataFrame, path: Path) -> list[Future[Path]]:
@@ -143,15 +159,15 @@ def _csv_part(frame: pl.DataFrame, path: Path, *, first: bool) -> Path:
     """`frame` as CSV: written to `path` with the header (`first`), else its rows to a new
     temporary file beside `path` (on the disk, not in memory: the engines table of a busy log
     is tens of MB of text); the file written."""
-    frame = _iso(redacted(frame))
+    frame = redacted(frame)
     if first:
-        frame.write_csv(path)
+        _write_csv(frame, path)
         return path
     handle, name = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.part-")
     os.close(handle)
     part = Path(name)
     try:
-        frame.write_csv(part, include_header=False)
+        _write_csv(frame, part, header=False)
     except BaseException:
         part.unlink(missing_ok=True)
         raise
@@ -182,7 +198,7 @@ def write_frame(
     path = out_dir / f"{name}.{fmt}"
     frame = redacted(frame)  # vectorised: only cells the prefilter flags are rewritten
     if fmt == "csv":
-        _iso(frame).write_csv(path)
+        _write_csv(frame, path)
     else:
         frame.write_parquet(path)
     return path
