@@ -7,8 +7,9 @@ too, so a second scan thread only adds switches and memory on a two-core machine
 (docs/performance.md, issue 12, sixth round).
 
 Each chunk parse has a fixed cost (~140 small queries), so the short first read is parsed with
-the next one, and without a cache the last chunk takes the final read with it (a final read is
-usually empty: it would be a parse of nothing).
+the next one when both are scanned at once (the budget has room for two reads), and without a
+cache the last chunk takes the final read with it (a final read is usually empty: it would be a
+parse of nothing).
 """
 
 from __future__ import annotations
