@@ -277,6 +277,17 @@ def test_an_older_freeze_thaws_with_null_failure_columns(tmp_path: Path) -> None
     assert thawed.errors["entry"].to_list() == [None]
 
 
+def _attempt_rows(
+    tmp_path: Path, lines: list[str], chunk_bytes: int | None = None
+) -> list[tuple[object, ...]]:
+    """(line, last_line, attempt, exc_type) of each error row of `lines` (a May 1st log)."""
+    path = tmp_path / "finelog.log"
+    path.write_text("\n".join(lines) + "\n")
+    day = datetime(2026, 5, 1).date()
+    errors = parse_log_file(path, "finelog.log", reference_date=day, chunk_bytes=chunk_bytes)
+    return errors.errors.sort("line").select("line", "last_line", "attempt", "exc_type").rows()
+
+
 @pytest.mark.parametrize("chunk_bytes", [120, 1 << 20])
 def test_a_traceback_cut_by_a_restart_does_not_end_in_the_next_attempt(
     tmp_path: Path, chunk_bytes: int
@@ -293,13 +304,7 @@ def test_a_traceback_cut_by_a_restart_does_not_end_in_the_next_attempt(
         "[10:01:00] task=/u/job/0 | [iris setup] step 1/2",
         f"[10:01:02] task=/u/job/0 | {actor}ValueError: the second attempt's own failure",
     ]
-    path = tmp_path / "finelog.log"
-    path.write_text("\n".join(lines) + "\n")
-    day = datetime(2026, 5, 1).date()
-    errors = parse_log_file(
-        path, "finelog.log", reference_date=day, chunk_bytes=chunk_bytes
-    ).errors.sort("line")
-    assert errors.select("line", "last_line", "attempt", "exc_type").rows() == [
+    assert _attempt_rows(tmp_path, lines, chunk_bytes) == [
         (2, 2, 0, None),  # cut off: no final line
         (5, 5, 1, "ValueError"),
     ]
@@ -317,11 +322,7 @@ def test_a_traceback_ends_within_its_attempt(tmp_path: Path) -> None:
         "[10:01:00] task=/u/job/0 | [iris setup] step 1/2",
         f"[10:01:02] task=/u/job/0 | {actor}ValueError: the second attempt's own failure",
     ]
-    path = tmp_path / "finelog.log"
-    path.write_text("\n".join(lines) + "\n")
-    day = datetime(2026, 5, 1).date()
-    errors = parse_log_file(path, "finelog.log", reference_date=day).errors.sort("line")
-    assert errors.select("line", "last_line", "attempt", "exc_type").rows() == [
+    assert _attempt_rows(tmp_path, lines) == [
         (2, 4, 0, "KeyError"),
         (6, 6, 1, "ValueError"),
     ]
@@ -338,10 +339,4 @@ def test_another_tasks_setup_does_not_cut_a_traceback(tmp_path: Path) -> None:
         f'[10:00:01] task=/u/job/0 | {actor}  File "/app/x.py", line 1, in f',
         f"[10:00:02] task=/u/job/0 | {actor}KeyError: 'first'",
     ]
-    path = tmp_path / "finelog.log"
-    path.write_text("\n".join(lines) + "\n")
-    day = datetime(2026, 5, 1).date()
-    errors = parse_log_file(path, "finelog.log", reference_date=day).errors
-    assert errors.select("line", "last_line", "attempt", "exc_type").rows() == [
-        (2, 5, 0, "KeyError")
-    ]
+    assert _attempt_rows(tmp_path, lines) == [(2, 5, 0, "KeyError")]

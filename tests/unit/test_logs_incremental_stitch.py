@@ -26,6 +26,15 @@ def _same(left: LogTables | None, right: LogTables | None) -> None:
     assert left.summary == right.summary
 
 
+def _job(tmp_path: Path, head: bytes) -> tuple[Path, Path]:
+    """A job directory under `tmp_path` whose finelog holds `head`; the folder and the log."""
+    job = tmp_path / "job"
+    job.mkdir()
+    path = job / "finelog.log"
+    path.write_bytes(head)
+    return job, path
+
+
 def _log(tmp_path: Path) -> bytes:
     """About 1 MB of generated finelog, then a restart (Iris setup, "Resuming from ...") and
     the last 40 % of it again: the new attempt writes steps the first one wrote."""
@@ -55,10 +64,7 @@ def test_grown_finelog_restitched_equals_a_whole_read(tmp_path: Path, on_disk: b
     """Each growth (one starting a new attempt that resumes earlier steps) gives the tables of
     a whole read, and the cache entry's stitched tables keep the rows before the new steps."""
     data = _log(tmp_path)
-    job = tmp_path / "job"
-    job.mkdir()
-    path = job / "finelog.log"
-    path.write_bytes(b"")
+    job, path = _job(tmp_path, b"")
     cache = LogCache(directory=tmp_path / "cache" if on_disk else None)
     kept = []
     for cut in _cuts(data):
@@ -76,10 +82,7 @@ def test_disk_entry_keeps_stitched_parts_and_a_new_cache_reads_them(tmp_path: Pa
     """On disk the stitched tables are parts like the raw ones: a growth links the unchanged
     first parts, and a new cache object reading the folder gives the same tables."""
     data = _log(tmp_path)
-    job = tmp_path / "job"
-    job.mkdir()
-    path = job / "finelog.log"
-    path.write_bytes(data[: len(data) // 4])
+    job, path = _job(tmp_path, data[: len(data) // 4])
     parse_job_logs(job, cache=LogCache(directory=tmp_path / "c"))
     with path.open("ab") as handle:  # within the first attempt: no earlier step is touched
         handle.write(data[len(data) // 4 : data.index(RESUMING) - 100])
@@ -94,10 +97,7 @@ def test_rewritten_finelog_is_stitched_whole(tmp_path: Path) -> None:
     """A finelog rewritten in place (same inode, other head) or rotated (a new file) is read
     whole: its tables equal a whole read, nothing of the old stitched tables is kept."""
     data = _log(tmp_path)
-    job = tmp_path / "job"
-    job.mkdir()
-    path = job / "finelog.log"
-    path.write_bytes(data[: len(data) // 2])
+    job, path = _job(tmp_path, data[: len(data) // 2])
     cache = LogCache(directory=tmp_path / "c")
     parse_job_logs(job, cache=cache)
     inode = path.stat().st_ino
@@ -142,10 +142,7 @@ def test_grown_stitched_table_rewrites_its_tail_part_only(
     monkeypatch.setattr(incremental, "TAIL_ROWS", 4)
     monkeypatch.setattr(incremental, "SPLIT_ROWS", 16)
     data = _log(tmp_path)
-    job = tmp_path / "job"
-    job.mkdir()
-    path = job / "finelog.log"
-    path.write_bytes(data[: len(data) // 4])
+    job, path = _job(tmp_path, data[: len(data) // 4])
     first = LogCache(directory=tmp_path / "c")
     parse_job_logs(job, cache=first)
     before = _entry(first)
