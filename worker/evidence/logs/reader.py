@@ -3,8 +3,8 @@
 Reads are scanned (split, classified, stat lines read) in a worker thread, up to `PREFETCH` reads
 ahead, while the main thread parses the chunks in order; polars releases the GIL, so a scan and a
 parse run on two cores at once. One scan thread, not two: polars runs each query on its own pool
-too, so a second scan thread only adds switches and memory on a two-core machine
-(docs/performance.md, issue 12, sixth round).
+too, and on a two-core machine a second scan thread gave the same wall time with ~9 MB more peak
+memory (docs/performance.md, issue 12, sixth round).
 
 Each chunk parse has a fixed cost (~140 small queries), so the short first read is parsed with
 the next one when both are scanned at once (the budget has room for two reads), and without a
