@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import threading
 from collections import deque
-from concurrent.futures import Future, wait
+from concurrent.futures import Future, ThreadPoolExecutor, wait
 from pathlib import Path
 from typing import Any
 
@@ -16,6 +16,7 @@ from polars.testing import assert_frame_equal
 from bench.gen_continuous import generate_continuous
 from bench.gen_finelog import generate as generate_finelog
 from worker.evidence.logs import LogCache, parse_log_file, reader, reads
+from worker.evidence.logs import budget as budget_module
 from worker.evidence.logs.budget import LogBudgetError, MemoryBudget
 from worker.evidence.logs.reader import FIRST_READ_BYTES, _reads, parse_file_rows
 from worker.evidence.logs.scan import Scan, scan
@@ -297,3 +298,85 @@ def test_a_final_chunk_past_the_budget_stops_the_parse(
     with pytest.raises(LogBudgetError, match="past the budget"):
         parse_log_file(log, "finelog.log", budget=_roomy(log))
     assert calls[-1] == log.stat().st_size
+
+
+def _parses_and_scans(
+    monkeypatch: pytest.MonkeyPatch, path: Path, budget: MemoryBudget
+) -> tuple[list[int], list[int]]:
+    """For each chunk parse of `path`: how many reads had been handed to a scan before it, and
+    the chunk's bytes."""
+    submitted: list[int] = []
+    before: list[int] = []
+    sizes: list[int] = []
+    parse_chunk = reader.parse_chunk
+
+    class Counting(ThreadPoolExecutor):
+        def submit(self, fn: Any, /, *args: Any, **kwargs: Any) -> Any:
+            if fn is reader.scan:
+                submitted.append(1)
+            return super().submit(fn, *args, **kwargs)
+
+    def counted_parse(chunk: Scan, *args: Any, final: bool, **kwargs: Any) -> Any:
+        before.append(len(submitted))
+        sizes.append(chunk.size)
+        return parse_chunk(chunk, *args, final=final, **kwargs)
+
+    monkeypatch.setattr(reader, "ThreadPoolExecutor", Counting)
+    monkeypatch.setattr(reader, "parse_chunk", counted_parse)
+    parse_log_file(path, "finelog.log", budget=budget)
+    monkeypatch.undo()
+    return before, sizes
+
+
+def _aimed(path: Path, reads: float) -> MemoryBudget:
+    """Reads of 3 MB, aiming at room for `reads` reads of the cost the first read's scan shows
+    (`MemoryBudget.room`), when nothing is kept yet; the worst cost leaves room for none."""
+    with path.open("rb") as handle:
+        density = scan(next(_reads(handle, 3 * MB))).density
+    per_read = (budget_module._SCAN_READS + budget_module._DENSITY_COPIES * density) * 3 * MB
+    aim = int(budget_module._FIXED + reads * per_read)
+    worst = (budget_module._SCAN_READS + budget_module._DENSITY_COPIES * reader._WORST_DENSITY) * 3
+    assert aim < budget_module._FIXED + 2 * worst * MB  # no room for two at the worst cost
+    return MemoryBudget(
+        limit_bytes=8 * 2**30, chunk_bytes=3 * MB, aim_bytes=aim, log_bytes=path.stat().st_size
+    )
+
+
+def test_the_first_scan_tells_the_cost_before_anything_is_parsed(
+    log: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Until a scan is seen the budget assumes the worst cost of a read. The first scan is waited
+    for (not parsed) to learn the cost: with room for three reads of that cost, three are being
+    scanned before the first chunk is parsed, and the short first read is parsed with the next.
+    With room for one and a half, just short of two, the first chunk is parsed alone first, as
+    before. The tables are the same."""
+    roomy, roomy_sizes = _parses_and_scans(monkeypatch, log, _aimed(log, 3.01))
+    assert roomy[0] >= reader.PREFETCH + 1 and roomy_sizes[0] > FIRST_READ_BYTES
+    tight, tight_sizes = _parses_and_scans(monkeypatch, log, _aimed(log, 1.5))
+    assert tight[0] == 1 and tight_sizes[0] <= FIRST_READ_BYTES
+    assert sum(roomy_sizes) == sum(tight_sizes) == log.stat().st_size
+    plain = parse_log_file(log, "finelog.log", budget=_aimed(log, 1.5))
+    again = parse_log_file(log, "finelog.log", budget=_aimed(log, 3.01))
+    for name in ("metrics", "timers", "phases", "engines", "progress", "batches", "errors"):
+        assert_frame_equal(getattr(again, name), getattr(plain, name))
+    assert again.summary == plain.summary
+
+
+@pytest.mark.parametrize(
+    ("content", "parses"),
+    [
+        (b"WANDB_MIRROR kind=train step=1 metrics={}\n", 1),  # one read, an empty final read
+        (b"one\n" * 1000, 1),
+        (b"one\ntwo\nno newline at the end", 2),  # the final read holds a line
+    ],
+    ids=["one-line", "lines", "unterminated"],
+)
+def test_a_small_file_is_one_chunk_parse(
+    content: bytes, parses: int, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A file of one read is parsed once (its empty final read holds nothing and needs no room:
+    it is parsed with it); a final read that holds a line is a chunk of its own."""
+    path = tmp_path / "finelog.log"
+    path.write_bytes(content)
+    _, sizes = _parses_and_scans(monkeypatch, path, MemoryBudget.for_logs(len(content)))
+    assert len(sizes) == parses and sum(sizes) == len(content)

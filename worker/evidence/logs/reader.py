@@ -9,7 +9,10 @@ memory (docs/performance.md, issue 12, sixth round).
 Each chunk parse has a fixed cost (~140 small queries), so the short first read is parsed with
 the next one when both are scanned at once (the budget has room for two reads), and without a
 cache the last chunk takes the final read with it (a final read is usually empty: it would be a
-parse of nothing).
+parse of nothing). Until a scan is seen the budget assumes the worst cost of a read; the first
+scan is waited for, not parsed, to learn the cost (`_make_room`), so the next reads are scanned
+while the first chunk is parsed. An empty final read holds nothing and needs no room: a file of
+one read is one chunk parse.
 """
 
 from __future__ import annotations
@@ -124,9 +127,15 @@ class _Chunks:
         # the last scan's frames for each byte read (records: ~3; busy: ~0.2); until a scan is
         # seen, the worst is assumed, so the first reads of a tight budget are not run at once
         self.density = _WORST_DENSITY
+        self.seen = False
+
+    def learn(self, piece: Scan) -> None:
+        """What a read of this log costs, from the scan `piece` (`room`)."""
+        self.density = piece.density
+        self.seen = True
 
     def add(self, piece: Scan) -> None:
-        self.density = piece.density
+        self.learn(piece)
         chunk = self.carry.then(piece) if self.carry is not None else piece
         rows, self.carry = parse_chunk(chunk, self.state, self.source, final=False)
         self.committed.append(rows)
@@ -169,6 +178,18 @@ def _ready(pending: deque[Future[Scan]], keep: int, *, first: bool = False) -> S
     while len(pending) > keep and pending[0].done() and piece.size < JOIN_BYTES:
         piece = _joined(piece, pending.popleft().result())
     return piece
+
+
+def _make_room(pending: deque[Future[Scan]], chunks: _Chunks) -> None:
+    """Parse pending scans until one more read may be scanned: at most PREFETCH + 1 in flight,
+    within the budget's room. Until a scan is seen the room assumes the worst cost, so the first
+    scan is waited for (not parsed) to learn the cost: the next reads are then scanned while the
+    first chunk is parsed (and a file of one read and its empty final read is one parse)."""
+    while pending and (len(pending) > PREFETCH or not chunks.room(len(pending))):
+        if not chunks.seen:
+            chunks.learn(pending[0].result())
+            continue
+        chunks.add(_ready(pending, keep=0, first=not chunks.committed))
 
 
 def _last(pending: deque[Future[Scan]]) -> Scan:
@@ -224,8 +245,8 @@ def _run(
             if taken is None:
                 handle.seek(state.offset)
             for read, passed in _sources(handle, chunk_bytes, taken):
-                while pending and (len(pending) > PREFETCH or not chunks.room(len(pending))):
-                    chunks.add(_ready(pending, keep=0, first=not chunks.committed))
+                if read.size:  # an empty final read holds nothing: no room is needed
+                    _make_room(pending, chunks)
                 pending.append(pool.submit(scan, read, passed))
                 if read.final:
                     empty_final = read.size == 0
