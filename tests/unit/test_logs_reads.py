@@ -301,10 +301,13 @@ def test_a_final_chunk_past_the_budget_stops_the_parse(
 
 
 def _parses_and_scans(
-    monkeypatch: pytest.MonkeyPatch, path: Path, budget: MemoryBudget
+    monkeypatch: pytest.MonkeyPatch,
+    path: Path,
+    budget: MemoryBudget,
+    scanned: list[int] | None = None,
 ) -> tuple[list[int], list[int]]:
     """For each chunk parse of `path`: how many reads had been handed to a scan before it, and
-    the chunk's bytes."""
+    the chunk's bytes; `scanned` is given the bytes of each read handed to a scan."""
     submitted: list[int] = []
     before: list[int] = []
     sizes: list[int] = []
@@ -314,6 +317,8 @@ def _parses_and_scans(
         def submit(self, fn: Any, /, *args: Any, **kwargs: Any) -> Any:
             if fn is reader.scan:
                 submitted.append(1)
+                if scanned is not None:
+                    scanned.append(args[0].size)
             return super().submit(fn, *args, **kwargs)
 
     def counted_parse(chunk: Scan, *args: Any, final: bool, **kwargs: Any) -> Any:
@@ -380,3 +385,35 @@ def test_a_small_file_is_one_chunk_parse(
     path.write_bytes(content)
     _, sizes = _parses_and_scans(monkeypatch, path, MemoryBudget.for_logs(len(content)))
     assert len(sizes) == parses and sum(sizes) == len(content)
+
+
+@pytest.mark.parametrize(
+    ("content", "scanned"),
+    [
+        (b"", [0]),  # nothing but the empty final read: it is the file
+        (b"one\n", [4]),
+        (b"one\ntwo\nno newline at the end", [8, 21]),  # the final read holds a line
+    ],
+    ids=["empty", "one-line", "unterminated"],
+)
+def test_without_a_cache_an_empty_final_read_is_not_scanned(
+    content: bytes, scanned: list[int], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An empty final read holds nothing: the read before it ends the last chunk. A final read
+    that holds a line, or the only read of an empty file, is scanned."""
+    path = tmp_path / "finelog.log"
+    path.write_bytes(content)
+    found: list[int] = []
+    _parses_and_scans(monkeypatch, path, MemoryBudget.for_logs(len(content)), found)
+    assert found == scanned
+
+
+def test_every_read_but_an_empty_final_one_is_scanned(
+    log: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    with log.open("rb") as handle:
+        sizes = [read.size for read in _reads(handle, 3 * MB)]
+    assert sizes[-1] == 0 and all(sizes[:-1])
+    found: list[int] = []
+    _parses_and_scans(monkeypatch, log, _roomy(log), found)
+    assert found == sizes[:-1]

@@ -8,11 +8,10 @@ memory (docs/performance.md, issue 12, sixth round).
 
 Each chunk parse has a fixed cost (~140 small queries), so the short first read is parsed with
 the next one when both are scanned at once (the budget has room for two reads), and without a
-cache the last chunk takes the final read with it (a final read is usually empty: it would be a
-parse of nothing). Until a scan is seen the budget assumes the worst cost of a read; the first
-scan is waited for, not parsed, to learn the cost (`_make_room`), so the next reads are scanned
-while the first chunk is parsed. An empty final read holds nothing and needs no room: a file of
-one read is one chunk parse.
+cache an empty final read (the usual one) is not scanned: the chunk before it is the final chunk,
+not a scan and a parse of nothing. Until a scan is seen the budget assumes the worst cost of a
+read; the first scan is waited for, not parsed, to learn the cost (`_make_room`), so the next
+reads are scanned while the first chunk is parsed. A file of one read is one chunk parse.
 """
 
 from __future__ import annotations
@@ -184,7 +183,7 @@ def _make_room(pending: deque[Future[Scan]], chunks: _Chunks) -> None:
     """Parse pending scans until one more read may be scanned: at most PREFETCH + 1 in flight,
     within the budget's room. Until a scan is seen the room assumes the worst cost, so the first
     scan is waited for (not parsed) to learn the cost: the next reads are then scanned while the
-    first chunk is parsed (and a file of one read and its empty final read is one parse)."""
+    first chunk is parsed."""
     while pending and (len(pending) > PREFETCH or not chunks.room(len(pending))):
         if not chunks.seen:
             chunks.learn(pending[0].result())
@@ -192,13 +191,24 @@ def _make_room(pending: deque[Future[Scan]], chunks: _Chunks) -> None:
         chunks.add(_ready(pending, keep=0, first=not chunks.committed))
 
 
-def _last(pending: deque[Future[Scan]]) -> Scan:
-    """The pending scans left (the final read's, or the one before it and an empty final
-    read's), as one piece: the final chunk."""
-    piece = pending.popleft().result()
-    while pending:
-        piece = piece.then(pending.popleft().result())
-    return piece
+def _scan_reads(
+    reads: Iterator[tuple[Read, native.Raw | None]],
+    pending: deque[Future[Scan]],
+    pool: ThreadPoolExecutor,
+    chunks: _Chunks,
+    *,
+    whole: bool,
+) -> None:
+    """Hand the reads to scans in order, each once there is room (`_make_room`). With `whole`,
+    an empty final read after others is not scanned: the reads before it are the last chunk."""
+    for read, passed in reads:
+        if whole and read.final and not read.size and pending:
+            return
+        if read.size:  # an empty final read holds nothing: no room is needed
+            _make_room(pending, chunks)
+        pending.append(pool.submit(scan, read, passed))
+        if read.final:
+            return
 
 
 def _stitch_parts(parts: list[dict[str, pl.DataFrame]]) -> Stitched:
@@ -233,31 +243,23 @@ def _run(
     stitched again at the end (`restitch`). With `prelude` (reading this file from its start with
     this read size), its reads and handle are taken: the same reads, some already passed. With
     `whole` (no cache: the rows before the final read are not kept apart), an empty final read
-    is parsed with the chunk before it, not alone."""
+    is not scanned: the chunk before it is the final chunk, not a parse of nothing."""
     pending: deque[Future[Scan]] = deque()
     taken = prelude.take(chunk_bytes) if prelude is not None and state.offset == 0 else None
     if taken is not None:  # read before the budget first read the RSS: the parse's own
         chunks.budget.held_before(taken.held)
     opened = taken.handle if taken is not None else path.open("rb")
-    empty_final = False
     with opened as handle, ThreadPoolExecutor(_WORKERS) as pool:
         try:
             if taken is None:
                 handle.seek(state.offset)
-            for read, passed in _sources(handle, chunk_bytes, taken):
-                if read.size:  # an empty final read holds nothing: no room is needed
-                    _make_room(pending, chunks)
-                pending.append(pool.submit(scan, read, passed))
-                if read.final:
-                    empty_final = read.size == 0
-                    break
+            _scan_reads(_sources(handle, chunk_bytes, taken), pending, pool, chunks, whole=whole)
             if early and chunks.committed:
                 parts = list(chunks.committed)
                 chunks.early = _Early(len(parts), pool.submit(_stitch_parts, parts))
-            last = 2 if whole and empty_final else 1
-            while len(pending) > last:
-                chunks.add(_ready(pending, keep=last, first=not chunks.committed))
-            return chunks.finish(_last(pending))
+            while len(pending) > 1:
+                chunks.add(_ready(pending, keep=1, first=not chunks.committed))
+            return chunks.finish(pending.popleft().result())
         except BaseException:
             for future in pending:
                 future.cancel()
