@@ -259,15 +259,41 @@ def test_the_command_asks_polars_for_its_in_memory_engine(
     before: str | None, after: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The parse's many small queries run on polars' in-memory engine, unless the operator
-    named an engine."""
+    named an engine; afterwards the environment is as it was."""
     from worker.cli import parse_cmd
 
     if before is None:
         monkeypatch.delenv("POLARS_ENGINE_AFFINITY", raising=False)
     else:
         monkeypatch.setenv("POLARS_ENGINE_AFFINITY", before)
-    parse_cmd._engine()
-    assert os.environ["POLARS_ENGINE_AFFINITY"] == after
+    with parse_cmd._engine():
+        assert os.environ["POLARS_ENGINE_AFFINITY"] == after
+    assert os.environ.get("POLARS_ENGINE_AFFINITY") == before
+
+
+@pytest.mark.parametrize("fails", [False, True])
+def test_the_command_in_process_leaves_the_engine_setting_as_it_was(
+    log: Path, fails: bool, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`rl-health parse` run in process (CliRunner, as a test runner or a caller does) reads on
+    the in-memory engine and leaves no setting behind, whether it ends well or fails."""
+    from worker.cli import parse_cmd
+
+    monkeypatch.delenv("POLARS_ENGINE_AFFINITY", raising=False)
+    seen: list[str | None] = []
+    read_logs = parse_cmd._read_logs
+
+    def recorded(*args: object, **kwargs: object) -> object:
+        seen.append(os.environ.get("POLARS_ENGINE_AFFINITY"))
+        if fails:
+            raise LogBudgetError("over the budget")
+        return read_logs(*args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(parse_cmd, "_read_logs", recorded)
+    result = CliRunner().invoke(main, ["parse", str(log), "--out", str(tmp_path / "out")])
+    assert result.exit_code == (1 if fails else 0), result.output
+    assert seen == ["in-memory"]
+    assert "POLARS_ENGINE_AFFINITY" not in os.environ
 
 
 def test_the_trim_threshold_is_set_where_mallopt_exists(monkeypatch: pytest.MonkeyPatch) -> None:

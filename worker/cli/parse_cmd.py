@@ -15,7 +15,8 @@ from __future__ import annotations
 import os
 import sys
 import tempfile
-from contextlib import AbstractContextManager, nullcontext
+from collections.abc import Iterator
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 from pathlib import Path
 from typing import TYPE_CHECKING, Final, Literal, NoReturn
 
@@ -113,9 +114,19 @@ def _allocator() -> None:
         os.environ[_ALLOCATOR_ENV] = ",".join([current, *added] if current else added)
 
 
-def _engine() -> None:
-    """Ask polars for `_ENGINE` unless the operator set `_ENGINE_ENV` (read at each collect)."""
-    os.environ.setdefault(_ENGINE_ENV, _ENGINE)
+@contextmanager
+def _engine() -> Iterator[None]:
+    """Ask polars for `_ENGINE` while the parse runs, unless the operator set `_ENGINE_ENV` (read
+    at each collect). The setting is removed afterwards: a process that runs the command in
+    process (a test runner, say) keeps polars' own default for what it does next."""
+    if _ENGINE_ENV in os.environ:
+        yield
+        return
+    os.environ[_ENGINE_ENV] = _ENGINE
+    try:
+        yield
+    finally:
+        os.environ.pop(_ENGINE_ENV, None)
 
 
 def _trim_freed_memory() -> None:
@@ -273,8 +284,19 @@ def parse_command(
         _fail(str(exc))
     _writable(out)
     _allocator()
-    _engine()
     _trim_freed_memory()
+    with _engine():
+        _parse(path, out, fmt, trace_jobs_dir, cache_dir)
+
+
+def _parse(
+    path: Path,
+    out: Path,
+    fmt: Literal["csv", "parquet"],
+    trace_jobs_dir: Path | None,
+    cache_dir: Path | None,
+) -> None:
+    """The command once its settings are checked: read, write, print, exit."""
     prelude = _prelude(path, cache_dir)  # reads while polars is imported
     try:
         from worker.evidence.logs import LogCache, write_tables
