@@ -177,6 +177,22 @@ def _read_logs(
     return tables, notes
 
 
+def _read(path: Path, cache_dir: Path | None) -> tuple[LogTables | None, list[str]]:
+    """The tables and the notes to print, the log cache's notes printed on stderr."""
+    prelude = _prelude(path, cache_dir)  # reads while polars is imported
+    try:
+        from worker.evidence.logs import LogCache
+
+        cache = LogCache(directory=cache_dir) if cache_dir is not None else None
+        found = _read_logs(path, cache, prelude)
+    finally:
+        if prelude is not None:
+            prelude.close()
+    for note in cache.notes if cache is not None else ():
+        click.echo(f"cache: {_shown(note)}", err=True)
+    return found
+
+
 def _read_trials(path: Path, trace_jobs_dir: Path | None) -> TrialTables | None:
     if not path.is_dir() and trace_jobs_dir is None:
         return None  # a single log file: the trials module is not even imported
@@ -285,41 +301,22 @@ def parse_command(
     _writable(out)
     _allocator()
     _trim_freed_memory()
-    with _engine():
-        _parse(path, out, fmt, trace_jobs_dir, cache_dir)
+    with _engine():  # removed after the parse (a caller in process keeps its own setting)
+        logs, notes = _read(path, cache_dir)
+        trials = _read_trials(path, trace_jobs_dir)
+        from worker.evidence.logs import write_tables
 
-
-def _parse(
-    path: Path,
-    out: Path,
-    fmt: Literal["csv", "parquet"],
-    trace_jobs_dir: Path | None,
-    cache_dir: Path | None,
-) -> None:
-    """The command once its settings are checked: read, write, print, exit."""
-    prelude = _prelude(path, cache_dir)  # reads while polars is imported
-    try:
-        from worker.evidence.logs import LogCache, write_tables
-
-        cache = LogCache(directory=cache_dir) if cache_dir is not None else None
-        logs, notes = _read_logs(path, cache, prelude)
-    finally:
-        if prelude is not None:
-            prelude.close()
-    for note in cache.notes if cache is not None else ():
-        click.echo(f"cache: {_shown(note)}", err=True)
-    trials = _read_trials(path, trace_jobs_dir)
-    try:
-        written = write_tables(logs, out, fmt) if logs is not None else []
-        written += _write_trials(trials, out, fmt)
-    except OSError as exc:
-        _fail(f"cannot write the tables to {out}: {exc.strerror or exc}")
-    for note in notes:
-        click.echo(f"note: {_shown(note)}")
-    for line in _summary_lines(logs, trials):
-        click.echo(line)
-    click.echo("wrote: " + (", ".join(p.name for p in written) or "nothing"))
-    if logs is None or logs.metrics.is_empty():
-        click.echo(_no_metrics_message(path, logs), err=True)
-        _finish(1)
-    _finish(0)
+        try:
+            written = write_tables(logs, out, fmt) if logs is not None else []
+            written += _write_trials(trials, out, fmt)
+        except OSError as exc:
+            _fail(f"cannot write the tables to {out}: {exc.strerror or exc}")
+        for note in notes:
+            click.echo(f"note: {_shown(note)}")
+        for line in _summary_lines(logs, trials):
+            click.echo(line)
+        click.echo("wrote: " + (", ".join(p.name for p in written) or "nothing"))
+        if logs is None or logs.metrics.is_empty():
+            click.echo(_no_metrics_message(path, logs), err=True)
+            _finish(1)
+        _finish(0)
