@@ -259,9 +259,10 @@ def _roomy(path: Path) -> MemoryBudget:
 def test_without_a_cache_no_chunk_parse_is_of_nothing(
     log: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Without a cache the empty final read is parsed with the chunk before it, and the short
-    first read with the next; with a cache the final read stays a chunk of its own (the rows
-    before it are what the cache keeps). Every chunk, the final one too, is checked against the
+    """Without a cache the empty final read is no chunk parse of its own (it is not even
+    scanned: the read before it ends the last chunk), and the short first read is parsed with
+    the next; with a cache the final read stays a chunk of its own (the rows before it are what
+    the cache keeps). Every chunk, the final one too, is checked against the
     budget; the tables are the same."""
     assert log.read_bytes().endswith(b"\n")  # so the final read is empty
     whole, whole_checks = _chunk_parses(monkeypatch, log, None)
