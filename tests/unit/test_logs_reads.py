@@ -334,17 +334,17 @@ def _parses_and_scans(
     return before, sizes
 
 
-def _aimed(path: Path, reads: float) -> MemoryBudget:
-    """Reads of 3 MB, aiming at room for `reads` reads of the cost the first read's scan shows
-    (`MemoryBudget.room`), when nothing is kept yet; the worst cost leaves room for none."""
+def _aimed(path: Path, reads: float, chunk: int = 3 * MB) -> MemoryBudget:
+    """Reads of `chunk` bytes, aiming at room for `reads` reads of the cost the first read's scan
+    shows (`MemoryBudget.room`), when nothing is kept yet; the worst cost leaves room for none."""
     with path.open("rb") as handle:
-        density = scan(next(_reads(handle, 3 * MB))).density
-    per_read = (budget_module._SCAN_READS + budget_module._DENSITY_COPIES * density) * 3 * MB
+        density = scan(next(_reads(handle, chunk))).density
+    per_read = (budget_module._SCAN_READS + budget_module._DENSITY_COPIES * density) * chunk
     aim = int(budget_module._FIXED + reads * per_read)
-    worst = (budget_module._SCAN_READS + budget_module._DENSITY_COPIES * reader._WORST_DENSITY) * 3
-    assert aim < budget_module._FIXED + 2 * worst * MB  # no room for two at the worst cost
+    worst = budget_module._SCAN_READS + budget_module._DENSITY_COPIES * reader._WORST_DENSITY
+    assert aim < budget_module._FIXED + 2 * worst * chunk  # no room for two at the worst cost
     return MemoryBudget(
-        limit_bytes=8 * 2**30, chunk_bytes=3 * MB, aim_bytes=aim, log_bytes=path.stat().st_size
+        limit_bytes=8 * 2**30, chunk_bytes=chunk, aim_bytes=aim, log_bytes=path.stat().st_size
     )
 
 
@@ -363,6 +363,68 @@ def test_the_first_scan_tells_the_cost_before_anything_is_parsed(
     assert sum(roomy_sizes) == sum(tight_sizes) == log.stat().st_size
     plain = parse_log_file(log, "finelog.log", budget=_aimed(log, 1.5))
     again = parse_log_file(log, "finelog.log", budget=_aimed(log, 3.01))
+    for name in ("metrics", "timers", "phases", "engines", "progress", "batches", "errors"):
+        assert_frame_equal(getattr(again, name), getattr(plain, name))
+    assert again.summary == plain.summary
+
+
+class _Synchronous(ThreadPoolExecutor):
+    """Runs each task at once, in the caller's thread: every scan is done when it is handed on,
+    so a chunk taken to make room always joins every scan pending (the most it can take)."""
+
+    def submit(self, fn: Any, /, *args: Any, **kwargs: Any) -> Future[Any]:
+        future: Future[Any] = Future()
+        future.set_result(fn(*args, **kwargs))
+        return future
+
+
+def _in_flight_at_parses(
+    monkeypatch: pytest.MonkeyPatch, path: Path, budget: MemoryBudget
+) -> list[int]:
+    """For each chunk parse of `path` (scans run synchronously; a chunk joins every scan pending,
+    `JOIN_BYTES` being three reads): the bytes handed to scans and not in a chunk parsed so far,
+    the chunk being parsed excluded (what is scanned meanwhile)."""
+    handed: list[int] = []
+    parsed: list[int] = []
+    found: list[int] = []
+    parse_chunk = reader.parse_chunk
+
+    class Recording(_Synchronous):
+        def submit(self, fn: Any, /, *args: Any, **kwargs: Any) -> Future[Any]:
+            if fn is reader.scan:
+                handed.append(args[0].size)
+            return super().submit(fn, *args, **kwargs)
+
+    def recorded_parse(chunk: Scan, *args: Any, final: bool, **kwargs: Any) -> Any:
+        parsed.append(chunk.size)
+        found.append(sum(handed) - sum(parsed))
+        return parse_chunk(chunk, *args, final=final, **kwargs)
+
+    monkeypatch.setattr(reader, "ThreadPoolExecutor", Recording)
+    monkeypatch.setattr(reader, "parse_chunk", recorded_parse)
+    monkeypatch.setattr(reader, "JOIN_BYTES", 3 * budget.chunk_bytes)
+    parse_log_file(path, "finelog.log", budget=budget)
+    monkeypatch.undo()
+    assert sum(parsed) == path.stat().st_size
+    return found
+
+
+def test_the_next_read_is_handed_on_before_the_chunk_that_made_room_is_parsed(
+    log: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A chunk taken from the scans to make room for the next read is parsed after that read is
+    handed to the scan thread, when the budget holds the chunk as one more read: every parse but
+    the last has a read being scanned beside it, even when the chunk took every scan pending.
+    With room for 1.9 reads, just short of the two that holding a chunk needs (the chunk and the
+    next read), each chunk is parsed before the next read is handed on, as before. The tables
+    are the same."""
+    roomy = MemoryBudget(limit_bytes=8 * 2**30, chunk_bytes=MB // 4, aim_bytes=8 * 2**30)
+    found = _in_flight_at_parses(monkeypatch, log, roomy)
+    assert len(found) > 5 and all(bytes_ > 0 for bytes_ in found[:-1])
+    tight = _aimed(log, 1.9, MB // 4)
+    assert _in_flight_at_parses(monkeypatch, log, tight)[:-1].count(0) > 5
+    plain = parse_log_file(log, "finelog.log", budget=_aimed(log, 1.9, MB // 4))
+    again = parse_log_file(log, "finelog.log", budget=roomy)
     for name in ("metrics", "timers", "phases", "engines", "progress", "batches", "errors"):
         assert_frame_equal(getattr(again, name), getattr(plain, name))
     assert again.summary == plain.summary

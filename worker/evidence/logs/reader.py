@@ -11,7 +11,10 @@ the next one when both are scanned at once (the budget has room for two reads), 
 cache an empty final read (the usual one) is not scanned: the chunk before it is the final chunk,
 not a scan and a parse of nothing. Until a scan is seen the budget assumes the worst cost of a
 read; the first scan is waited for, not parsed, to learn the cost (`_make_room`), so the next
-reads are scanned while the first chunk is parsed. A file of one read is one chunk parse.
+reads are scanned while the first chunk is parsed. A file of one read is one chunk parse. A
+chunk taken to make room for the next read is parsed after that read is handed on, when the
+budget's room holds the chunk as one more read (`_holds`): the scan thread then has a read to
+scan while the chunk is parsed.
 """
 
 from __future__ import annotations
@@ -179,16 +182,30 @@ def _ready(pending: deque[Future[Scan]], keep: int, *, first: bool = False) -> S
     return piece
 
 
-def _make_room(pending: deque[Future[Scan]], chunks: _Chunks) -> None:
+def _make_room(pending: deque[Future[Scan]], chunks: _Chunks) -> Scan | None:
     """Parse pending scans until one more read may be scanned: at most PREFETCH + 1 in flight,
     within the budget's room. Until a scan is seen the room assumes the worst cost, so the first
     scan is waited for (not parsed) to learn the cost: the next reads are then scanned while the
-    first chunk is parsed."""
+    first chunk is parsed.
+
+    The last chunk taken to make room is returned, not parsed, when the room holds it as one more
+    read beside those in flight: the caller hands the next read to the scan thread first and then
+    parses it (`_scan_reads`), so the scan thread is not left idle while the chunk is parsed."""
     while pending and (len(pending) > PREFETCH or not chunks.room(len(pending))):
         if not chunks.seen:
             chunks.learn(pending[0].result())
             continue
-        chunks.add(_ready(pending, keep=0, first=not chunks.committed))
+        piece = _ready(pending, keep=0, first=not chunks.committed)
+        if _holds(pending, chunks):
+            return piece
+        chunks.add(piece)
+    return None
+
+
+def _holds(pending: deque[Future[Scan]], chunks: _Chunks) -> bool:
+    """Whether one more read may be scanned while a chunk taken from the scans is still held
+    (counted as one more read in flight, as its frames are while it is parsed)."""
+    return len(pending) <= PREFETCH and chunks.room(len(pending) + 1)
 
 
 def _scan_reads(
@@ -204,9 +221,11 @@ def _scan_reads(
     for read, passed in reads:
         if whole and read.final and not read.size and pending:
             return
-        if read.size:  # an empty final read holds nothing: no room is needed
-            _make_room(pending, chunks)
+        # an empty final read holds nothing: no room is needed
+        taken = _make_room(pending, chunks) if read.size else None
         pending.append(pool.submit(scan, read, passed))
+        if taken is not None:  # parsed while the read just handed on is scanned
+            chunks.add(taken)
         if read.final:
             return
 
