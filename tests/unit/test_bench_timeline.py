@@ -51,7 +51,6 @@ def test_a_real_run_times_every_stage_of_the_command(tmp_path: Path) -> None:
     found = phases(events)
     assert found["scans"] >= 1 and found["parses"] >= 1
     assert found["start"] > 0 and found["pipeline"] > 0 and found["tail"] > 0
-    assert found["total"] == pytest.approx(found["start"] + found["pipeline"] + found["tail"])
     stages = [stage for _, stage, _, _ in sorted(events, key=lambda e: e[2])]
     assert stages.index("scan") < stages.index("parse_chunk") < stages.index("write_frame")
     assert stages[-1] == "end"

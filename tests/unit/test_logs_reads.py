@@ -3,6 +3,7 @@ each ending at a line end, and tables that do not depend on where the reads fall
 
 from __future__ import annotations
 
+import math
 import threading
 from collections import deque
 from concurrent.futures import Future, ThreadPoolExecutor, wait
@@ -17,9 +18,11 @@ from bench.gen_continuous import generate_continuous
 from bench.gen_finelog import generate as generate_finelog
 from worker.evidence.logs import LogCache, parse_log_file, reader, reads
 from worker.evidence.logs import budget as budget_module
-from worker.evidence.logs.budget import LogBudgetError, MemoryBudget
+from worker.evidence.logs.budget import Held, LogBudgetError, MemoryBudget
 from worker.evidence.logs.reader import FIRST_READ_BYTES, _reads, parse_file_rows
+from worker.evidence.logs.reads import Read
 from worker.evidence.logs.scan import Scan, scan
+from worker.evidence.logs.state import ParserState
 from worker.evidence.logs.stitch import Stitched, build_tables, stitch
 
 MB = 2**20
@@ -428,6 +431,51 @@ def test_the_next_read_is_handed_on_before_the_chunk_that_made_room_is_parsed(
     for name in ("metrics", "timers", "phases", "engines", "progress", "batches", "errors"):
         assert_frame_equal(getattr(again, name), getattr(plain, name))
     assert again.summary == plain.summary
+
+
+def _done(piece: Scan) -> Future[Scan]:
+    future: Future[Scan] = Future()
+    future.set_result(piece)
+    return future
+
+
+def _records(count: int, first_step: int) -> bytes:
+    pairs = ", ".join(f'"k{j}": {j}.5' for j in range(20))
+    return b"".join(
+        f"WANDB_MIRROR kind=train step={first_step + i} metrics={{{pairs}}}\n".encode()
+        for i in range(count)
+    )
+
+
+@pytest.mark.parametrize(
+    ("extra", "held"), [(0, True), (-1, False)], ids=["room", "one-byte-short"]
+)
+def test_a_chunk_is_held_only_when_the_room_holds_it_at_its_own_cost(
+    extra: int, held: bool
+) -> None:
+    """The room for holding a chunk taken to make room (`_holds`) is reckoned at that chunk's
+    cost, not the last chunk's: after a busy stretch (~0.1 bytes of frames per byte read), a
+    chunk of dense records (~6) is held only when the room has space for two reads of its cost
+    beside nothing else; one byte short, it is parsed at once, before the next read is handed on."""
+    busy = b"".join(
+        b"INFO 03-26 21:54:25 [loggers.py:1] nothing here %d\n" % i for i in range(3000)
+    )
+    reads = [_records(100, 100 * i) for i in range(3)]
+    scans = [scan(Read(data, len(data), False)) for data in reads]
+    density = max(piece.density for piece in scans)
+    per_read = (budget_module._SCAN_READS + budget_module._DENSITY_COPIES * density) * MB
+    aim = math.ceil(budget_module._FIXED + 2 * per_read) + extra
+    budget = MemoryBudget(limit_bytes=8 * 2**30, chunk_bytes=MB, aim_bytes=aim)
+    chunks = reader._Chunks(ParserState.initial(None), "finelog.log", budget, Held())
+    chunks.learn(scan(Read(busy, len(busy), False)))
+    assert chunks.density < 0.2 and density > 5
+    pending = deque(_done(piece) for piece in scans)
+    taken = reader._make_room(pending, chunks)
+    assert not pending  # the three scans joined into one chunk
+    assert (taken is not None) is held
+    assert len(chunks.committed) == (0 if held else 1)
+    if taken is not None:
+        assert taken.size == sum(len(data) for data in reads)
 
 
 @pytest.mark.parametrize(

@@ -196,6 +196,7 @@ def _make_room(pending: deque[Future[Scan]], chunks: _Chunks) -> Scan | None:
             chunks.learn(pending[0].result())
             continue
         piece = _ready(pending, keep=0, first=not chunks.committed)
+        chunks.learn(piece)  # holding it is reckoned at its own cost, not the last chunk's
         if _holds(pending, chunks):
             return piece
         chunks.add(piece)
