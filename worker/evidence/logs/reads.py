@@ -97,11 +97,20 @@ def _next_data(handle: BufferedReader) -> int:
     the bytes skipped. A hole holds only NUL bytes, so no newline: it need not be read."""
     here = handle.tell()
     try:
-        found = os.lseek(handle.fileno(), here, os.SEEK_DATA)
+        fd = handle.fileno()
+        # where the buffered reader left the descriptor: put back after the probe, or a reader
+        # holding bytes past `here` would read from the probe's position after them
+        left = os.lseek(fd, 0, os.SEEK_CUR)
+    except (OSError, AttributeError, ValueError):  # no descriptor (an in-memory file)
+        return 0
+    try:
+        found = os.lseek(fd, here, os.SEEK_DATA)
     except OSError as exc:  # ENXIO: nothing but a hole is left
-        found = os.fstat(handle.fileno()).st_size if exc.errno == errno.ENXIO else here
+        found = os.fstat(fd).st_size if exc.errno == errno.ENXIO else here
     except (AttributeError, ValueError):  # no SEEK_DATA on this platform or file
         found = here
+    finally:
+        os.lseek(fd, left, os.SEEK_SET)
     handle.seek(found)
     return found - here
 
