@@ -50,11 +50,15 @@ def test_garbage_made_after_a_freeze_is_still_collected() -> None:
 
 
 def test_only_the_first_task_freezes() -> None:
-    """The end of the first task freezes once; later tasks add nothing."""
+    """The end of the first task freezes once; later tasks add nothing.
+
+    The frozen count may fall (a frozen object freed by its last reference leaves the permanent
+    generation; CI saw 5 go from another test's leftovers) but must not grow, and objects made
+    after the first freeze stay where collections see them."""
     gcwarm._task_finished()
     count = gc.get_freeze_count()
     assert gcwarm.FREEZES == ["after its first task"]
     kept = [_Node() for _ in range(100)]
     gcwarm._task_finished()
     assert gcwarm.FREEZES == ["after its first task"]
-    assert gc.get_freeze_count() == count and all(obj in gc.get_objects() for obj in kept[:3])
+    assert gc.get_freeze_count() <= count and all(obj in gc.get_objects() for obj in kept[:3])
