@@ -9,7 +9,7 @@ DEMO_PROBES := examples/probes/rl-gsm8k-stalled
 DEMO_NOW := 2026-07-30T19:17:00Z
 DEMO_OUT := build/demo
 
-.PHONY: demo test lint typecheck unit system-deps venv bench clean drills
+.PHONY: demo test lint typecheck unit system-deps venv bench clean drills corpus-eval
 
 FASTSCAN := worker/evidence/logs/_fastscan.c
 FASTSCAN_STAMP := $(VENV)/.fastscan
@@ -56,7 +56,11 @@ lint: venv
 typecheck: venv
 	$(BIN)/mypy
 
-test: venv system-deps lint typecheck
+## The verdict rules scored on the labelled corpus (docs/evaluation.md); exit 1 on any miss.
+corpus-eval: venv
+	$(BIN)/rl-health eval -q tests/corpus/cases
+
+test: venv system-deps lint typecheck corpus-eval
 	$(BIN)/pytest -q
 
 ## The long fault drills on real services (docs/reliability.md); DRILL_RUNS repeats each (3).

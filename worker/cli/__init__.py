@@ -16,6 +16,10 @@ __all__ = ["COMMANDS", "main"]
 COMMANDS: Final[dict[str, tuple[str, str]]] = {
     "parse": ("worker.cli.parse_cmd", "Extract metric, phase, engine, trial and error tables."),
     "diagnose": ("worker.cli.diagnose_cmd", "Diagnose one job directory: KILL, NO-KILL or ERROR."),
+    "eval": (
+        "worker.cli.eval_cmd",
+        "Score the verdict rules on a folder of labelled bundles (case.json each).",
+    ),
     "alert": ("worker.cli.pipeline_cmd", "Publish a suspect-job event (the watcher side)."),
     "ingest": (
         "worker.cli.pipeline_cmd",
