@@ -326,11 +326,17 @@ def _soft_fail(j: Judging) -> Decision | None:
     issues = "; ".join(f"{_label(n)}: {gates[n].mechanism or gates[n].summary}" for n in soft)
     handoff = _first_handoff(gates, soft)
     action = next((gates[n].next_action for n in soft if gates[n].next_action), None)
+    invalid = any((gates[n].kind or "").startswith("systemic_") for n in soft)
+    lead = (
+        "The job is alive; its trials say the reward signal is invalid, which the trainer's side "
+        "does not corroborate yet (no KILL without it)"
+        if invalid
+        else "The job is alive and learning; the anomaly is an inefficiency, not death"
+    )
     return Decision(
         verdict=Verdict.NO_KILL,
         confidence=Confidence.MEDIUM,
-        reasoning=f"The job is alive and learning; the anomaly is an inefficiency, not death — "
-        f"{issues}.{_soft_gap_text(j)}",
+        reasoning=f"{lead} — {issues}.{_soft_gap_text(j)}",
         next_action=action
         or (
             "Implementation handoff (below); keep the job running."

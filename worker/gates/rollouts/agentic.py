@@ -241,8 +241,9 @@ def _systemic_fail(
         + said
     )
     owner = _owner(cause, top_type, example)
+    what = f"`{_first(example, 'verifier_error')}`" if top_type == NOT_RUN else top_type
     mechanism = (
-        f"reward signal invalid: {owner}: {top_type} on {failing.height}/{finished.height} "
+        f"reward signal invalid: {owner}: {what} on {failing.height}/{finished.height} "
         "finished trials"
     )
     return GateResult(
@@ -337,10 +338,11 @@ def _verifier_handoff(
 ) -> Handoff:
     path = _tested_path(line)
     said = f": the verifier's output says `{line}`" if line else ""
+    raised = "" if exception_type == NOT_RUN else f" ({exception_type})"
     where = f"the test path `{path}` its test script runs" if path else "its test script"
     return Handoff(
         evidence=quotes,
-        likely_cause=f"the verifier could not run its tests on {on} ({exception_type}){said}; "
+        likely_cause=f"the verifier could not run its tests on {on}{raised}{said}; "
         "their rewards of 0 say nothing about the model",
         component=f"the task's verifier: {where} and the reward file it writes; owner: the "
         "environment / task",
