@@ -35,7 +35,9 @@ from tests.scenarios.catalog import (
 
 DISK_QUOTA = "Total disk limit exceeded"  # kortix-ai/suna#4072
 CPU_QUOTA = "Failed to create sandbox: Total CPU limit exceeded. Maximum allowed: 4500."  # #3304
-TESTS_NOT_FOUND = """============================= test session starts ==============================
+MISSING_OUTPUT = "FileNotFoundError: [Errno 2] No such file or directory: '/app/output.txt'"
+SESSION = "============================= test session starts =============================="
+TESTS_NOT_FOUND = f"""{SESSION}
 platform linux -- Python 3.11.15, pytest-9.1.1, pluggy-1.6.0
 rootdir: /tests
 collected 0 items
@@ -43,7 +45,7 @@ collected 0 items
 ============================ no tests ran in 0.00s =============================
 ERROR: file or directory not found: /tests/test_outputs.py
 """
-OUTPUT_NOT_FOUND = """============================= test session starts ==============================
+OUTPUT_NOT_FOUND = f"""{SESSION}
 platform linux -- Python 3.11.15, pytest-9.1.1, pluggy-1.6.0
 rootdir: /tests
 collected 1 item
@@ -52,9 +54,9 @@ collected 1 item
 
 =================================== FAILURES ===================================
 _______________________________ test_output_file _______________________________
-E       FileNotFoundError: [Errno 2] No such file or directory: '/app/output.txt'
+E       {MISSING_OUTPUT}
 =========================== short test summary info ============================
-FAILED ../tests/test_outputs.py::test_output_file - FileNotFoundError: [Errno 2] No such file or directory: '/app/output.txt'
+FAILED ../tests/test_outputs.py::test_output_file - {MISSING_OUTPUT}
 ============================== 1 failed in 0.05s ===============================
 """
 HYDRA_OVERRIDE = real.block("https://github.com/taokz/BiomedGPT/issues/75", "common.no_progress")

@@ -21,7 +21,7 @@ def statuses(report: Report) -> dict[str, str]:
     return {name.value: gate.status.value for name, gate in report.gates.items()}
 
 
-# --- finding 8: deaths that need a change ----------------------------------------------------------
+# --- finding 8: deaths that need a change ---------------------------------------------------------
 
 
 def test_a_hydra_override_crash_loop_hands_off_the_key(tmp_path: Path) -> None:
@@ -165,7 +165,7 @@ def test_the_all_refused_quota_scenario_reads_as_an_invalid_reward(tmp_path: Pat
     assert report.handoff is not None and "owner: the environment" in report.handoff.component
 
 
-# --- finding 5: trainer–trial agreement by evidence -------------------------------------------------
+# --- finding 5: trainer–trial agreement by evidence ----------------------------------------------
 
 
 def test_trials_collapsing_with_the_trainer_agree_without_any_exception(tmp_path: Path) -> None:

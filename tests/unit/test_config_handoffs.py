@@ -21,25 +21,97 @@ FIXTURES = Path(__file__).resolve().parent.parent / "fixtures" / "real_failures"
 
 # (fixture url, a substring of the line, the key / module / path the handoff must name)
 CASES = [
-    ("https://github.com/taokz/BiomedGPT/issues/75", "Could not override", "common.no_progress_bar"),
-    ("https://github.com/Sachini/niloc/issues/10", "is not in struct", "io"),
-    ("https://github.com/omry/omegaconf/issues/209", "drover", "drover"),
-    ("https://github.com/hydra-ecosystem/hydra/pull/1551", "In config: Override", "hydra/hydra_logging : colorlog"),
-    ("https://github.com/yangchris11/samurai/issues/44", "primary config", "configs/samurai/sam2.1_hiera_b+.yaml"),
-    ("https://github.com/isaac-sim/IsaacLab/issues/2537", "Error parsing override", "env.episode_length_s"),
-    ("https://github.com/hydra-ecosystem/hydra/issues/836", "OverrideParseException", "[string1,"),
-    ("https://github.com/facebookresearch/textlesslib/issues/37", "ValidationError", "50.0"),
-    ("https://github.com/philip-mueller/wsrpn/issues/2", "Missing mandatory", "model.backbone.ignore_last_stride"),
-    ("https://github.com/NVIDIA-NeMo/RL/issues/662", "No module named", "nemo"),
-    ("https://github.com/ray-project/ray/issues/44264", "No module named", "kaiko.llm_serve"),
-    ("https://github.com/vllm-project/vllm/issues/14401", "cannot import name", "'LogitsWarper' from 'transformers.generation.logits_process'"),
-    ("https://github.com/WangRongsheng/XrayGLM/issues/89", "FileNotFoundError", "THUDM/visualglm-6b/model_config.json"),
-    ("https://github.com/360CVGroup/SEEChat/issues/4", "FileNotFoundError", "../models/chatglm-6b/checkpoint_100.pth"),
-    ("https://github.com/daytonaio/daytona/issues/3304", "Total CPU limit", "Total CPU limit"),
-    ("https://github.com/daytonaio/daytona/issues/5076", "Snapshot with ID", "f1b3e106-941c-46c9-9583-6cd1450d3536"),
-    ("https://github.com/NousResearch/hermes-agent/pull/114536", "pull access denied", "docker.io/library/<snapshot-name>:latest"),
-    ("https://github.com/QwenLM/Qwen3/issues/295", "32768", "32768"),
-]  # fmt: skip
+    (
+        "https://github.com/taokz/BiomedGPT/issues/75",
+        "Could not override",
+        "common.no_progress_bar",
+    ),
+    (
+        "https://github.com/Sachini/niloc/issues/10",
+        "is not in struct",
+        "io",
+    ),
+    (
+        "https://github.com/omry/omegaconf/issues/209",
+        "drover",
+        "drover",
+    ),
+    (
+        "https://github.com/hydra-ecosystem/hydra/pull/1551",
+        "In config: Override",
+        "hydra/hydra_logging : colorlog",
+    ),
+    (
+        "https://github.com/yangchris11/samurai/issues/44",
+        "primary config",
+        "configs/samurai/sam2.1_hiera_b+.yaml",
+    ),
+    (
+        "https://github.com/isaac-sim/IsaacLab/issues/2537",
+        "Error parsing override",
+        "env.episode_length_s",
+    ),
+    (
+        "https://github.com/hydra-ecosystem/hydra/issues/836",
+        "OverrideParseException",
+        "[string1,",
+    ),
+    (
+        "https://github.com/facebookresearch/textlesslib/issues/37",
+        "ValidationError",
+        "50.0",
+    ),
+    (
+        "https://github.com/philip-mueller/wsrpn/issues/2",
+        "Missing mandatory",
+        "model.backbone.ignore_last_stride",
+    ),
+    (
+        "https://github.com/NVIDIA-NeMo/RL/issues/662",
+        "No module named",
+        "nemo",
+    ),
+    (
+        "https://github.com/ray-project/ray/issues/44264",
+        "No module named",
+        "kaiko.llm_serve",
+    ),
+    (
+        "https://github.com/vllm-project/vllm/issues/14401",
+        "cannot import name",
+        "'LogitsWarper' from 'transformers.generation.logits_process'",
+    ),
+    (
+        "https://github.com/WangRongsheng/XrayGLM/issues/89",
+        "FileNotFoundError",
+        "THUDM/visualglm-6b/model_config.json",
+    ),
+    (
+        "https://github.com/360CVGroup/SEEChat/issues/4",
+        "FileNotFoundError",
+        "../models/chatglm-6b/checkpoint_100.pth",
+    ),
+    (
+        "https://github.com/daytonaio/daytona/issues/3304",
+        "Total CPU limit",
+        "Total CPU limit",
+    ),
+    (
+        "https://github.com/daytonaio/daytona/issues/5076",
+        "Snapshot with ID",
+        "f1b3e106-941c-46c9-9583-6cd1450d3536",
+    ),
+    (
+        "https://github.com/NousResearch/hermes-agent/pull/114536",
+        "pull access denied",
+        "docker.io/library/<snapshot-name>:latest",
+    ),
+    (
+        "https://github.com/QwenLM/Qwen3/issues/295",
+        "32768",
+        "32768",
+    ),
+]
 
 
 def _lines() -> list[dict[str, Any]]:

@@ -300,7 +300,10 @@ PYTEST_NO_TESTS = """collected 0 items
 ============================ no tests ran in 0.00s =============================
 ERROR: file or directory not found: tests/
 """  # NVlabs/RoboLab#17, verbatim
-PYTHON_NO_SCRIPT = "python: can't open file 'test_objectstitch.py': [Errno 2] No such file or directory"  # bcmi/libcom#44
+# bcmi/libcom#44, verbatim
+PYTHON_NO_SCRIPT = (
+    "python: can't open file 'test_objectstitch.py': [Errno 2] No such file or directory"
+)
 TEST_ON_MISSING_OUTPUT = (
     "E       FileNotFoundError: [Errno 2] No such file or directory: "
     "'fishtaco_out_stricter_FDR_filter_STAT_run_log_SCORE_wilcoxon_ASSESSMENT_single_taxa.tab'\n"
@@ -318,7 +321,7 @@ TEST_ON_MISSING_OUTPUT = (
         (TEST_ON_MISSING_OUTPUT, None),
         ("collected 3 items\n3 passed in 0.20s\n", None),
     ],
-    ids=["pytest-path-missing", "script-missing", "tests-dir-file-missing", "output-missing", "passed"],
+    ids=["pytest-path-missing", "script-missing", "tests-file-missing", "output-missing", "pass"],
 )  # fmt: skip
 def test_the_verifier_line_that_says_no_test_ran(output: str, line: str | None) -> None:
     """A missing test path, test script or file of the tests directory means no test ran (the

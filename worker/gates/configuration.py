@@ -13,6 +13,13 @@ configuration row after the attempt's last timer or train metric line) and the j
   training went on ended nothing.
 - **The newest attempt is over**: the job state is a failure, or `now` is past the stall limit
   after the newest attempt's failure with nothing advancing since. A succeeded job never is.
+
+Before that, a configuration failure that ended the newest attempt before its first step is
+`config_death_pending`: not initialisation, an ERROR with the handoff (DOMAIN.md section 7).
+
+The handoff (`config_handoff`) is concrete: the entry's `subject` regex reads the affected key,
+module or path from the line (redacted), and its `change`, `behaviour` and `test` say what to
+change, what to propose and how to prove the fix (docs/failures.md).
 """
 
 from __future__ import annotations

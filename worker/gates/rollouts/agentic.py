@@ -124,8 +124,8 @@ def with_cause(trials: pl.DataFrame) -> pl.DataFrame:
         "{}: {} ({})", "exception_type", pl.col("exception_message").fill_null(""), outcome
     )
     untested = pl.format("{}: {} ({})", pl.lit(NOT_RUN), "verifier_error", outcome)
-    text = pl.when(not_run).then(untested).when(pl.col("exception_type").is_null())
-    text = text.then(outcome).otherwise(raised)
+    clean = pl.col("exception_type").is_null()
+    text = pl.when(not_run).then(untested).when(clean).then(outcome).otherwise(raised)
     return trials.with_columns(
         cause=cause, failure=failure, _text=text, timestamp=pl.col("finished_at")
     )
