@@ -332,12 +332,17 @@ def _config_then(name: str, silent_min: float, *, step_after: bool = False) -> B
     return lambda root: real.config_then(root, name, silent_min=silent_min, step_after=step_after)
 
 
-def _died_at_start(name: str, silent_min: float, *, death: bool = True) -> Build:
+def _died_at_start(
+    name: str, silent_min: float, *, death: bool = True, logs_on_min: int = 0
+) -> Build:
     """The only attempt dying before its first step on a model path missing from the image
     (XrayGLM#89's FileNotFoundError), or (`death` False) still initialising without a death line;
-    judged `silent_min` after that moment, the controller running."""
+    the driver logging on for `logs_on_min` after it; judged `silent_min` after the newest line,
+    the controller running."""
     lines = [issue27.MODEL_FILE_MISSING.text] if death else []
-    return lambda root: issue27.died_at_start(root, name, lines=lines, silent_min=silent_min)
+    return lambda root: issue27.died_at_start(
+        root, name, lines=lines, silent_min=silent_min, logs_on_min=logs_on_min
+    )
 
 
 def _provider(name: str, named_steps: int) -> Build:
@@ -806,6 +811,13 @@ PAIRS: tuple[Pair, ...] = (
         "10 min limit): KILL, else ERROR — never the initialisation PASS",
         side(_died_at_start("rl-start-11", 11), KILL, liveness="FAIL"),
         side(_died_at_start("rl-start-9", 9), ERROR, liveness="ERROR"),
+    ),
+    Pair(
+        "config_death_silence",
+        "config_failure: after a death before the first step the log is silent 12 min vs goes "
+        "on for 11 min (the driver still starting up) and is silent 1 min: the silence is the log's",
+        side(_died_at_start("rl-start-silent", 12), KILL, liveness="FAIL"),
+        side(_died_at_start("rl-start-logs-on", 1, logs_on_min=11), ERROR, liveness="ERROR"),
     ),
     Pair(
         "trial_agreement_rewards",

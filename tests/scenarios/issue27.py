@@ -59,6 +59,7 @@ E       {MISSING_OUTPUT}
 FAILED ../tests/test_outputs.py::test_output_file - {MISSING_OUTPUT}
 ============================== 1 failed in 0.05s ===============================
 """
+STILL_STARTING = "Exporting wandb api key to ray runtime env"  # SkyRL's start-up, SkyRL#542
 HYDRA_OVERRIDE = real.block("https://github.com/taokz/BiomedGPT/issues/75", "common.no_progress")
 MODULE_MISSING = real.block("https://github.com/ray-project/ray/issues/44264", "kaiko.llm_serve")
 MODEL_FILE_MISSING = real.line("https://github.com/WangRongsheng/XrayGLM/issues/89", "No such")
@@ -68,10 +69,18 @@ MODEL_FILE_MISSING = real.line("https://github.com/WangRongsheng/XrayGLM/issues/
 
 
 def died_at_start(
-    root: Path, name: str, *, lines: list[str], silent_min: float, state: str = "running"
+    root: Path,
+    name: str,
+    *,
+    lines: list[str],
+    silent_min: float,
+    state: str = "running",
+    logs_on_min: int = 0,
 ) -> Built:
     """One attempt that opens its first step's `generate` and logs `lines` 40 s later (none: it
-    is still initialising), then nothing for `silent_min` while the controller says `state`."""
+    is still initialising); with `logs_on_min` the driver goes on starting up, logging once a
+    minute for that long (the process alive after a caught error); then nothing for
+    `silent_min` while the controller says `state`."""
     b = JobBuilder(root, name, T0)
     moment = start_attempt(b, T0)
     b.log(moment, "Started: 'step'")
@@ -79,8 +88,12 @@ def died_at_start(
     died = moment + timedelta(seconds=40)
     for text in lines:
         b.raw(died, text)
+    quiet = died
+    for minute in range(1, logs_on_min + 1):
+        quiet = died + timedelta(minutes=minute)
+        b.log(quiet, STILL_STARTING)
     controller(b, state)
-    return finish(b, root, died + timedelta(minutes=silent_min), probes=True, state=state)
+    return finish(b, root, quiet + timedelta(minutes=silent_min), probes=True, state=state)
 
 
 # --- the reward signal invalid ---------------------------------------------------------------

@@ -143,16 +143,28 @@ def _every_attempt(evidence: Evidence) -> pl.DataFrame | None:
     return rows.sort("attempt")
 
 
+def _quiet_from(evidence: Evidence, at: datetime) -> datetime:
+    """When the log went quiet after a failure at `at`: its newest line of any kind (teardown,
+    a caught error's aftermath, an engine still loading), never after `now`. A process that
+    logs on after a configuration error it caught is alive, whatever the error's class."""
+    logs = evidence.logs
+    last = logs.summary.last_timestamp if logs is not None else None
+    if last is None or last <= at:
+        return at
+    return min(last, evidence.now)
+
+
 def _over(evidence: Evidence, newest: dict[str, Any], limit_s: float) -> datetime | None:
     """When the newest attempt is known to be over: at its failure when the job state is a
-    failure or the silence since it is past the stall limit; None while it may still run."""
+    failure, or when the log has been silent past the stall limit since the failure (and
+    whatever it logged after it); None while it may still run."""
     state = evidence.facts.state
     at: datetime | None = newest.get("timestamp")
     if state is JobState.SUCCEEDED:
         return None
     if state is not None and state.failure:
         return at or evidence.bundle.finished_at or evidence.now
-    if at is not None and (evidence.now - at).total_seconds() > limit_s:
+    if at is not None and (evidence.now - _quiet_from(evidence, at)).total_seconds() > limit_s:
         return at
     return None
 
@@ -215,10 +227,10 @@ def _pending_why(evidence: Evidence, at: datetime | None, limit_s: float) -> tup
         )
     if at is None:
         return "the failure line carries no time", "a failed controller state"
-    deadline = minute_utc(at + timedelta(seconds=limit_s))
+    deadline = minute_utc(_quiet_from(evidence, at) + timedelta(seconds=limit_s))
     return (
-        f"the newest attempt is not over yet: the job is not failed and the stall limit since "
-        f"the failure runs until {deadline}",
+        f"the newest attempt is not over yet: the job is not failed and the log's silence "
+        f"reaches the stall limit at {deadline}",
         f"no advancement by {deadline}, or a failed controller state: then KILL (config_failure)",
     )
 
