@@ -815,7 +815,7 @@ PAIRS: tuple[Pair, ...] = (
     Pair(
         "config_death_silence",
         "config_failure: after a death before the first step the log is silent 12 min vs goes "
-        "on for 11 min (the driver still starting up) and is silent 1 min: the silence is the log's",
+        "on for 11 min (the driver still starting up), then 1 min: the silence is the log's",
         side(_died_at_start("rl-start-silent", 12), KILL, liveness="FAIL"),
         side(_died_at_start("rl-start-logs-on", 1, logs_on_min=11), ERROR, liveness="ERROR"),
     ),
