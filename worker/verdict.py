@@ -11,8 +11,11 @@ proof the verdict checks; a blind spot is an ERROR.
    NO-KILL.
 3. A learning-quality FAIL gives KILL only with a valid proof (the gate held it over the window
    and found no recovery for that mechanism), a named mechanism, and in agentic runs the trials
-   failing on the same mechanism (`GateResult.kind`). Without agreement the sources disagree:
-   ERROR. A plateau alone never kills (the dynamics gate passes it).
+   agreeing by their evidence (`_agreement`): the rollouts gate failing on the same `kind`, or
+   the trials finished over the trainer's window showing the same collapse — their rewards, their
+   turn counts, or an exception the trainer's own per-step lines name
+   (`worker.gates.rollouts.agreement`). Without agreement the sources disagree: ERROR. A plateau
+   alone never kills (the dynamics gate passes it).
 4. Other FAILs (a pipeline bubble, sandbox churn, starved engines, a survived OOM) are
    inefficiencies, not death: NO-KILL with the handoff and the gate's flip signal.
 5. Everything passes: NO-KILL; low confidence while the job is still initialising; medium when
@@ -42,6 +45,7 @@ from shared.models import (
 from worker.evidence.model import Evidence
 from worker.gates.base import error
 from worker.gates.proofs import PROOF_RULES, crash_loop_check, restarts_proof, validate
+from worker.gates.rollouts.agreement import TrialSide, trial_agreement
 from worker.retention import retention_note
 
 __all__ = ["CORE_GATES", "Decision", "decide"]
@@ -228,28 +232,53 @@ def _error(j: Judging) -> Decision | None:
             (flip for n in gaps if (flip := j.gates[n].flip_signal)),
             "the missing evidence captured: " + "; ".join(dict.fromkeys(missing)),
         ),
+        # a gate may see a cause that needs a change before it can establish it (a configuration
+        # death not yet over): its owner gets the handoff now
+        handoff=_first_handoff(j.gates, gaps),
     )
 
 
-def _disagree(j: Judging, mechanisms: str, lq: list[GateName]) -> Decision | None:
-    """Agentic runs: the trainer's learning-quality failure needs the trials' on the same
-    mechanism (`kind`); a trial-side failure alone disagrees with a passing trainer."""
-    if j.mode is not Mode.AGENTIC:
-        return None
-    trainer = [n for n in lq if n is not GateName.ROLLOUTS]
-    rollouts = j.gates[GateName.ROLLOUTS]
-    kinds = {j.gates[n].kind for n in trainer}
-    if trainer and rollouts.status is GateStatus.FAIL and rollouts.kind in kinds:
-        return None
+def _disagreement(j: Judging, mechanisms: str, trials: str) -> Decision:
     return Decision(
         verdict=Verdict.ERROR,
         confidence=Confidence.LOW,
         reasoning=f"Learning-quality evidence — {mechanisms} — is not matched by the other side "
-        f"on the same mechanism (rollouts: {rollouts.summary}; dynamics: "
-        f"{j.gates[GateName.DYNAMICS].summary}); sources disagree without resolution.",
+        f"on the same mechanism (trials: {trials}; rollouts: "
+        f"{j.gates[GateName.ROLLOUTS].summary}; dynamics: {j.gates[GateName.DYNAMICS].summary}); "
+        "sources disagree without resolution.",
         next_action="Open a sample of recent trials and the trainer window side by side.",
-        flip_signal="trial rewards and exceptions that show the same failure as the trainer",
+        flip_signal="trial rewards, turn counts or exceptions over the trainer's window that show "
+        "the same failure as the trainer",
     )
+
+
+def _agreement(j: Judging, mechanisms: str, lq: list[GateName]) -> Decision | TrialSide | None:
+    """Agentic runs: a trainer-side learning-quality failure needs the trials to agree by their
+    evidence, not by a gate label — the hypothesis being that one mechanism leaves the same mark
+    on both sides over the same window. They agree when the rollouts gate fails on the same
+    `kind`, or when the trials finished over the trainer's window show it (their rewards
+    collapsing the same way, their turn counts collapsing, an exception the trainer's per-step
+    lines name: `trial_agreement`), even if no trial raised. Trials healthy over the window while
+    the trainer collapses, too few of them, or a trial-side failure alone with the trainer
+    passing: the sources disagree (a Decision, ERROR). Standard runs: None."""
+    if j.mode is not Mode.AGENTIC:
+        return None
+    trainer = [n for n in lq if n is not GateName.ROLLOUTS]
+    rollouts = j.gates[GateName.ROLLOUTS]
+    if not trainer:
+        return _disagreement(j, mechanisms, "the trainer side does not fail")
+    if rollouts.status is GateStatus.FAIL and rollouts.kind in {j.gates[n].kind for n in trainer}:
+        return TrialSide(True, f"the rollouts gate fails on the same mechanism ({rollouts.kind})")
+    side = trial_agreement(j.evidence, j.gates[trainer[0]].kind)
+    return side if side.agrees else _disagreement(j, mechanisms, side.sign)
+
+
+def _with_trials(proof: KillProof, side: TrialSide | None) -> KillProof:
+    """The trainer's proof, quoting the trial evidence that agrees with it too."""
+    if side is None or not side.quotes:
+        return proof
+    quotes = tuple(dict.fromkeys((*proof.evidence, *side.quotes)))
+    return proof.model_copy(update={"evidence": quotes})
 
 
 def _learning_kill(j: Judging) -> Decision | None:
@@ -267,21 +296,24 @@ def _learning_kill(j: Judging) -> Decision | None:
             next_action="Attribute the anomaly to a mechanism before any action.",
             flip_signal=j.gates[lq[0]].flip_signal or "a named mechanism for the anomaly",
         )
-    disagreement = _disagree(j, mechanisms, lq)
-    if disagreement is not None:
-        return disagreement
-    proof = j.gates[lq[0]].proof
-    assert proof is not None
+    agreed = _agreement(j, mechanisms, lq)
+    if isinstance(agreed, Decision):
+        return agreed
+    trainer_proof = j.gates[lq[0]].proof
+    assert trainer_proof is not None
+    proof = _with_trials(trainer_proof, agreed)
+    trials = f" The trials agree over the same window: {agreed.sign}." if agreed else ""
     return Decision(
         verdict=Verdict.KILL,
         confidence=Confidence.MEDIUM,
         reasoning=f"Learning-quality failure held over the configured window of "
         f"{j.evidence.thresholds.min_window_steps} steps, with a named mechanism and no recovery "
-        f"of that mechanism's signal in the newest steps — {mechanisms}." + _proof_text(proof),
+        f"of that mechanism's signal in the newest steps — {mechanisms}.{trials}"
+        + _proof_text(proof),
         next_action=next((j.gates[n].next_action for n in lq if j.gates[n].next_action), None)
         or "Supervisor: stop the run and relaunch from the last checkpoint before the collapse.",
         flip_signal=j.gates[lq[0]].flip_signal or "the metric recovering over a full window",
-        handoff=_first_handoff(j.gates, lq),
+        handoff=_first_handoff(j.gates, [*lq, GateName.ROLLOUTS]),
         proof=proof,
     )
 
@@ -294,11 +326,17 @@ def _soft_fail(j: Judging) -> Decision | None:
     issues = "; ".join(f"{_label(n)}: {gates[n].mechanism or gates[n].summary}" for n in soft)
     handoff = _first_handoff(gates, soft)
     action = next((gates[n].next_action for n in soft if gates[n].next_action), None)
+    invalid = any((gates[n].kind or "").startswith("systemic_") for n in soft)
+    lead = (
+        "The job is alive; its trials say the reward signal is invalid, which the trainer's side "
+        "does not corroborate yet (no KILL without it)"
+        if invalid
+        else "The job is alive and learning; the anomaly is an inefficiency, not death"
+    )
     return Decision(
         verdict=Verdict.NO_KILL,
         confidence=Confidence.MEDIUM,
-        reasoning=f"The job is alive and learning; the anomaly is an inefficiency, not death — "
-        f"{issues}.{_soft_gap_text(j)}",
+        reasoning=f"{lead} — {issues}.{_soft_gap_text(j)}",
         next_action=action
         or (
             "Implementation handoff (below); keep the job running."

@@ -14,7 +14,7 @@ from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any
 
-from tests.scenarios import crafted
+from tests.scenarios import crafted, issue27
 from tests.scenarios import real_lines as real
 from tests.scenarios.builder import JobBuilder
 from tests.scenarios.catalog import (
@@ -330,6 +330,27 @@ def _trainer_dead(name: str, silent_min: float) -> Build:
 
 def _config_then(name: str, silent_min: float, *, step_after: bool = False) -> Build:
     return lambda root: real.config_then(root, name, silent_min=silent_min, step_after=step_after)
+
+
+def _died_at_start(
+    name: str, silent_min: float, *, death: bool = True, logs_on_min: int = 0
+) -> Build:
+    """The only attempt dying before its first step on a model path missing from the image
+    (XrayGLM#89's FileNotFoundError), or (`death` False) still initialising without a death line;
+    the driver logging on for `logs_on_min` after it; judged `silent_min` after the newest line,
+    the controller running."""
+    lines = [issue27.MODEL_FILE_MISSING.text] if death else []
+    return lambda root: issue27.died_at_start(
+        root, name, lines=lines, silent_min=silent_min, logs_on_min=logs_on_min
+    )
+
+
+def _provider(name: str, named_steps: int) -> Build:
+    return lambda root: issue27.provider_on_most_trials(root, name, named_steps=named_steps)
+
+
+def _agreement(name: str, window_reward: float) -> Build:
+    return lambda root: issue27.collapse_with_trials(root, name, window_reward=window_reward)
 
 
 # Three attempts dying at start-up: the trainer never stepped, so only liveness can judge.
@@ -768,6 +789,42 @@ PAIRS: tuple[Pair, ...] = (
         "SAME_CAUSE_SHARE (0.9): 46 of 50 trials (92%) vs 44 (88%) fail with one sandbox cause",
         side(agentic("rl-cause-92", failing=46), NO_KILL, agentic="y", rollouts="FAIL"),
         side(agentic("rl-cause-88", failing=44), NO_KILL, agentic="y"),
+    ),
+    Pair(
+        "systemic_trainer_names",
+        "systemic_trials: 56 of 60 trials refused by the sandbox provider, the trainer's reward "
+        "positive; its batch lines name DaytonaValidationError on each of its newest 10 vs on 9 "
+        "of them",
+        side(_provider("rl-named-10", 10), KILL, agentic="y", rollouts="FAIL"),
+        side(_provider("rl-named-9", 9), NO_KILL, agentic="y", rollouts="FAIL"),
+    ),
+    Pair(
+        "config_death_initialising",
+        "config_failure: the only attempt died before its first step on a file missing from the "
+        "image, then 12 min of silence vs the same attempt without the death line (initialising)",
+        side(_died_at_start("rl-start-died", 12), KILL, liveness="FAIL"),
+        side(_died_at_start("rl-start-init", 12, death=False), NO_KILL),
+    ),
+    Pair(
+        "config_death_pending",
+        "config_death_pending: a death before the first step, then silence 11 min vs 9 min (the "
+        "10 min limit): KILL, else ERROR — never the initialisation PASS",
+        side(_died_at_start("rl-start-11", 11), KILL, liveness="FAIL"),
+        side(_died_at_start("rl-start-9", 9), ERROR, liveness="ERROR"),
+    ),
+    Pair(
+        "config_death_silence",
+        "config_failure: after a death before the first step the log is silent 12 min vs goes "
+        "on for 11 min (the driver still starting up), then 1 min: the silence is the log's",
+        side(_died_at_start("rl-start-silent", 12), KILL, liveness="FAIL"),
+        side(_died_at_start("rl-start-logs-on", 1, logs_on_min=11), ERROR, liveness="ERROR"),
+    ),
+    Pair(
+        "trial_agreement_rewards",
+        "trainer-trial agreement: the trainer's reward collapsed; the trials over its newest 10 "
+        "steps earn 0.09 vs 0.11 (COLLAPSE_RATIO 0.2 of the best trial window's 0.5)",
+        side(_agreement("rl-agree-09", 0.09), KILL, agentic="y", dynamics="FAIL"),
+        side(_agreement("rl-agree-11", 0.11), ERROR, agentic="y", dynamics="FAIL"),
     ),
     Pair(
         "init_grace",

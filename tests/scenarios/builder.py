@@ -56,6 +56,7 @@ class JobBuilder:
     lines: list[str] = field(default_factory=list)
     trials: list[tuple[str, dict[str, Any]]] = field(default_factory=list)
     running_trials: list[str] = field(default_factory=list)
+    verifier_outputs: dict[str, str] = field(default_factory=dict)
     manifest_fields: dict[str, Any] = field(default_factory=dict)
     probe_files: dict[str, str] = field(default_factory=dict)
     task: int = 0
@@ -192,8 +193,12 @@ class JobBuilder:
         agent_s: float = 240.0,
         verifier_s: float = 20.0,
         llm_share: float = 0.6,
+        verifier_output: str | None = None,
     ) -> None:
-        """A finished Harbor trial directory with `result.json` (fields of DOMAIN.md section 4)."""
+        """A finished Harbor trial directory with `result.json` (fields of DOMAIN.md section 4)
+        and, when given, the verifier's console in `verifier/test-stdout.txt`."""
+        if verifier_output is not None:
+            self.verifier_outputs[name] = verifier_output
         env_end = start + timedelta(seconds=setup_s)
         agent_setup_end = env_end + timedelta(seconds=3)
         agent_end = agent_setup_end + timedelta(seconds=agent_s)
@@ -306,6 +311,10 @@ class JobBuilder:
             trial.mkdir(parents=True, exist_ok=True)
             (trial / "config.json").write_text(json.dumps({"trial_name": name}), encoding="utf-8")
             (trial / "result.json").write_text(json.dumps(result), encoding="utf-8")
+            if name in self.verifier_outputs:
+                (trial / "verifier").mkdir(exist_ok=True)
+                stdout = trial / "verifier" / "test-stdout.txt"
+                stdout.write_text(self.verifier_outputs[name], encoding="utf-8")
         for name in self.running_trials:
             trial = job / "trace_jobs" / name
             trial.mkdir(parents=True, exist_ok=True)

@@ -138,9 +138,9 @@ def test_one_engine_of_two_dead_is_no_proof(tmp_path: Path) -> None:
 @pytest.mark.parametrize(
     ("failures", "component"),
     [
-        ([[real.KEY_NOT_IN_STRUCT.text]] * 3, "launch configuration"),
-        ([real.block(real.HYDRA_APP_URL, "checkpoint")] * 3, "launch configuration"),
-        ([[real.NO_KV_MEMORY.text]] * 3, "inference engine settings"),
+        ([[real.KEY_NOT_IN_STRUCT.text]] * 3, "the config key `io`"),
+        ([real.block(real.HYDRA_APP_URL, "checkpoint")] * 3, "the config key `checkpoint`"),
+        ([[real.NO_KV_MEMORY.text]] * 3, "gpu_memory_utilization"),
     ],
     ids=["key-not-in-struct", "hydra-app-banner-then-traceback", "vllm-no-kv-cache-memory"],
 )

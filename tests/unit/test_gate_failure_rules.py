@@ -77,6 +77,19 @@ def test_a_generic_banner_first_does_not_hide_the_specific_failure() -> None:
     assert found.select("attempt", "line", "specific").rows() == [(0, 2, True), (1, 9, False)]
 
 
+def test_a_configuration_failure_goes_before_the_death_it_caused() -> None:
+    """Ray's "actor died because of an error raised in its creation task" (hard) is logged before
+    the ModuleNotFoundError (configuration) that raised it: the import error is the attempt's
+    failure. Two hard rows keep their line order."""
+    found = attempt_failures(
+        tables(err(1, "actor_died"), err(8, "import_error", failure_class="configuration"))
+    )
+    assert found["line"].to_list() == [8]
+    assert attempt_failures(tables(err(1, "actor_died"), err(8, "traceback")))[
+        "line"
+    ].to_list() == [1]
+
+
 def test_uncatalogued_tracebacks_count_and_other_uncatalogued_rows_do_not() -> None:
     """A row no entry knows counts when it is a traceback or a final exception line only."""
     found = attempt_failures(
@@ -319,21 +332,55 @@ def test_a_refused_logged_death_is_an_error_of_liveness() -> None:
 @pytest.mark.parametrize(
     ("entry", "component", "where"),
     [
-        ("omegaconf.key_not_in_struct", "configuration", "launch configuration"),
-        ("vllm.max_seq_len_exceeds_kv", "engine", "inference engine settings"),
-        ("daytona.quota_exceeded", "sandbox", "sandbox configuration"),
-        ("cuda.no_kernel_image", "policy", "policy training configuration"),
+        ("omegaconf.key_not_in_struct", "configuration", "struct-mode config"),
+        ("vllm.max_seq_len_exceeds_kv", "engine", "max_model_len"),
+        ("daytona.quota_exceeded", "sandbox", "organisation quota"),
+        ("cuda.no_kernel_image", "policy", "GPU architectures"),
     ],
 )
 def test_the_handoff_comes_from_the_catalogue_entry(entry: str, component: str, where: str) -> None:
-    """The component to change is the entry's (or, for `auto`, the row's), the cause quotes the
-    entry's note and the line, and the test names the signature that must not recur."""
+    """The thing to change is the entry's own (`change`), tagged with the entry's component (or,
+    for `auto`, the row's); the cause quotes the entry's note and the line, and the test names
+    the signature that must not recur."""
     row = {"entry": entry, "component": component, "text": "the line", "signature": "Sig: x"}
     handoff = configuration.config_handoff(row, (LINE,))
     assert handoff is not None
-    assert where in handoff.component
+    assert where in handoff.component and handoff.component.endswith(f"[{component}]")
     assert f"catalogue `{entry}`" in handoff.likely_cause and "the line" in handoff.likely_cause
     assert "Sig: x" in handoff.test
+
+
+@pytest.mark.parametrize(
+    ("component", "where"),
+    [
+        ("configuration", "launch configuration"),
+        ("engine", "inference engine settings"),
+        ("sandbox", "sandbox configuration"),
+        ("policy", "policy training configuration"),
+    ],
+)
+def test_an_entry_without_its_own_handoff_gets_its_components(
+    component: str, where: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A configuration entry that carries no change, behaviour or test (one added without them)
+    still gets a handoff: its component's text, with the subject it reads from the line."""
+    import dataclasses
+
+    from worker.evidence.failures import catalogue
+
+    bare = dataclasses.replace(
+        catalogue().by_id("omegaconf.key_not_in_struct"),
+        component=None,
+        change=None,
+        behaviour=None,
+        test=None,
+    )
+    monkeypatch.setattr(configuration, "_entry", lambda row: bare)
+    row = {"component": component, "text": "Key 'io' is not in struct", "signature": "Sig: x"}
+    handoff = configuration.config_handoff(row, (LINE,))
+    assert handoff is not None
+    assert where in handoff.component and "`io`" in handoff.component
+    assert handoff.proposed_behavior and "Sig: x" in handoff.test
 
 
 def test_no_handoff_for_a_hard_entry_or_an_unknown_one() -> None:

@@ -371,3 +371,48 @@ def test_length_collapse_dragging_the_median_is_not_held_over_the_window() -> No
 def test_length_collapse_trending_back_is_recovering() -> None:
     """Every window step under the line but climbing back within a window: PASS."""
     assert _standard([400.0] * 14 + [5.0 + 8.0 * k for k in range(10)]).status is GateStatus.PASS
+
+
+def test_a_reward_file_missing_quotes_the_verifier_output_that_names_why() -> None:
+    """Every trial raising Harbor's RewardFileNotFoundError, whose verifier output says the test
+    file is missing, while the trainer trains on zeros: a hard FAIL whose evidence and handoff
+    quote that verifier line and name the test path, for the environment owner."""
+    line = "ERROR: file or directory not found: /tests/test_outputs.py"
+    rows = [
+        trial(i, exception="RewardFileNotFoundError", reward=None)
+        | {"verifier_error": line, "verifier_source": f"trace_jobs/t{i}/verifier/test-stdout.txt"}
+        for i in range(20)
+    ]
+    tables = f.logs(metrics=f.metric_rows({"reward/avg_raw_reward": [0.0] * 10}))
+    result = agentic(rows, tables)
+    assert result.status is GateStatus.FAIL and result.hard_failure
+    assert result.mechanism is not None
+    assert result.mechanism.startswith("reward signal invalid: the verifier could not run")
+    assert any(
+        q.source.endswith("verifier/test-stdout.txt") and q.text == line for q in result.evidence
+    )
+    handoff = result.handoff
+    assert handoff is not None
+    assert (
+        "`/tests/test_outputs.py`" in handoff.component
+        and "owner: the environment" in handoff.component
+    )
+    assert line in handoff.likely_cause
+
+
+@pytest.mark.parametrize(
+    ("message", "who"),
+    [
+        ("Failed to create sandbox: Total CPU limit exceeded. Maximum allowed: 4500.", "provider"),
+        ("Environment start timed out after 600 s", "never come up"),
+    ],
+    ids=["provider-quota", "start-timeout"],
+)
+def test_a_systemic_sandbox_failure_names_its_owner(message: str, who: str) -> None:
+    """A sandbox error naming a quota or limit (daytona#3304) is the sandbox provider's; one that
+    does not (a start timeout) is sandboxes never coming up: both read "reward signal invalid"."""
+    rows = [trial(i, exception="DaytonaError", message=message, reward=None) for i in range(20)]
+    result = agentic(rows)
+    assert result.mechanism is not None and result.mechanism.startswith("reward signal invalid")
+    assert who in result.mechanism
+    assert result.handoff is not None and "owner: the environment" in result.handoff.component

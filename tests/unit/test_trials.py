@@ -12,7 +12,7 @@ import pytest
 
 from worker.evidence import schema
 from worker.evidence.paths import BundleFiles
-from worker.evidence.trials import read_trials
+from worker.evidence.trials import read_trials, verifier_not_run
 
 FIXTURES = Path(__file__).parents[1] / "fixtures"
 TB = FIXTURES / "terminal-bench"
@@ -291,3 +291,61 @@ def test_result_symlink_leaving_the_job_is_skipped(tmp_path: Path) -> None:
     assert tables is not None
     assert tables.trials.is_empty()
     assert len(files.refused) == 1
+
+
+# --- the verifier's output ------------------------------------------------------------------------
+
+PYTEST_NO_TESTS = """collected 0 items
+
+============================ no tests ran in 0.00s =============================
+ERROR: file or directory not found: tests/
+"""  # NVlabs/RoboLab#17, verbatim
+# bcmi/libcom#44, verbatim
+PYTHON_NO_SCRIPT = (
+    "python: can't open file 'test_objectstitch.py': [Errno 2] No such file or directory"
+)
+TEST_ON_MISSING_OUTPUT = (
+    "E       FileNotFoundError: [Errno 2] No such file or directory: "
+    "'fishtaco_out_stricter_FDR_filter_STAT_run_log_SCORE_wilcoxon_ASSESSMENT_single_taxa.tab'\n"
+    "1 failed in 0.05s\n"
+)  # borenstein-lab/fishtaco#13's test error on an output file, in pytest's failure summary
+
+
+@pytest.mark.parametrize(
+    ("output", "line"),
+    [
+        (PYTEST_NO_TESTS, "ERROR: file or directory not found: tests/"),
+        (PYTHON_NO_SCRIPT, PYTHON_NO_SCRIPT),
+        ("E   FileNotFoundError: [Errno 2] No such file or directory: '/tests/expected.json'",
+         "E   FileNotFoundError: [Errno 2] No such file or directory: '/tests/expected.json'"),
+        (TEST_ON_MISSING_OUTPUT, None),
+        ("collected 3 items\n3 passed in 0.20s\n", None),
+    ],
+    ids=["pytest-path-missing", "script-missing", "tests-file-missing", "output-missing", "pass"],
+)  # fmt: skip
+def test_the_verifier_line_that_says_no_test_ran(output: str, line: str | None) -> None:
+    """A missing test path, test script or file of the tests directory means no test ran (the
+    line is kept); a test failing on the agent's missing output file is a test that ran and
+    failed, and a passing run says nothing (None) — the boundary between the environment's
+    fault and the model's."""
+    assert verifier_not_run(output) == line
+
+
+def test_a_harbor_trials_verifier_output_is_read(tmp_path: Path) -> None:
+    """`verifier/test-stdout.txt` beside a Harbor result gives the row its verifier_error and the
+    file it came from; a trial without one has neither."""
+    job = tmp_path / "job"
+    for name, output in (("broken__0000001", PYTEST_NO_TESTS), ("fine__0000002", None)):
+        trial = job / "trace_jobs" / name
+        (trial / "verifier").mkdir(parents=True)
+        (trial / "result.json").write_text(json.dumps({"trial_name": name, "task_name": name}))
+        if output is not None:
+            (trial / "verifier" / "test-stdout.txt").write_text(output)
+    tables = read_trials(job)
+    assert tables is not None and tables.unreadable == ()
+    rows = {r["trial_name"]: r for r in tables.trials.iter_rows(named=True)}
+    broken = rows["broken__0000001"]
+    assert broken["verifier_error"] == "ERROR: file or directory not found: tests/"
+    assert broken["verifier_source"] == "trace_jobs/broken__0000001/verifier/test-stdout.txt"
+    assert rows["fine__0000002"]["verifier_error"] is None
+    assert tables.trials.height == 2  # the verifier directory is no trial of its own

@@ -419,7 +419,10 @@ def attempt_failures(logs: LogTables) -> pl.DataFrame:
     that may end an attempt (`_can_end_an_attempt`) and come after its last advancement, the
     first (by line) whose signature is specific, else the first (a generic exit record or banner,
     never a signature on its own): a Hydra banner before the real exception, or torchrun's exit
-    record after it, does not hide it. Vectorised: one join and one sort over the few rows."""
+    record after it, does not hide it. A specific configuration-class row goes before the other
+    specific rows: it is the cause the others follow from (Ray's "actor died because of an error
+    raised in its creation task" is logged before the `ModuleNotFoundError` that raised it).
+    Vectorised: one join and one sort over the few rows."""
     errors = logs.errors
     if errors.is_empty():
         return _no_failures()
@@ -428,9 +431,22 @@ def attempt_failures(logs: LogTables) -> pl.DataFrame:
     if source is not None:
         rows = rows.filter(pl.col("source") == source)
     rows = _after_the_last_advancement(logs, rows)
-    ranked = rows.with_columns(_rank=(~pl.col("specific").fill_null(value=False)).cast(pl.Int8))
+    ranked = rows.with_columns(_rank=_failure_rank())
     first = ranked.sort("attempt", "_rank", "line").unique("attempt", keep="first")
     return first.sort("attempt").drop("_rank", "_last")
+
+
+def _failure_rank() -> pl.Expr:
+    """0 for a specific configuration-class row, 1 for another specific row, 2 for the rest."""
+    specific = pl.col("specific").fill_null(value=False)
+    configuration = (pl.col("failure_class") == "configuration").fill_null(value=False)
+    return (
+        pl.when(specific & configuration)
+        .then(pl.lit(0, pl.Int8))
+        .when(specific)
+        .then(pl.lit(1, pl.Int8))
+        .otherwise(pl.lit(2, pl.Int8))
+    )
 
 
 def row_signature(row: dict[str, Any]) -> str | None:

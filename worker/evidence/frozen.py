@@ -99,7 +99,10 @@ _SEED: Final = 0
 _LOG_FRAMES: Final = tuple(f.name for f in dataclasses.fields(LogTables) if f.name != "summary")
 _TRIALS: Final = "trials"
 # Tables that gained columns since format 1 was written: an older freeze thaws with them as nulls.
-_GROWN: Final[dict[str, dict[str, pl.DataType]]] = {"errors": schema.ERRORS}
+_GROWN: Final[dict[str, dict[str, pl.DataType]]] = {
+    "errors": schema.ERRORS,
+    _TRIALS: schema.TRIALS,
+}
 
 Fetch = Callable[[str, str], bytes]
 """The bytes of a part kept elsewhere: `(parts_at, part file name)`; raises `KeyError` or
@@ -429,7 +432,7 @@ def _thaw_trials(
     else:
         trials = thawer.table(meta.get("parts"), _TRIALS)
     return TrialTables(
-        trials=trials,
+        trials=_with_new_columns(_TRIALS, trials),
         directory=meta["directory"],
         sync_selection=meta["sync_selection"],
         skipped_objects=tuple(meta["skipped_objects"]),

@@ -195,6 +195,9 @@ TRIALS: Final[dict[str, pl.DataType]] = {
     "finished_at": TS,
     "format": pl.String(),  # harbor | terminal-bench
     "source": pl.String(),  # path of the result file relative to the job directory
+    # the verifier output's line saying the tests could not run (trials.VERIFIER_NOT_RUN), its file
+    "verifier_error": pl.String(),
+    "verifier_source": pl.String(),
 }
 
 

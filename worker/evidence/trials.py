@@ -6,11 +6,16 @@ or only `config.json` (a Harbor trial still running or cut off); a directory tha
 but also has trial directories below it is a job or run directory and is skipped. A result file
 that does not parse is listed in `unreadable`, never raised. Every read goes through `BundleFiles`,
 so nothing outside the job directory (or the explicit trials directory) is opened.
+
+A Harbor trial's verifier output (`verifier/test-stdout.txt`, `verifier/test-stderr.txt`, the
+test script's console) is read at its tail for the one line that says the tests could not run at
+all (`VERIFIER_NOT_RUN`): the reward of such a trial says nothing about the model.
 """
 
 from __future__ import annotations
 
 import os
+import re
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any, Final
@@ -25,11 +30,13 @@ from worker.evidence.values import integer, number, read_json, read_text, text
 
 __all__ = [
     "DEFAULT_TRIALS_DIR",
+    "VERIFIER_NOT_RUN",
     "harbor_row",
     "missing_trials",
     "read_trials",
     "simple_row",
     "terminal_bench_row",
+    "verifier_not_run",
 ]
 
 DEFAULT_TRIALS_DIR: Final = "trace_jobs"
@@ -38,6 +45,23 @@ SIDE_FILES: Final = ("sync_selection.json", "skipped_objects.json")
 HARBOR_PHASES: Final = ("environment_setup", "agent_setup", "agent_execution", "verifier")
 TB_CLEAN_MODES: Final = frozenset({"unset", "none"})
 TRIAL_FILE_MAX_BYTES: Final = 16 * 2**20  # a trial's result or exception text (KBs in practice)
+VERIFIER_DIR: Final = "verifier"
+VERIFIER_FILES: Final = ("test-stdout.txt", "test-stderr.txt")  # Harbor's TrialPaths
+VERIFIER_TAIL_BYTES: Final = 64 * 1024
+"""The tail of a verifier output that is searched: pytest prints its usage error after the summary,
+and a script that cannot start prints only that."""
+VERIFIER_LINE_MAX: Final = 300
+VERIFIER_NOT_RUN: Final = re.compile(
+    # pytest: a test path given on its command line does not exist; no test ran (exit code 4)
+    r"file or directory not found: \S+"
+    # the interpreter was told to run a test script that is not there
+    r"|can't open file '[^']+': \[Errno 2\][^\n]*"
+    # a file under the tests directory Harbor uploads before the verifier runs (/tests)
+    r"|No such file or directory: '/tests/[^']*'"
+)
+"""A line of the verifier's output saying the tests could not run at all: a missing test file or
+test directory, not a test that failed. A test failing on a missing *output* file
+(`No such file or directory: '/app/out.txt'`) is the agent's failure and does not match."""
 
 Row = dict[str, Any]
 
@@ -101,6 +125,17 @@ def _harbor_phases(data: Mapping[str, Any]) -> dict[str, float | None]:
         f"{phase}_s": _seconds(_dig(data, phase, "started_at"), _dig(data, phase, "finished_at"))
         for phase in HARBOR_PHASES
     }
+
+
+def verifier_not_run(text: str | None) -> str | None:
+    """The line of a verifier output that says the tests could not run, or None."""
+    found = VERIFIER_NOT_RUN.search(text or "")
+    if found is None:
+        return None
+    start = (text or "").rfind("\n", 0, found.start()) + 1
+    end = (text or "").find("\n", found.end())
+    line = (text or "")[start : end if end != -1 else None]
+    return line.strip()[:VERIFIER_LINE_MAX]
 
 
 def harbor_row(data: Mapping[str, Any], trial_dir: str, exception_text: str | None = None) -> Row:
@@ -208,7 +243,23 @@ def _trial_file(directory: Path, names: set[str]) -> Path:
     raise UnreadableError("no trial file")  # pragma: no cover - callers pass trial directories
 
 
-def _result_row(path: Path, names: set[str]) -> Row:
+def _tail(path: Path, max_bytes: int) -> str | None:
+    try:
+        return _tail_text(path, max_bytes)
+    except OSError:
+        return None
+
+
+def _verifier_fields(outputs: Iterable[Path], job_dir: Path) -> Row:
+    """The first line of the trial's verifier outputs that says the tests could not run."""
+    for path in outputs:
+        line = verifier_not_run(_tail(path, VERIFIER_TAIL_BYTES))
+        if line is not None:
+            return {"verifier_error": line, "verifier_source": _relative_to(path, job_dir)}
+    return {}
+
+
+def _result_row(path: Path, names: set[str], outputs: Iterable[Path], job_dir: Path) -> Row:
     data = _read_object(path)
     trial_dir = path.parent.name
     if path.name == "results.json" or "is_resolved" in data or "failure_mode" in data:
@@ -217,13 +268,22 @@ def _result_row(path: Path, names: set[str]) -> Row:
         return simple_row(data, trial_dir)
     exception = path.parent / "exception.txt"
     text = _read_text(exception) if "exception.txt" in names else None
-    return harbor_row(data, trial_dir, text)
+    return harbor_row(data, trial_dir, text) | _verifier_fields(outputs, job_dir)
 
 
-def _trial_row(path: Path, names: set[str]) -> Row:
+def _trial_row(path: Path, names: set[str], outputs: Iterable[Path], job_dir: Path) -> Row:
     if path.name != "config.json":
-        return _result_row(path, names)
+        return _result_row(path, names, outputs, job_dir)
     return {"trial_name": path.parent.name, "status": "running", "format": "harbor"}
+
+
+def _verifier_outputs(paths: Iterable[Path]) -> dict[Path, list[Path]]:
+    """The verifier output files (`<trial>/verifier/test-std*.txt`) by their trial directory."""
+    found: dict[Path, list[Path]] = {}
+    for path in paths:
+        if path.parent.name == VERIFIER_DIR and path.name in VERIFIER_FILES:
+            found.setdefault(path.parent.parent, []).append(path)
+    return found
 
 
 def _trial_dirs(paths: Iterable[Path], top: Path) -> dict[Path, set[str]]:
@@ -313,11 +373,14 @@ def read_trials(
         return None
     rows: list[Row] = []
     unreadable: list[str] = []
-    for directory, names in _trial_dirs(files.walk(top), top).items():
+    paths = list(files.walk(top))
+    outputs = _verifier_outputs(paths)
+    for directory, names in _trial_dirs(paths, top).items():
         path = _trial_file(directory, names)
         source = _relative_to(path, job_dir)
         try:
-            rows.append(_trial_row(path, names) | {"source": source})
+            found = _trial_row(path, names, outputs.get(directory, ()), job_dir)
+            rows.append(found | {"source": source})
         except UnreadableError as exc:
             unreadable.append(f"{source}: {exc}")
     where = _relative_to(top, job_dir)

@@ -25,6 +25,9 @@ never count; the parser has judged each line by its Iris prefix time when its ow
 3b. FAIL hard (proof `config_failure`, `worker.gates.configuration`) when a configuration-class
    failure ended every attempt and the newest is over (a failed job, or silence past the
    threshold); the handoff comes from the catalogue entry.
+3c. ERROR with that handoff when a configuration-class failure ended the newest attempt before
+   its first step but 3b cannot establish it yet (`config_death_pending`, job not terminal): a
+   logged configuration death ends initialisation; it is never the initialisation PASS.
 4. Terminal states: succeeded PASS ("job completed"); killed and unschedulable FAIL; failed /
    worker_failed FAIL, with hard_failure (proof `terminal_failure`) only when both the controller's
    error and the newest attempt's failure row (`Facts.attempt_failures`) are quoted (a
@@ -409,6 +412,15 @@ def _configuration(ctx: Context) -> GateResult | None:
     return configuration.config_failure(ctx.evidence, limit, ctx.base_quotes())
 
 
+def _configuration_pending(ctx: Context) -> GateResult | None:
+    """`configuration.config_death_pending`: a configuration death before the first step is
+    never initialisation, even before `config_failure` can establish it."""
+    if ctx.logs is None or ctx.controller.state is None:
+        return None
+    limit = _cadence(ctx.evidence, ctx.logs).threshold_s
+    return configuration.config_death_pending(ctx.evidence, limit, ctx.base_quotes())
+
+
 @rule("liveness")
 def _terminal(ctx: Context) -> GateResult | None:
     """A terminal job is over: succeeded passes; a failure quoted by both the controller and the
@@ -501,6 +513,7 @@ RULES: tuple[Rule, ...] = (
     _terminal_disagrees,
     _complete,
     _configuration,
+    _configuration_pending,
     _terminal,
     _no_pods,
     _waiting,

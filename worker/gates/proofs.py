@@ -140,7 +140,8 @@ RULES: Final = (
     ProofRule("cuda_fatal", "resources", False, "a CUDA fault whose component made no progress "
               "after it (death, failed job, or STALL_FLOOR_S of silence)"),
     ProofRule("systemic_trials", "rollouts", False, "SAME_CAUSE_SHARE of trials fail with one "
-              "systemic cause, every reward zero, the trainer agreeing"),
+              "systemic cause (the reward signal invalid), the trainer corroborating: on zeros "
+              "with every trial reward zero, or naming the exception on each window step"),
     ProofRule("one_turn", "rollouts", False, "median turns at or under ONE_TURN_MEDIAN over a "
               "window of trials"),
     ProofRule("reward_collapse", "dynamics", True, "reward under COLLAPSE_RATIO of its best "

@@ -4,6 +4,12 @@ The catalogue is data. Each entry names a literal (the parser's prefilter search
 regex, the ERRORS `kind` it gives, the component and class it means, whether it is a generic exit
 record, and the public source of a real example. The first entry that matches a line wins.
 Matching is vectorised: one `contains` per entry over the few candidate rows of a chunk.
+
+A `configuration` entry may also carry its handoff (DOMAIN.md section 7, "deaths that need a
+change"): a `subject` regex whose first group reads the affected key, module or path from the
+line, the thing to `change` (`{subject}` stands for what the regex read), the `behaviour` to
+propose and the `test` that proves the fix. `worker.gates.configuration.config_handoff` falls
+back on the component's text for an entry without them.
 """
 
 from __future__ import annotations
@@ -31,7 +37,21 @@ __all__ = [
 
 CATALOGUE_FILE: Final = "catalogue.toml"
 _FIELDS: Final = frozenset(
-    {"id", "literal", "pattern", "kind", "component", "class", "generic", "source", "note"}
+    {
+        "id",
+        "literal",
+        "pattern",
+        "kind",
+        "component",
+        "class",
+        "generic",
+        "source",
+        "note",
+        "subject",
+        "change",
+        "behaviour",
+        "test",
+    }
 )
 _REQUIRED: Final = ("id", "literal", "kind", "component", "class", "source", "note")
 
@@ -73,6 +93,17 @@ class Entry:
     generic: bool
     source: str
     note: str
+    subject: str | None = None  # regex: group 1 is the affected key, module or path
+    change: str | None = None  # what to change; `{subject}` is replaced by what `subject` read
+    behaviour: str | None = None  # the behaviour a handoff proposes
+    test: str | None = None  # the test that proves the fix
+
+    def subject_of(self, text: str) -> str | None:
+        """The key, module or path this failure names in `text`, when the entry can read it."""
+        if self.subject is None:
+            return None
+        found = re.search(self.subject, text)
+        return found.group(1) if found and found.group(1) else None
 
     def condition(self, text: pl.Expr) -> pl.Expr:
         """True where `text` is this failure (the literal, then the regex when there is one)."""
@@ -106,6 +137,25 @@ def _pattern(raw: dict[str, Any], where: str) -> str | None:
     return str(pattern)
 
 
+def _subject(raw: dict[str, Any], where: str) -> str | None:
+    """The entry's subject regex: it must compile and capture the subject in a group."""
+    subject = raw.get("subject") or None
+    if subject is None:
+        return None
+    try:
+        groups = re.compile(subject).groups
+    except re.error as exc:
+        raise CatalogueError(f"{where}: subject {subject!r} does not compile: {exc}") from exc
+    if groups < 1:
+        raise CatalogueError(f"{where}: subject {subject!r} captures nothing")
+    return str(subject)
+
+
+def _text_field(raw: dict[str, Any], name: str) -> str | None:
+    value = raw.get(name)
+    return str(value) if value else None
+
+
 def _entry(raw: dict[str, Any], index: int) -> Entry:
     where = f"entry {index} ({raw.get('id', '?')})"
     _check_fields(raw, where)
@@ -124,6 +174,10 @@ def _entry(raw: dict[str, Any], index: int) -> Entry:
         generic=bool(raw.get("generic", False)),
         source=str(raw["source"]),
         note=str(raw["note"]),
+        subject=_subject(raw, where),
+        change=_text_field(raw, "change"),
+        behaviour=_text_field(raw, "behaviour"),
+        test=_text_field(raw, "test"),
     )
 
 

@@ -12,24 +12,25 @@ hypothesis; the first that holds decides.
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
 from typing import Final
 
 import polars as pl
 
 from shared.models import GateResult, GateStatus, Handoff, KillProof, Quote, Table
-from worker.evidence.model import Evidence, LogTables
+from shared.redact import redact_text
+from worker.evidence.model import Evidence
 from worker.evidence.quotes import quote, quote_rows
 from worker.gates.base import error, passed
 from worker.gates.dynamics.trend import projection
-from worker.gates.progress import initialization, newest_attempt
-from worker.gates.rollouts.standard import metric_quotes, reward_rows
+from worker.gates.progress import initialization
+from worker.gates.rollouts.trainer import Naming, names, reward_collapsed, trainer_rewards
 from worker.gates.rules import rule
 
 __all__ = [
     "AGENT_ERROR",
     "BUDGET",
     "CAUSES",
+    "NOT_RUN",
     "OTHER",
     "SANDBOX",
     "SYSTEMIC",
@@ -38,6 +39,8 @@ __all__ = [
     "cause_of",
     "check",
     "trainer_rewards",
+    "trial_quotes",
+    "with_cause",
 ]
 
 SANDBOX: Final = "sandbox"
@@ -46,6 +49,9 @@ VERIFIER: Final = "verifier"
 AGENT_ERROR: Final = "agent error"
 OTHER: Final = "other"
 SYSTEMIC: Final = (SANDBOX, VERIFIER)
+NOT_RUN: Final = "verifier could not run"
+"""The failure of a trial with no exception whose verifier output says no test ran (a missing test
+file: `trials.VERIFIER_NOT_RUN`): its reward of 0 says nothing about the model."""
 
 CAUSES: Final[dict[str, str]] = {
     "EnvironmentStartTimeoutError": SANDBOX,
@@ -72,7 +78,12 @@ CAUSES: Final[dict[str, str]] = {
 }
 """Harbor exception types and terminal-bench failure modes -> cause (DOMAIN.md section 4)."""
 
-_QUOTA = re.compile(r"quota|limit exceeded|maximum allowed", re.I)
+_PROVIDER = re.compile(
+    r"quota|limit exceeded|maximum allowed|limit reached|no space left on device", re.I
+)
+"""A sandbox failure message that names the provider's quota, limits or disk (Daytona's `Total CPU
+limit exceeded. Maximum allowed: N`, `Snapshot quota exceeded`, `Total disk limit exceeded`)."""
+_TESTED_PATH = re.compile(r"not found: (\S+)|can't open file '([^']+)'|directory: '([^']+)'")
 
 
 def cause_of(exception_type: str | None) -> str | None:
@@ -98,23 +109,44 @@ def cause_expr() -> pl.Expr:
     )
 
 
-def _with_cause(trials: pl.DataFrame) -> pl.DataFrame:
-    cause = cause_expr()
+def with_cause(trials: pl.DataFrame) -> pl.DataFrame:
+    """Finished trials with their `cause`, their `failure` (the exception type, or NOT_RUN for a
+    trial whose verifier output says no test ran), the text quoted for them and a timestamp."""
+    not_run = pl.col("exception_type").is_null() & pl.col("verifier_error").is_not_null()
+    cause = pl.when(not_run).then(pl.lit(VERIFIER)).otherwise(cause_expr())
+    failure = pl.when(not_run).then(pl.lit(NOT_RUN)).otherwise(pl.col("exception_type"))
     outcome = pl.format(
         "reward {}, turns {}",
         pl.col("reward").cast(pl.String()).fill_null("null"),
         pl.col("n_turns").cast(pl.String()).fill_null("?"),
     )
-    failure = pl.format(
+    raised = pl.format(
         "{}: {} ({})", "exception_type", pl.col("exception_message").fill_null(""), outcome
     )
-    text = pl.when(pl.col("exception_type").is_null()).then(outcome).otherwise(failure)
-    return trials.with_columns(cause=cause, _text=text, timestamp=pl.col("finished_at"))
+    untested = pl.format("{}: {} ({})", pl.lit(NOT_RUN), "verifier_error", outcome)
+    clean = pl.col("exception_type").is_null()
+    text = pl.when(not_run).then(untested).when(clean).then(outcome).otherwise(raised)
+    return trials.with_columns(
+        cause=cause, failure=failure, _text=text, timestamp=pl.col("finished_at")
+    )
 
 
-def _trial_quotes(rows: pl.DataFrame, limit: int = 3) -> tuple[Quote, ...]:
+def trial_quotes(rows: pl.DataFrame, limit: int = 3) -> tuple[Quote, ...]:
+    """The newest of `rows` (trials `with_cause`), quoted from their result files."""
     newest_first = rows.sort("finished_at", descending=True, nulls_last=True)
     return quote_rows(newest_first, text_column="_text", limit=limit)
+
+
+def _verifier_quotes(rows: pl.DataFrame, limit: int = 2) -> tuple[Quote, ...]:
+    """The verifier output lines of `rows` that say no test ran, quoted from their files."""
+    told = rows.filter(pl.col("verifier_error").is_not_null()).sort("finished_at", descending=True)
+    told = told.select(
+        source="verifier_source",
+        text="verifier_error",
+        line=pl.lit(None, pl.Int64),
+        timestamp="timestamp",
+    )
+    return quote_rows(told, limit=limit)
 
 
 def _no_trials(evidence: Evidence) -> GateResult:
@@ -145,7 +177,7 @@ def check(evidence: Evidence) -> GateResult:
     finished = trials.filter(pl.col("status") == "finished") if not trials.is_empty() else trials
     if finished.is_empty():
         return _no_trials(evidence)
-    finished = _with_cause(finished)
+    finished = with_cause(finished)
     for finding in (_systemic, _one_turn, _zero_rewards, _reward_collapse):
         result = finding(evidence, finished)
         if result is not None:
@@ -153,51 +185,13 @@ def check(evidence: Evidence) -> GateResult:
     return _healthy_trials(finished, trials.height - finished.height)
 
 
-@dataclass(frozen=True)
-class TrainerRewards:
-    """The trainer's side of the reward story: True all zero, False positive, None unknown."""
-
-    all_zero: bool | None
-    quotes: tuple[Quote, ...] = ()
-
-
-def _batch_quotes(batches: pl.DataFrame) -> tuple[Quote, ...]:
-    texted = batches.with_columns(
-        _text=pl.format(
-            "Exception breakdown: {}; Batch generation complete: {}/{} successful, {} failed, "
-            "{} masked",
-            "exceptions",
-            "successful",
-            "total",
-            "failed",
-            "masked",
-        )
-    )
-    return quote_rows(texted.tail(2), text_column="_text")
-
-
-def trainer_rewards(logs: LogTables | None, steps: int) -> TrainerRewards:
-    """Whether the trainer trains on zeros: batch lines first, then the reward metric."""
-    if logs is None:
-        return TrainerRewards(None)
-    batches = logs.batches.filter(pl.col("attempt") == newest_attempt(logs)).sort("line")
-    if not batches.is_empty():
-        newest = batches.tail(steps)
-        zero = bool((newest["successful"].fill_null(0) == 0).all())
-        if zero:
-            return TrainerRewards(True, _batch_quotes(newest))
-    rewards = reward_rows(logs).tail(steps)
-    if rewards.is_empty():
-        return TrainerRewards(None)
-    zero = bool((rewards["value"].fill_nan(None).fill_null(0.0) == 0).all())
-    return TrainerRewards(zero, metric_quotes(rewards))
-
-
 @rule("rollouts.agentic")
 def _systemic(evidence: Evidence, finished: pl.DataFrame) -> GateResult | None:
     """At least SAME_CAUSE_SHARE of finished trials fail with one systemic cause (sandbox or
-    verifier): the rewards are not real. Hard when every reward is also null or zero and the
-    trainer agrees it trains on zeros."""
+    verifier, a verifier output saying no test ran included): the reward signal is invalid and its
+    owner is the environment, not the model. Hard when the trainer corroborates it: it trains on
+    zeros while every trial reward is null or zero, or its per-step lines name the trials'
+    exception on each of its newest MIN_WINDOW_STEPS batches, whatever its reward shows."""
     t = evidence.thresholds
     counts = finished.filter(pl.col("cause").is_in(SYSTEMIC)).group_by("cause").len()
     top = counts.sort("len").tail(1)
@@ -210,24 +204,48 @@ def _systemic(evidence: Evidence, finished: pl.DataFrame) -> GateResult | None:
     return _systemic_fail(evidence, finished, failing, cause)
 
 
+def _corroboration(
+    evidence: Evidence, rewards_zero: bool, failure: str
+) -> tuple[bool, str, tuple[Quote, ...]]:
+    """Whether the trainer corroborates a systemic trial failure, how, and its quotes."""
+    t = evidence.thresholds
+    trainer = trainer_rewards(evidence.logs, t.min_window_steps)
+    naming = names(evidence.logs, failure, None, evidence.now, newest=t.min_window_steps)
+    if rewards_zero and trainer.all_zero is True:
+        return True, "; the trainer trains on zeros", trainer.quotes
+    if _names_every_step(naming, t.min_window_steps):
+        said = f"; the trainer's per-step lines name {failure} on each of its newest {naming.lines}"
+        return True, said, naming.quotes
+    said = "; the trainer trains on zeros" if trainer.all_zero else ""
+    return False, said, trainer.quotes
+
+
+def _names_every_step(naming: Naming, steps: int) -> bool:
+    return naming.every_line and naming.lines >= steps
+
+
 def _systemic_fail(
     evidence: Evidence, finished: pl.DataFrame, failing: pl.DataFrame, cause: str
 ) -> GateResult:
-    types = failing.group_by("exception_type").len().sort("len", descending=True)
-    top_type = str(types["exception_type"][0])
-    example = failing.filter(pl.col("exception_type") == top_type)
+    types = failing.group_by("failure").len().sort("len", descending=True)
+    top_type = str(types["failure"][0])
+    example = failing.filter(pl.col("failure") == top_type)
     rewards_zero = bool((finished["reward"].fill_nan(None).fill_null(0.0) == 0).all())
-    trainer = trainer_rewards(evidence.logs, evidence.thresholds.min_window_steps)
-    quotes = _trial_quotes(example) + trainer.quotes
+    hard, said, trainer_quotes = _corroboration(evidence, rewards_zero, top_type)
+    quotes = trial_quotes(example) + _verifier_quotes(example) + trainer_quotes
     share = failing.height / finished.height
     summary = (
         f"{failing.height}/{finished.height} finished trials ({share:.0%}) failed with {cause} "
         f"errors, mostly {top_type} ({int(types['len'][0])})"
         + ("; every reward null or zero" if rewards_zero else "")
-        + ("; the trainer trains on zeros" if trainer.all_zero else "")
+        + said
     )
-    hard = rewards_zero and trainer.all_zero is True
-    mechanism = f"systemic {cause} failure: {top_type} on nearly every trial"
+    owner = _owner(cause, top_type, example)
+    what = f"`{_first(example, 'verifier_error')}`" if top_type == NOT_RUN else top_type
+    mechanism = (
+        f"reward signal invalid: {owner}: {what} on {failing.height}/{finished.height} "
+        "finished trials"
+    )
     return GateResult(
         status=GateStatus.FAIL,
         summary=summary,
@@ -237,41 +255,103 @@ def _systemic_fail(
         proof=_proof("systemic_trials", mechanism, quotes) if hard else None,
         kind=f"systemic_{cause}",
         mechanism=mechanism,
-        next_action=f"fix the {cause} side before any further training; the rewards are not real",
+        next_action=(
+            "Supervisor: kill the job: its reward signal is invalid. Hand off to the environment "
+            "owner (handoff) before relaunching; the model is not the cause"
+            if hard
+            else f"hand off to the environment owner: fix the {cause} side before any further "
+            "training; the rewards are not real"
+        ),
         flip_signal=f"finished trials without {top_type} reaching over "
         f"{1 - evidence.thresholds.same_cause_share:.0%} of the newest trials",
-        handoff=_cause_handoff(cause, top_type, str(example["_text"][0]), quotes),
+        handoff=_cause_handoff(cause, top_type, example, (failing.height, finished.height), quotes),
     )
+
+
+def _provider(top_type: str, example: pl.DataFrame) -> bool:
+    """A sandbox failure the provider's quota, limits or disk explain."""
+    messages = " ".join(example["exception_message"].drop_nulls().head(3).to_list())
+    return top_type == "DaytonaValidationError" or bool(_PROVIDER.search(messages))
+
+
+def _owner(cause: str, top_type: str, example: pl.DataFrame) -> str:
+    """Who the invalid reward belongs to, in a few words (the mechanism's subject)."""
+    if cause == VERIFIER:
+        return "the verifier could not run"
+    if _provider(top_type, example):
+        return "the sandbox provider refuses sandboxes (its quota or limits are spent)"
+    return "sandboxes never come up"
+
+
+def _first(example: pl.DataFrame, column: str) -> str | None:
+    values = example[column].drop_nulls()
+    return redact_text(str(values[0])) if values.len() else None
+
+
+def _tested_path(line: str | None) -> str | None:
+    """The test path a verifier output line says is missing."""
+    found = _TESTED_PATH.search(line or "")
+    return next((g for g in found.groups() if g), None) if found else None
 
 
 def _cause_handoff(
-    cause: str, exception_type: str, text: str, quotes: tuple[Quote, ...]
+    cause: str,
+    exception_type: str,
+    example: pl.DataFrame,
+    counts: tuple[int, int],
+    quotes: tuple[Quote, ...],
 ) -> Handoff:
+    """The handoff to the environment owner: what fails on how many trials, where to change it,
+    the behaviour to propose and the test that proves the fix."""
+    on = f"{counts[0]}/{counts[1]} trials"
     if cause == VERIFIER:
+        return _verifier_handoff(exception_type, _first(example, "verifier_error"), on, quotes)
+    message = _first(example, "exception_message") or ""
+    said = f"`{exception_type}: {message}`" if message else f"`{exception_type}`"
+    if _provider(exception_type, example):
         return Handoff(
             evidence=quotes,
-            likely_cause=f"the verifier fails on every trial ({exception_type})",
-            component="task verifier / tests and the reward file they write",
-            proposed_behavior="the verifier writes a parseable reward for every trial, and the "
-            "generator stops the run when no trial yields a reward",
-            test="a trial of the same task image produces a reward file the harness parses",
+            likely_cause=f"the sandbox provider refuses sandboxes on {on}: the organisation's "
+            f"quota or limits are spent ({said}); their zero rewards are not the model's",
+            component="the sandbox provider's organisation quota (Daytona: snapshots, CPU, "
+            "memory, disk) the Harbor environment creates sandboxes in; owner: the environment",
+            proposed_behavior="free or raise the quota, and make the generator fail fast when "
+            "most sandbox creations are refused instead of training on zero rewards",
+            test="create one sandbox in the same organisation with the job's resources and "
+            "assert it starts and one trial writes a reward; a run whose sandboxes are all "
+            "refused stops before its first optimizer step",
         )
-    quota = exception_type == "DaytonaValidationError" or bool(_QUOTA.search(text))
-    likely = (
-        "the Daytona organisation is over its snapshot quota or CPU limit, so no sandbox starts"
-        if quota
-        else f"sandboxes never come up ({exception_type})"
-    )
     return Handoff(
         evidence=quotes,
-        likely_cause=likely,
-        component="Daytona organisation quota (snapshots, CPU) used by the Harbor environment"
-        if quota
-        else "Harbor environment / Daytona sandbox creation",
-        proposed_behavior="free or raise the quota, and make the generator fail fast when every "
-        "sandbox creation is refused instead of training on zero rewards",
-        test="a single trial in the same organisation starts its sandbox and writes a reward; "
-        "a run whose every trial is refused stops before its first optimizer step",
+        likely_cause=f"sandboxes never come up on {on} ({said})",
+        component="the Harbor environment's sandbox creation (image, snapshot, start "
+        "timeout); owner: the environment",
+        proposed_behavior="make one sandbox of the task image start within the timeout, and "
+        "make the generator fail fast when sandboxes never come up",
+        test="run one trial of the same task in the same environment and assert its sandbox "
+        "starts and the verifier writes a reward",
+    )
+
+
+def _verifier_handoff(
+    exception_type: str, line: str | None, on: str, quotes: tuple[Quote, ...]
+) -> Handoff:
+    path = _tested_path(line)
+    said = f": the verifier's output says `{line}`" if line else ""
+    raised = "" if exception_type == NOT_RUN else f" ({exception_type})"
+    where = f"the test path `{path}` its test script runs" if path else "its test script"
+    return Handoff(
+        evidence=quotes,
+        likely_cause=f"the verifier could not run its tests on {on}{raised}{said}; "
+        "their rewards of 0 say nothing about the model",
+        component=f"the task's verifier: {where} and the reward file it writes; owner: the "
+        "environment / task",
+        proposed_behavior="ship the tests the verifier runs with the task (or run them by a path "
+        "that exists in the sandbox), and make the verifier fail the trial, not score it 0, when "
+        "no test ran",
+        test="run the task's verifier once on its reference solution (Harbor's oracle agent) and "
+        "assert at least one test ran and the reward is 1"
+        + (f" (`{path}` exists in the sandbox)" if path else ""),
     )
 
 
@@ -288,7 +368,7 @@ def _one_turn(evidence: Evidence, finished: pl.DataFrame) -> GateResult | None:
         return None
     if agent.height < t.min_window_steps:
         return _too_few(evidence, finished, f"median {median:g} turns over {agent.height} trials")
-    quotes = _trial_quotes(agent.sort("n_turns"))
+    quotes = trial_quotes(agent.sort("n_turns"))
     mechanism = "about one turn per trial: dead inference engine or broken agent loop"
     return GateResult(
         status=GateStatus.FAIL,
@@ -309,7 +389,8 @@ def _one_turn(evidence: Evidence, finished: pl.DataFrame) -> GateResult | None:
 @rule("rollouts.agentic")
 def _zero_rewards(evidence: Evidence, finished: pl.DataFrame) -> GateResult | None:
     """Every finished reward null or zero over at least MIN_WINDOW_STEPS trials: nothing earns a
-    reward (an ERROR when the trainer logs positive rewards: the sources disagree)."""
+    reward (an ERROR when the trainer logs positive rewards that have not collapsed: the sources
+    disagree; a trainer reward under COLLAPSE_RATIO of its best window agrees with zero trials)."""
     t = evidence.thresholds
     rewards = finished["reward"].fill_nan(None)
     if not bool((rewards.fill_null(0.0) == 0).all()):
@@ -319,14 +400,20 @@ def _zero_rewards(evidence: Evidence, finished: pl.DataFrame) -> GateResult | No
     trainer = trainer_rewards(evidence.logs, t.min_window_steps)
     nulls = rewards.null_count()
     what = f"all {finished.height} finished trials scored zero or no reward ({nulls} null)"
-    quotes = _trial_quotes(finished) + trainer.quotes
-    if trainer.all_zero is False:
+    quotes = trial_quotes(finished) + trainer.quotes
+    collapsed = trainer.all_zero is False and reward_collapsed(evidence.logs, t)
+    if trainer.all_zero is False and not collapsed:
         return error(
             f"{what}, but the trainer logs positive rewards: trials and trainer disagree",
             missing=("agreement between trial results and trainer rewards",),
             evidence=quotes,
         )
     agree = "the trainer agrees" if trainer.all_zero else "no trainer reward to compare"
+    if collapsed:
+        agree = (
+            f"the trainer's reward collapsed too (its newest {t.min_window_steps}-step mean "
+            f"under {t.collapse_ratio:.0%} of its best)"
+        )
     return GateResult(
         status=GateStatus.FAIL,
         summary=f"{what}; {agree}",
@@ -345,7 +432,7 @@ def _too_few(evidence: Evidence, finished: pl.DataFrame, sign: str) -> GateResul
         f"only {finished.height} finished trials (< {t.min_window_steps}) with a warning sign "
         f"({sign}): too few to call",
         missing=(f"at least {t.min_window_steps} finished trials",),
-        evidence=_trial_quotes(finished),
+        evidence=trial_quotes(finished),
         tables=_cause_table(finished),
     )
 
@@ -354,7 +441,7 @@ def _cause_table(finished: pl.DataFrame) -> tuple[Table, ...]:
     """Failed trials by cause and exception type, with their share of the finished trials."""
     grouped = (
         finished.filter(pl.col("cause").is_not_null())
-        .group_by("cause", "exception_type")
+        .group_by("cause", "failure")
         .len()
         .sort(["cause", "len"], descending=[False, True])
     )
@@ -387,7 +474,7 @@ def _healthy_trials(finished: pl.DataFrame, unfinished: int) -> GateResult:
     )
     if stats["budget"]:
         summary += f" ({stats['budget']} agent-budget: benign noise, rewards stay valid)"
-    return passed(summary, evidence=_trial_quotes(finished, limit=2), tables=_cause_table(finished))
+    return passed(summary, evidence=trial_quotes(finished, limit=2), tables=_cause_table(finished))
 
 
 def _proof(rule_name: str, mechanism: str, quotes: tuple[Quote, ...]) -> KillProof:
@@ -425,7 +512,7 @@ def _reward_collapse(evidence: Evidence, finished: pl.DataFrame) -> GateResult |
     if projection(tail, "mean", size) >= line:
         return None
     newest = float(tail["mean"][-1])
-    quotes = _trial_quotes(finished.sort("finished_at").tail(size), limit=3)
+    quotes = trial_quotes(finished.sort("finished_at").tail(size), limit=3)
     mechanism = f"trial reward collapse: newest {size}-trial mean {newest:.3f} < {line:.3f}"
     return GateResult(
         status=GateStatus.FAIL,
