@@ -195,7 +195,7 @@ def _total(evidence: Evidence, states: pl.DataFrame) -> int:
     return max(states.height, configured)
 
 
-@rule("resources.engines")
+@rule("resources.wedge")
 def _every_engine_wedged(
     evidence: Evidence, states: pl.DataFrame, wedged: pl.DataFrame
 ) -> GateResult | None:
@@ -236,8 +236,8 @@ def _every_engine_wedged(
     )
 
 
-@rule("resources.engines")
-def _engines_wedged(
+@rule("resources.wedge")
+def _engine_wedged(
     evidence: Evidence, states: pl.DataFrame, wedged: pl.DataFrame, failures: StartFailures
 ) -> GateResult:
     """An engine that held requests with none running and generated nothing for STALL_FLOOR_S
@@ -285,7 +285,7 @@ def _loop_text(loop: pl.DataFrame) -> str:
     return f"engine(s) failed to start again and again in the newest attempt: {listed}"
 
 
-@rule("resources.engines")
+@rule("resources.wedge")
 def _restart_loop(evidence: Evidence, failures: StartFailures) -> GateResult | None:
     """An engine that failed to start ENGINE_START_FAILURES times in the newest attempt is in a
     restart loop: a deterministic start-up failure repeats on every try while its GPU serves
@@ -313,7 +313,7 @@ def check(
     """The wedged-engine and restart-loop rules, or None when neither applies."""
     wedged = wedges.filter(pl.col("wedged")) if not wedges.is_empty() else wedges
     if not wedged.is_empty():
-        return _every_engine_wedged(evidence, states, wedged) or _engines_wedged(
+        return _every_engine_wedged(evidence, states, wedged) or _engine_wedged(
             evidence, states, wedged, failures
         )
     return _restart_loop(evidence, failures)
