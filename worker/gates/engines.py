@@ -201,9 +201,15 @@ def wedge_shape() -> pl.Expr:
 def _wedge_runs(engines: pl.DataFrame, now: datetime) -> pl.DataFrame:
     """The rows of each engine's newest run of wedge-shaped lines, when its newest line at or
     before `now` has the shape."""
-    rows = engines.filter(_ts.is_not_null() & (_ts <= now)).sort("engine", "timestamp", "line")
+    rows = engines.filter(_ts.is_not_null() & (_ts <= now))
     if rows.is_empty():
         return rows
+    # only engines whose newest line has the shape have a run: usually none, so no sort at all
+    newest = rows.group_by("engine").agg(pl.all().get(_ts.arg_max()))
+    shaped = newest.filter(wedge_shape())["engine"]
+    if shaped.is_empty():
+        return rows.clear()
+    rows = rows.filter(pl.col("engine").is_in(shaped.implode())).sort("engine", "timestamp", "line")
     broken = (~wedge_shape()).cast(pl.Int32).cum_sum().over("engine")
     marked = rows.with_columns(_w=wedge_shape(), _broken=broken)
     newest = pl.col("_broken") == pl.col("_broken").max().over("engine")
