@@ -119,7 +119,8 @@ class StartFailures:
         return f"{self.total} ({listed})"
 
     def quotes(self, owner: str) -> tuple[Quote, ...]:
-        rows = self.rows.filter(pl.col("_owner") == owner).sort("timestamp", "line")
+        rows = self.rows.filter(pl.col("_owner") == owner)
+        rows = rows.sort("timestamp", "line", nulls_last=True)  # the client's line has no time
         ends = rows.head(1) if rows.height < 2 else pl.concat([rows.head(1), rows.tail(1)])
         return quote_rows(ends, limit=2)
 
