@@ -205,8 +205,8 @@ def _wedge_runs(engines: pl.DataFrame, now: datetime) -> pl.DataFrame:
     if rows.is_empty():
         return rows
     # only engines whose newest line has the shape have a run: usually none, so no sort at all
-    newest = rows.group_by("engine").agg(pl.all().get(_ts.arg_max()))
-    shaped = newest.filter(wedge_shape())["engine"]
+    last = rows.group_by("engine").agg(pl.all().get(_ts.arg_max()))
+    shaped = last.filter(wedge_shape())["engine"]
     if shaped.is_empty():
         return rows.clear()
     rows = rows.filter(pl.col("engine").is_in(shaped.implode())).sort("engine", "timestamp", "line")
