@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from tests.scenarios import crafted, issue27
+from tests.scenarios import engine_lines as eng
 from tests.scenarios import real_lines as real
 from tests.scenarios.builder import JobBuilder
 from tests.scenarios.catalog import (
@@ -463,6 +464,13 @@ PAIRS: tuple[Pair, ...] = (
         ),
     ),
     Pair(
+        "stall_still_silent_engines",
+        "stall_still: every engine's last stat line (before the newest advancement, in its own Ray "
+        "worker log) at 0 tok/s vs 1 tok/s, then silence",
+        side(lambda r: eng.silent_stall(r, "rl-silent-0", last_gen=0.0), KILL, liveness="FAIL"),
+        side(lambda r: eng.silent_stall(r, "rl-silent-1", last_gen=1.0), ERROR, liveness="ERROR"),
+    ),
+    Pair(
         "process_death_order",
         "process_death: the death line after the newest advancement vs before it",
         side(death(after_progress=True), KILL, liveness="FAIL"),
@@ -738,6 +746,36 @@ PAIRS: tuple[Pair, ...] = (
         side(_trainer_dead("rl-abort-9", 9), ERROR, liveness="ERROR"),
     ),
     Pair(
+        "logged_death_worker_logs",
+        "logged_death: engines seen only in their own Ray worker logs, a fatal line in each (2 of "
+        "2) vs in one (1 of 2), then 11 min of silence",
+        side(
+            lambda r: eng.death(r, "rl-ray-all", engines=2, dead=2, silent_min=11),
+            KILL,
+            liveness="FAIL",
+        ),
+        side(
+            lambda r: eng.death(r, "rl-ray-one", engines=2, dead=1, silent_min=11),
+            ERROR,
+            liveness="ERROR",
+        ),
+    ),
+    Pair(
+        "logged_death_worker_silence",
+        "logged_death: every engine's fatal line in its own Ray worker log, then silence 11 min "
+        "vs 9 min",
+        side(
+            lambda r: eng.death(r, "rl-ray-11", engines=2, dead=2, silent_min=11),
+            KILL,
+            liveness="FAIL",
+        ),
+        side(
+            lambda r: eng.death(r, "rl-ray-9", engines=2, dead=2, silent_min=9),
+            ERROR,
+            liveness="ERROR",
+        ),
+    ),
+    Pair(
         "config_failure_every_attempt",
         "config_failure: a key not in the struct config ends every attempt (3 of 3) vs the "
         "newest attempt dying of something else",
@@ -777,6 +815,55 @@ PAIRS: tuple[Pair, ...] = (
         "cuda_fatal: STALL_FLOOR_S after an OOM with nothing after it: 11 min vs 9 min",
         side(oom(11), KILL, liveness="ERROR", resources="FAIL"),
         side(oom(9), ERROR, resources="ERROR"),
+    ),
+    Pair(
+        "engine_wedged_logged",
+        "engine_wedged: STALL_FLOOR_S (600 s): one engine of two logs Waiting 23, Running 0, "
+        "0 tok/s every minute for 11 min vs 9 min",
+        side(
+            lambda r: eng.wedged(r, "rl-wedge-11", engines=2, wedged=1, wedge_min=11),
+            NO_KILL,
+            resources="FAIL",
+        ),
+        side(lambda r: eng.wedged(r, "rl-wedge-9", engines=2, wedged=1, wedge_min=9), NO_KILL),
+    ),
+    Pair(
+        "engine_wedged_silent",
+        "engine_wedged: STALL_FLOOR_S (600 s): one engine's last line Waiting 23, Running 0, "
+        "0 tok/s, then no line for 11 min vs 9 min while the other engine logs",
+        side(
+            lambda r: eng.wedged(r, "rl-wsil-11", engines=2, wedged=1, wedge_min=11, logged=False),
+            NO_KILL,
+            resources="FAIL",
+        ),
+        side(
+            lambda r: eng.wedged(r, "rl-wsil-9", engines=2, wedged=1, wedge_min=9, logged=False),
+            NO_KILL,
+        ),
+    ),
+    Pair(
+        "engines_wedged_trainer",
+        "every engine wedged: nothing advanced since (ERROR: a stall needs live stacks) vs the "
+        "trainer still stepping (capacity lost)",
+        side(
+            lambda r: eng.wedged(
+                r, "rl-wall-stop", engines=2, wedged=2, wedge_min=11, trainer_stops=True
+            ),
+            ERROR,
+            liveness="ERROR",
+            resources="ERROR",
+        ),
+        side(
+            lambda r: eng.wedged(r, "rl-wall-go", engines=2, wedged=2, wedge_min=11),
+            NO_KILL,
+            resources="FAIL",
+        ),
+    ),
+    Pair(
+        "engine_start_failures",
+        "ENGINE_START_FAILURES (3): one engine's own log shows 3 vs 2 failed starts",
+        side(lambda r: eng.restart_loop(r, "rl-starts-3", failures=3), NO_KILL, resources="FAIL"),
+        side(lambda r: eng.restart_loop(r, "rl-starts-2", failures=2), NO_KILL),
     ),
     Pair(
         "one_turn",

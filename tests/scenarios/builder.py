@@ -35,6 +35,25 @@ def iso(moment: datetime) -> str:
     return moment.astimezone(UTC).isoformat().replace("+00:00", "Z")
 
 
+def stat_line(
+    moment: datetime,
+    *,
+    engine: int = 0,
+    running: int,
+    waiting: int,
+    kv: float,
+    gen: float,
+    prompt: float = 1200.0,
+) -> str:
+    """vLLM's stat-logger line as the engine prints it (no Ray prefix)."""
+    return (
+        f"INFO {moment:%m-%d %H:%M:%S} [loggers.py:248] Engine {engine:03d}: Avg prompt "
+        f"throughput: {prompt:.1f} tokens/s, Avg generation throughput: {gen:.1f} tokens/s, "
+        f"Running: {running} reqs, Waiting: {waiting} reqs, GPU KV cache usage: {kv:.1f}%, "
+        "Prefix cache hit rate: 41.2%"
+    )
+
+
 def _fmt(value: float) -> str:
     if math.isnan(value):
         return "NaN"
@@ -59,6 +78,7 @@ class JobBuilder:
     verifier_outputs: dict[str, str] = field(default_factory=dict)
     manifest_fields: dict[str, Any] = field(default_factory=dict)
     probe_files: dict[str, str] = field(default_factory=dict)
+    worker_logs: dict[str, list[str]] = field(default_factory=dict)
     task: int = 0
 
     @property
@@ -150,13 +170,21 @@ class JobBuilder:
         prompt: float = 1200.0,
     ) -> None:
         """One vLLM stat-logger line of an `AsyncVLLMInferenceEngine` actor."""
-        self.raw(
-            moment,
-            f"(AsyncVLLMInferenceEngine pid={pid}, ip=10.128.26.194) INFO {moment:%m-%d %H:%M:%S} "
-            f"[loggers.py:248] Engine {engine:03d}: Avg prompt throughput: {prompt:.1f} tokens/s, "
-            f"Avg generation throughput: {gen:.1f} tokens/s, Running: {running} reqs, "
-            f"Waiting: {waiting} reqs, GPU KV cache usage: {kv:.1f}%, Prefix cache hit rate: 41.2%",
+        stat = stat_line(
+            moment, engine=engine, running=running, waiting=waiting, kv=kv, gen=gen, prompt=prompt
         )
+        self.raw(moment, f"(AsyncVLLMInferenceEngine pid={pid}, ip=10.128.26.194) {stat}")
+
+    def worker_log(self, pid: int, text: str, *, pod: str = "") -> None:
+        """One line of a Ray worker's own log, `ray_vllm_logs/<pod>/worker-<id>-<job>-<pid>.out`:
+        no process prefix (the driver adds it only to the copy it forwards), and the two marker
+        lines Ray writes first (`:job_id:`, `:actor_name:`)."""
+        pod = pod or f"iris-{self.user}-{self.name}-0"
+        name = f"ray_vllm_logs/{pod}/worker-{pid:x}c0ffee-01000000-{pid}.out"
+        lines = self.worker_logs.setdefault(name, [":job_id:01000000"])
+        if len(lines) == 1:
+            lines.append(":actor_name:AsyncVLLMInferenceEngine")
+        lines.append(text)
 
     def batch(self, moment: datetime, ok: int, total: int, exceptions: Mapping[str, int]) -> None:
         actor = "(TerminalBenchGenerator pid=48213, ip=10.0.5.12)"
@@ -250,7 +278,9 @@ class JobBuilder:
                 "errors": [],
                 "finelog": f"{len(self.lines):,} lines",
                 "pod_logs": "1 pod(s), 1 Running",
-                "ray_logs": "not requested",
+                "ray_logs": f"{len(self.worker_logs):,} files"
+                if self.worker_logs
+                else "not requested",
                 "slurm_logs": "not applicable",
                 "trace_completed": len(self.trials),
                 "trace_selected": len(self.trials),
@@ -306,6 +336,9 @@ class JobBuilder:
         pods.mkdir(exist_ok=True)
         pod_tail = [line.split(" | ", 1)[-1] for line in self.lines[-20:]]
         (pods / f"iris-{self.user}-{self.name}-0.log").write_text("\n".join(pod_tail) + "\n")
+        for relative, lines in self.worker_logs.items():
+            (job / relative).parent.mkdir(parents=True, exist_ok=True)
+            (job / relative).write_text("\n".join(lines) + "\n", encoding="utf-8")
         for name, result in self.trials:
             trial = job / "trace_jobs" / name
             trial.mkdir(parents=True, exist_ok=True)

@@ -106,7 +106,8 @@ def quiet_run_from(
     quiet_min: float = QUIET_MIN,
 ) -> datetime:
     """`steps` from `start`, then the next step's phases up to `policy_train`, then silence
-    (engine lines every two minutes of it, none after `quiet_min`)."""
+    (engine lines every two minutes of it, none after `quiet_min`; idle, every engine that
+    generated before logs 0 tok/s, as vLLM does after its last interval with tokens)."""
     end = run_steps(b, start, steps)
     b.log(end, "Started: 'step'")
     for phase in ("generate", "postprocess_generator_output", "fwd_logprobs_values_reward"):
@@ -117,8 +118,17 @@ def quiet_run_from(
     b.log(end, "Started: 'policy_train'")
     for i in range(1, int(quiet_min // 2)):
         moment = end + timedelta(minutes=2 * i)
-        if idle_engines:
-            b.vllm(moment, running=0, waiting=0, kv=0.0, gen=0.0, prompt=0.0)
+        for engine in range(2) if idle_engines else ():  # both engines of `saturated`
+            b.vllm(
+                moment,
+                engine=engine,
+                pid=287294 + engine,
+                running=0,
+                waiting=0,
+                kv=0.0,
+                gen=0.0,
+                prompt=0.0,
+            )
         if engines_busy:
             b.vllm(moment, running=56, waiting=4, kv=52.0, gen=2300.0)
     return end

@@ -31,6 +31,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "CLOCK_TOLERANCE_S",
+    "ENGINE_LINE",
     "FAILURE_CLASSES",
     "UNCATALOGUED_FAILURE_KINDS",
     "Facts",
@@ -51,6 +52,9 @@ PHASE: Final = "phase"
 STEP: Final = "step"
 LOG_LINE: Final = "log line"
 TRIAL: Final = "finished trial"
+ENGINE_LINE: Final = "engine stat line"
+"""Never progress (a wedged policy mesh leaves engines printing); only a discrepancy when it is
+dated after `now`: a node clock ahead makes every line of that engine look fresher than it is."""
 
 FAILURE_CLASSES: Final = ("hard", "configuration")
 """Catalogue classes that can be the failure of an attempt; benign and transient never are."""
@@ -112,7 +116,8 @@ class Facts:
     def discrepancies(self) -> tuple[str, ...]:
         """Time and identity facts to state in the report."""
         lines = [
-            f"evidence dated after now ({_iso(self.now)}): {m.kind} at {_iso(m.at)} "
+            f"evidence dated after now ({_iso(self.now)}): {m.kind} at {_iso(m.at)}, "
+            f"{_duration((m.at - self.now).total_seconds())} ahead "
             f"({m.quote.source}{f':{m.quote.line}' if m.quote.line else ''})"
             for m in self.future
         ]
@@ -178,6 +183,12 @@ def _text(frame: str, row: dict[str, Any]) -> str:
         return f"train metrics step {row['step']}: {row['key']}={row['value']}"
     if frame == "progress":
         return f"{row['kind']} {row['done']}/{row['total']}"
+    if frame == "engines":
+        return (
+            f"vLLM engine {row['engine']}: Avg generation throughput: "
+            f"{row['generation_tokens_per_s']} tokens/s, Running: {row['running']} reqs, "
+            f"Waiting: {row['waiting']} reqs"
+        )
     return str(row.get("text") or row.get("kind") or frame)
 
 
@@ -249,6 +260,12 @@ def _log_moments(logs: LogTables, now: datetime, limit: datetime) -> tuple[list[
         if ahead is not None:
             future.append(_moment(kind, name, ahead))
     return past, future
+
+
+def _engine_moments(logs: LogTables, limit: datetime) -> list[Moment]:
+    """The newest engine stat line dated after `limit` (now + CLOCK_TOLERANCE_S), if any."""
+    row = _newest_row(logs.engines, pl.col("timestamp") > limit)
+    return [_moment(ENGINE_LINE, "engines", row)] if row is not None else []
 
 
 def _trial_moments(evidence: Evidence, now: datetime, limit: datetime) -> tuple[list[Moment], ...]:
@@ -475,6 +492,7 @@ def derive(evidence: Evidence) -> Facts:
     attempt = newest_attempt(logs) if logs is not None else 0
     past, future = _log_moments(logs, now, limit) if logs is not None else ([], [])
     trials_past, trials_future = _trial_moments(evidence, now, limit)
+    future += _engine_moments(logs, limit) if logs is not None else []
     future += trials_future + _probe_moments(evidence.probes, limit)
     future += _bundle_moments(evidence, limit)
     state, source = _state(evidence)

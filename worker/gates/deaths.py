@@ -3,19 +3,21 @@ silent past the stall limit since. DOMAIN.md section 6: such a death "is establi
 line itself" (proof rule `logged_death`, checked again in `decide`).
 
 Reads the ERRORS rows of the newest attempt dated after the newest advancement (a timer or train
-metric row) and at or before `now`, the ENGINES stat lines of the newest attempt, and the launched
-`generator.num_inference_engines`:
+metric row) and at or before `now`, the ENGINES stat lines of the newest attempt (from every log:
+the finelog, pod logs and `ray_vllm_logs/`), and the launched `generator.num_inference_engines`:
 
 - **Trainer death**: a hard row of a death kind (`actor_died`, `worker_crashed`,
   `train_loop_failed`, `fatal_abort`) whose component is the driver or a policy rank.
-- **Engine death**: a hard `engine_dead` or `actor_died` row whose component is an inference engine.
-  Each is attributed to the engine that logged it: the `pid=N, ip=X` of the Ray actor a driver's
-  `ray::Class.method() (pid=N, ip=X, ...)` names, else the first `pid=N(, ip=X)` of the row's
-  process prefix — the owner in the ENGINES ids (`<pid>@<ip>/<index>`). The engines are those the
-  newest attempt's stat lines name and at least `num_inference_engines`. **Every engine** is dead
-  when each of them is attributed a death line and none generated after it; with one engine, a
-  death line no prefix attributes is that engine's. Some engines dead is no proof: the others
-  may be idle because the trainer waits, and only stacks can say.
+- **Engine death**: a hard `engine_dead` or `actor_died` row whose component is an inference engine
+  (vLLM's `EngineCore encountered a fatal error`, `Engine core proc EngineCore_DP0 died
+  unexpectedly`, `EngineDeadError`, ...). Each is attributed to the engine that logged it
+  (`worker.gates.engine_owners`: the Ray actor a driver's error names, the row's process prefix,
+  else the engine its file speaks for — a Ray worker log's by the pid in its name). The engines
+  are those the newest attempt's stat lines name and at least `num_inference_engines`. **Every
+  engine** is dead when each of them is attributed a death line and none of them logged a stat
+  line with tokens (prompt or generation) more than DEATH_STAT_GRACE_S after it; with one engine,
+  a death line nothing attributes is that engine's. Some engines dead is no proof: the others may
+  be idle because the trainer waits, and only stacks can say.
 - **Silence**: no phase or step advanced after the death line (the last engine's, for every
   engine) and `now` is more than the stall limit (the liveness threshold, at least STALL_FLOOR_S)
   after it.
@@ -31,22 +33,31 @@ import polars as pl
 
 from shared.models import GateResult, GateStatus, KillProof, Quote
 from worker.evidence.facts import PHASE, STEP
+from worker.evidence.logs.engines import engine_owner
 from worker.evidence.model import Evidence, LogTables
 from worker.evidence.quotes import quote_rows
+from worker.gates.engine_owners import owner_of_rows
 from worker.gates.engines import engine_config
 from worker.gates.progress import minute_utc
 from worker.gates.rules import rule
 
-__all__ = ["ENGINE_DEATH_KINDS", "TRAINER_DEATH_KINDS", "Death", "find_death", "logged_death"]
+__all__ = [
+    "DEATH_STAT_GRACE_S",
+    "ENGINE_DEATH_KINDS",
+    "TRAINER_DEATH_KINDS",
+    "Death",
+    "find_death",
+    "logged_death",
+]
 
 TRAINER_DEATH_KINDS: Final = ("actor_died", "worker_crashed", "train_loop_failed", "fatal_abort")
 TRAINER_COMPONENTS: Final = ("driver", "policy")
 ENGINE_DEATH_KINDS: Final = ("engine_dead", "actor_died")
-
-# `ray::AsyncVLLMInferenceEngine.__init__() (pid=434344, ip=192.168.21.141, ...`: the actor a
-# driver-side ActorDiedError names; else the first Ray prefix of the line (ENGINES' owner).
-_NAMED_ACTOR: Final = r"ray::[\w.]+\(\) \(pid=(\d+)(?:, ip=([^\s,()]+))?"
-_PREFIX_ACTOR: Final = r"pid=(\d+)(?:, ip=([^\s,()]+))?"
+DEATH_STAT_GRACE_S: Final = 30.0
+"""vLLM logs each interval's stat line at its end, so the line of the interval in which an engine
+died comes after the death line and counts the tokens generated before it; its front end may also
+log its last scheduler counts (Running, Waiting) once more. Only tokens logged more than this after
+the death line (three of vLLM's default 10 s intervals) show an engine that still works."""
 
 
 @dataclass(frozen=True)
@@ -85,36 +96,25 @@ def _trainer_death(rows: pl.DataFrame) -> Death | None:
     return Death("the trainer", found.head(1), found["timestamp"][0])
 
 
-def _owner(frame: pl.DataFrame) -> pl.Expr:
-    """`pid@ip` (or `pid`) of the engine a death row belongs to; null when nothing names it."""
-
-    def owner(text: pl.Expr, pattern: str) -> pl.Expr:
-        groups = text.str.extract_groups(pattern)
-        pid, ip = groups.struct.field("1"), groups.struct.field("2")
-        return pl.when(ip.is_null()).then(pid).otherwise(pl.concat_str(pid, pl.lit("@"), ip))
-
-    named = owner(pl.col("message").fill_null(""), _NAMED_ACTOR)
-    prefix = owner(pl.col("prefix").fill_null(""), _PREFIX_ACTOR) if "prefix" in frame else None
-    return pl.coalesce(named, prefix) if prefix is not None else named
-
-
 def _engines(evidence: Evidence, logs: LogTables) -> tuple[frozenset[str], int]:
     """The owners of the newest attempt's engines (ENGINES ids without their index) and how many
     engines there are: those seen, and at least the launched `num_inference_engines`."""
     rows = logs.engines.filter(pl.col("attempt") == evidence.facts.newest_attempt)
-    seen = frozenset(rows["engine"].str.replace(r"/[^/]*$", "").unique().to_list())
+    seen = frozenset(rows.select(engine_owner(pl.col("engine")))["engine"].unique().to_list())
     configured = engine_config(evidence.bundle.entrypoint).num_inference_engines or 0
     return seen, max(len(seen), configured)
 
 
 def _revived(logs: LogTables, first: pl.DataFrame) -> frozenset[str]:
-    """Owners whose engine generated after its first death line: not dead after all."""
-    working = (pl.col("running") > 0) | (pl.col("generation_tokens_per_s") > 0)
-    stats = logs.engines.filter(working).select(
-        _owner=pl.col("engine").str.replace(r"/[^/]*$", ""), _at=pl.col("timestamp")
+    """Owners whose engine logged tokens more than DEATH_STAT_GRACE_S after its first death line:
+    not dead after all (a stale Running count or the straddling interval's tokens are not life)."""
+    tokens = (pl.col("generation_tokens_per_s") > 0) | (pl.col("prompt_tokens_per_s") > 0)
+    stats = logs.engines.filter(tokens.fill_null(value=False)).select(
+        _owner=engine_owner(pl.col("engine")), _at=pl.col("timestamp")
     )
+    grace = pl.duration(seconds=DEATH_STAT_GRACE_S)
     later = stats.join(first.select("_owner", "timestamp"), on="_owner").filter(
-        pl.col("_at") > pl.col("timestamp")
+        pl.col("_at") > pl.col("timestamp") + grace
     )
     return frozenset(later["_owner"].unique().to_list())
 
@@ -125,7 +125,8 @@ def _engine_death(evidence: Evidence, logs: LogTables, rows: pl.DataFrame) -> De
     if found.is_empty():
         return None
     seen, total = _engines(evidence, logs)
-    found = found.with_columns(_owner=_owner(found))
+    attempt = logs.engines.filter(pl.col("attempt") == evidence.facts.newest_attempt)
+    found = owner_of_rows(found, attempt)
     if total == 1 and found["_owner"].null_count() == found.height:
         only = next(iter(seen), "the one engine")
         found = found.with_columns(_owner=pl.lit(only))

@@ -9,6 +9,13 @@ left out. Rows after `evidence.now` or without a timestamp are ignored.
 
 Each engine gets one state (first match wins):
 
+- `wedged` / `held`: the engine's newest stat line (of the newest attempt, at or before `now`) has
+  the wedge shape — Waiting > 0, Running 0, 0 prompt and 0 generation tok/s — and so has every line
+  of the run that ends there (`engine_wedges`). Wedged when the run is *logged* (at least
+  `WEDGE_MIN_INTERVALS` lines spanning at least STALL_FLOOR_S) or *silent* (no line of the engine
+  for STALL_FLOOR_S after it while its log goes on: vLLM logs an interval without throughput at
+  DEBUG, so a wedge at INFO shows one such line and then nothing); held otherwise (a pause, or a
+  wedge not yet long enough). Such an engine is kept even when its silence made it look gone.
 - `sparse`: fewer than `MIN_ENGINE_SAMPLES` samples in the window; not judged.
 - `saturated`: waiting > 0 at some sample and mean KV use above `KV_BUSY_PCT`.
 - `quiet`: running ≤ 1 and waiting 0 throughout, every generation-throughput sample under
@@ -17,7 +24,7 @@ Each engine gets one state (first match wins):
 - `under-fed`: waiting 0 throughout and KV use under `KV_FLOOR_PCT` throughout.
 - `swinging`: waiting 0 throughout while running swings from a peak above one request to a trough
   at or under `SWING_TROUGH_RATIO` of it (the backpressure sawtooth).
-- `busy`: anything else (requests in flight, no queue).
+- `busy`: anything else (requests in flight; a queue with KV use under `KV_BUSY_PCT`).
 
 The launched command also says what demand and supply were configured: demand is
 `n_concurrent_trials`, supply is `max_num_seqs x num_inference_engines` (DOMAIN.md section 6).
@@ -39,10 +46,13 @@ __all__ = [
     "MIN_ENGINE_SAMPLES",
     "STATE_ORDER",
     "SWING_TROUGH_RATIO",
+    "WEDGE_MIN_INTERVALS",
     "EngineConfig",
     "engine_config",
     "engine_states",
+    "engine_wedges",
     "engine_window",
+    "wedge_shape",
 ]
 
 MIN_ENGINE_SAMPLES = 3
@@ -51,7 +61,13 @@ MIN_ENGINE_SAMPLES = 3
 SWING_TROUGH_RATIO = 0.5
 """A trough at or under this share of the peak running count is a swing, not jitter."""
 
-STATE_ORDER = ("saturated", "busy", "swinging", "under-fed", "quiet", "sparse")
+WEDGE_MIN_INTERVALS = 3
+"""A logged wedge is at least this many consecutive stat lines of the wedge shape (vLLM logs one
+every 10 s by default): one or two such lines are the interval after a burst, not a state."""
+
+STATE_ORDER = (
+    "wedged", "held", "saturated", "busy", "swinging", "under-fed", "quiet", "sparse",
+)  # fmt: skip
 """Engine states, in the order a fleet line lists them."""
 
 _ts = pl.col("timestamp")
@@ -126,15 +142,115 @@ def _state(t: Thresholds) -> pl.Expr:
     )
 
 
-def engine_states(engines: pl.DataFrame, now: datetime, t: Thresholds) -> pl.DataFrame:
-    """One row per live engine: the window's tuple statistics and its `state`, sorted by engine."""
-    window = engine_window(engines, now, t.starved_window_s)
-    if window.is_empty():
-        return _per_engine(window).with_columns(state=pl.lit("", dtype=pl.String()))
-    per_engine = _per_engine(window).with_columns(
+def _ts_type(engines: pl.DataFrame) -> pl.DataType:
+    return engines.schema.get("timestamp", pl.Datetime("us", "UTC"))
+
+
+def _with_span(per_engine: pl.DataFrame) -> pl.DataFrame:
+    return per_engine.with_columns(
         span_s=(pl.col("last") - pl.col("first")).dt.total_seconds(fractional=True)
     )
-    return per_engine.with_columns(state=_state(t)).sort("engine")
+
+
+def engine_states(
+    engines: pl.DataFrame,
+    now: datetime,
+    t: Thresholds,
+    *,
+    attempt: int | None = None,
+    horizon: pl.Expr | None = None,
+) -> pl.DataFrame:
+    """One row per live engine: the window's tuple statistics and its `state`, sorted by engine.
+
+    Engines of `attempt` (all rows when None) whose newest line has the wedge shape are `wedged`
+    or `held` (`engine_wedges`, with `horizon`; `stuck_since` is when that run began), kept even
+    when the window left them out."""
+    window = engine_window(engines, now, t.starved_window_s)
+    no_run = pl.lit(None, dtype=_ts_type(engines))
+    if window.is_empty():
+        empty = _with_span(_per_engine(window)).with_columns(state=pl.lit("", dtype=pl.String()))
+        return empty.with_columns(stuck_since=no_run)
+    states = _with_span(_per_engine(window)).with_columns(state=_state(t))
+    rows = engines if attempt is None else engines.filter(pl.col("attempt") == attempt)
+    runs = _wedge_runs(rows, now)
+    if runs.is_empty():
+        return states.with_columns(stuck_since=no_run).sort("engine")
+    stuck = _wedge_stats(runs, t, horizon).select(
+        "engine", _stuck=_stuck_state(), stuck_since="since"
+    )
+    gone = runs.join(states.select("engine"), on="engine", how="anti")
+    if not gone.is_empty():
+        added = _with_span(_per_engine(gone.with_columns(covered=pl.lit(value=False))))
+        states = pl.concat([states, added.with_columns(state=pl.lit(""))])
+    marked = states.join(stuck, on="engine", how="left")
+    return marked.with_columns(state=pl.coalesce("_stuck", "state")).drop("_stuck").sort("engine")
+
+
+# --- wedged engines -------------------------------------------------------------------------------
+
+
+def wedge_shape() -> pl.Expr:
+    """A stat line of an engine that holds requests and runs none: Waiting > 0, Running 0, no
+    prompt or generation tokens in the interval."""
+    idle = (pl.col("generation_tokens_per_s") == 0) & (
+        pl.col("prompt_tokens_per_s").fill_null(0) == 0
+    )
+    return ((pl.col("waiting") > 0) & (pl.col("running") == 0) & idle).fill_null(value=False)
+
+
+def _wedge_runs(engines: pl.DataFrame, now: datetime) -> pl.DataFrame:
+    """The rows of each engine's newest run of wedge-shaped lines, when its newest line at or
+    before `now` has the shape."""
+    rows = engines.filter(_ts.is_not_null() & (_ts <= now))
+    if rows.is_empty():
+        return rows
+    # only engines whose newest line has the shape have a run: usually none, so no sort at all
+    last = rows.group_by("engine").agg(pl.all().get(_ts.arg_max()))
+    shaped = last.filter(wedge_shape())["engine"]
+    if shaped.is_empty():
+        return rows.clear()
+    rows = rows.filter(pl.col("engine").is_in(shaped.implode())).sort("engine", "timestamp", "line")
+    broken = (~wedge_shape()).cast(pl.Int32).cum_sum().over("engine")
+    marked = rows.with_columns(_w=wedge_shape(), _broken=broken)
+    newest = pl.col("_broken") == pl.col("_broken").max().over("engine")
+    return marked.filter(pl.col("_w") & newest).drop("_w", "_broken")
+
+
+def _wedge_stats(runs: pl.DataFrame, t: Thresholds, horizon: pl.Expr | None) -> pl.DataFrame:
+    """One row per run: its lines, span, the silence after it up to `horizon` (the newest time
+    the engine's log is known to reach; the run's own end when None), and whether it is wedged."""
+    per = runs.group_by("engine").agg(
+        lines=pl.len(),
+        since=_ts.min(),
+        last=_ts.max(),
+        waiting=pl.col("waiting").sort_by(_ts).last(),
+        kv=pl.col("kv_cache_pct").sort_by(_ts).last(),
+        source=pl.col("source").sort_by(_ts).last(),
+        line=pl.col("line").sort_by(_ts).last(),
+        timestamp=_ts.max(),
+    )
+    reach = pl.max_horizontal(pl.col("last"), horizon) if horizon is not None else pl.col("last")
+    per = per.with_columns(
+        run_s=(pl.col("last") - pl.col("since")).dt.total_seconds(fractional=True),
+        silent_s=(reach - pl.col("last")).dt.total_seconds(fractional=True),
+    )
+    logged = (pl.col("lines") >= WEDGE_MIN_INTERVALS) & (pl.col("run_s") >= t.stall_floor_s)
+    silent = pl.col("silent_s") >= t.stall_floor_s
+    return per.with_columns(logged=logged, silent=silent, wedged=logged | silent).sort("engine")
+
+
+def _stuck_state() -> pl.Expr:
+    return pl.when(pl.col("wedged")).then(pl.lit("wedged")).otherwise(pl.lit("held"))
+
+
+def engine_wedges(
+    engines: pl.DataFrame, now: datetime, t: Thresholds, horizon: pl.Expr | None = None
+) -> pl.DataFrame:
+    """One row per engine whose newest stat line at or before `now` has the wedge shape:
+    `lines`, `since`, `last` of the run of such lines ending there, `run_s`, `silent_s` (to
+    `horizon`), `waiting`, `kv`, the newest line's `source`/`line`/`timestamp`, and `logged`,
+    `silent`, `wedged` (see the module docstring)."""
+    return _wedge_stats(_wedge_runs(engines, now), t, horizon)
 
 
 # --- the launched configuration -----------------------------------------------------------------

@@ -55,8 +55,9 @@ never count; the parser has judged each line by its Iris prefix time when its ow
      progress of any kind, within MAX_EVIDENCE_AGE_S of `now`, of the current attempt);
    - FAIL hard (proof `stall_still`) outside collectives: every trainer/coordinator process still
      in two dumps at least MIN_STILL_GAP_S apart, corroborated by the log quiet beyond
-     STILL_QUIET_FACTOR x the threshold, engines logging 0 tok/s with nothing running since the
-     newest advancement, and no trial finished since;
+     STILL_QUIET_FACTOR x the threshold, no engine generating since the newest advancement (each
+     silent after a last stat line at 0 tok/s with nothing running: `engine_idle`), and no
+     trial finished since;
    - otherwise ERROR: "stall suspected, live stacks needed" (or: the stacks do not prove a stall).
    Fresh vLLM engine stat lines never count as advancement; when they are fresher than the trainer
    the summary says so (colocated engines can stay busy while the policy mesh is wedged).
@@ -79,6 +80,7 @@ from worker.evidence.model import ArtifactState, Evidence, LogTables
 from worker.evidence.quotes import quote, quote_rows
 from worker.gates import configuration, deaths
 from worker.gates.base import error, passed
+from worker.gates.engine_idle import engines_generated_since
 from worker.gates.progress import initialization, minute_utc, newest_attempt, started_at
 from worker.gates.rules import rule
 from worker.gates.stacks import DumpWindow, StackFinding, judge_stacks
@@ -546,7 +548,8 @@ def _engine_note(ctx: Context) -> tuple[str, tuple[Quote, ...]]:
         return "", ()
     age = _duration((ctx.now - engine.timestamp).total_seconds())
     note = (
-        f"; vLLM engine stats are fresh ({age} ago) but prove nothing about the policy "
+        f"; vLLM engine stats are newer than the trainer's (the newest {age} ago) but prove "
+        "nothing about the policy "
         "(colocated engines stay busy while the trainer is wedged)"
     )
     return note, (engine,)
@@ -673,20 +676,10 @@ class Corroboration:
 
 
 def _idle_engines(ctx: Context, since: datetime) -> Corroboration:
-    engines = ctx.logs.engines if ctx.logs is not None else pl.DataFrame()
-    rows = (
-        engines.filter((pl.col("timestamp") > since) & (pl.col("timestamp") <= ctx.now))
-        if not engines.is_empty()
-        else engines
-    )
-    if rows.is_empty():
-        return Corroboration(False, "no vLLM engine stat line since the newest advancement")
-    busy = rows.filter((pl.col("running") > 0) | (pl.col("generation_tokens_per_s") > 0))
-    if not busy.is_empty():
-        return Corroboration(False, "engines generated after the newest advancement")
-    quote_row = _engine_quote(ctx.logs, ctx.now) if ctx.logs is not None else None
-    quotes = (quote_row,) if quote_row else ()
-    return Corroboration(True, f"{rows.height} engine stat line(s): 0 tok/s, 0 running", quotes)
+    """No engine generated after `since`, read from each engine's silence after its last stat
+    line (`worker.gates.engine_idle`: vLLM logs intervals without tokens at DEBUG)."""
+    silence = engines_generated_since(ctx.evidence, since)
+    return Corroboration(silence.holds, silence.reason, silence.quotes)
 
 
 def _corroborated(ctx: Context, quiet_s: float, threshold_s: float) -> Corroboration:

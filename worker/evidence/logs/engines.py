@@ -14,7 +14,7 @@ import polars as pl
 
 from worker.evidence.logs.state import ParserState
 
-__all__ = ["engine_fields", "engine_rows"]
+__all__ = ["RAY_WORKER_PID", "engine_fields", "engine_owner", "engine_rows", "worker_pid"]
 
 _NUMBER: Final = r"\d+(?:\.\d+)?"
 _HALF_DAY: Final = 43_200
@@ -32,6 +32,21 @@ _FRAGMENTS: Final = (
 )
 _PLAIN: Final = r"^\d+(?:\.\d+)?(?: \d+(?:\.\d+)?){5}$"
 _CLOCK: Final = r"^\[\d\d:\d\d:\d\d"
+RAY_WORKER_PID: Final = r"(?:^|/)worker-[0-9a-f]+-[0-9a-f]+-(\d+)\.(?:out|err)$"
+"""Ray names a worker's log `worker-<worker id>-<job id>-<pid>.out|.err`: the file is one process's
+own output, whose lines carry no `(Actor pid=N, ip=X)` prefix (the driver adds that when it
+forwards them), so the pid in the name says whose they are."""
+
+
+def worker_pid(source: pl.Expr) -> pl.Expr:
+    """The pid a Ray worker log's name carries (null for any other file)."""
+    return source.str.extract(RAY_WORKER_PID, 1)
+
+
+def engine_owner(engine: pl.Expr) -> pl.Expr:
+    """The process part of an ENGINES id (`<pid>@<ip>`, `<pid>` or `<source>`), without the
+    engine index."""
+    return engine.str.replace(r"/[^/]*$", "")
 
 
 def _canonical(frame: pl.DataFrame) -> pl.DataFrame:

@@ -3,7 +3,10 @@
 `finelog.log` is the source. `pod_logs/*.log` are read only to fill what it lacks: with no usable
 finelog they are the source; otherwise they add only engine and error rows the finelog does not
 have. `ray_vllm_logs/**/worker-*.out|.err` add engine stat lines and error lines (actor deaths) not
-already present. Every listing goes through `BundleFiles`, so nothing outside the job is read.
+already present. A Ray worker log is one process's own output (the pid is in its name): its stat
+lines take the id of the engine whose forwarded copies the primary logs show (`<pid>@<ip>`), so
+one engine seen in both is one engine. Every listing goes through `BundleFiles`, so nothing
+outside the job is read.
 """
 
 from __future__ import annotations
@@ -16,6 +19,7 @@ from typing import Any, Final
 import polars as pl
 
 from worker.evidence.logs.budget import LogBudgetError, MemoryBudget
+from worker.evidence.logs.engines import engine_owner, worker_pid
 from worker.evidence.logs.incremental import LogCache, cache_key
 from worker.evidence.logs.reader import FileRows, parse_file_rows
 from worker.evidence.logs.stitch import Stitched, build_tables
@@ -54,8 +58,35 @@ def _fill(
             merged[name] = rows
             continue
         new = rows.join(have.select(keys).unique(), on=keys, how="anti", nulls_equal=True)
+        if name == "errors":
+            new = pl.concat([new, _other_process(rows, have, keys)])
         merged[name] = pl.concat([have, new])
     return merged
+
+
+def _pid() -> pl.Expr:
+    """The process a row is of: its prefix's `pid=N`, else the pid a Ray worker log's name
+    carries; null when neither says."""
+    prefix = pl.col("prefix").str.extract(r"pid=(\d+)", 1)
+    return pl.coalesce(prefix, worker_pid(pl.col("source")))
+
+
+def _other_process(rows: pl.DataFrame, have: pl.DataFrame, keys: list[str]) -> pl.DataFrame:
+    """Rows of `rows` whose text `have` holds only as another process's line: two engines that
+    log the same death line in their own worker logs died twice, not once. A row whose process
+    is unknown on either side is taken for a copy (the forwarded line of the same process)."""
+    same = rows.join(have.select(keys).unique(), on=keys, how="semi", nulls_equal=True)
+    if same.is_empty():
+        return same
+    mine = same.with_row_index("_row").with_columns(_pid=_pid())
+    theirs = have.join(same.select(keys).unique(), on=keys, how="semi", nulls_equal=True)
+    theirs = theirs.select(*keys, _their=_pid())
+    paired = mine.join(theirs, on=keys, how="left", nulls_equal=True)
+    copy = (
+        pl.col("_pid").is_null() | pl.col("_their").is_null() | (pl.col("_pid") == pl.col("_their"))
+    )
+    copies = paired.filter(copy).select("_row").unique()
+    return mine.join(copies, on="_row", how="anti").select(rows.columns)
 
 
 _DATED_TABLES: Final = ("timers", "resumes", "errors", "metrics", "engines")
@@ -91,6 +122,38 @@ def _in_attempts(rows: pl.DataFrame, starts: pl.DataFrame) -> pl.DataFrame:
     joined = indexed.join(placed, on="_row", how="left", maintain_order="left")
     attempt = pl.coalesce("_attempt", "attempt").cast(rows.schema["attempt"])
     return joined.with_columns(attempt=attempt).select(rows.columns)
+
+
+def _owners_by_pid(engines: pl.DataFrame | None) -> pl.DataFrame:
+    """`_pid, _owner`: the `<pid>@<ip>` engine owner of each pid that names exactly one."""
+    if engines is None or engines.is_empty():
+        return pl.DataFrame(schema={"_pid": pl.String, "_owner": pl.String})
+    owners = engines.select(_owner=engine_owner(pl.col("engine"))).unique()
+    owners = owners.filter(pl.col("_owner").str.contains("@", literal=True)).with_columns(
+        _pid=pl.col("_owner").str.split("@").list.first()
+    )
+    single = owners.group_by("_pid").agg(pl.col("_owner").first(), _n=pl.len())
+    return single.filter(pl.col("_n") == 1).select("_pid", "_owner")
+
+
+def _as_forwarded(extra: FileRows, owners: pl.DataFrame) -> FileRows:
+    """`extra` with the stat lines of a Ray worker log (no process prefix: their id is
+    `<source>/<index>`) under the id of the engine whose pid the file's name carries."""
+    engines = extra.rows.get("engines")
+    if engines is None or engines.is_empty() or owners.is_empty():
+        return extra
+    unprefixed = pl.col("engine").str.starts_with(pl.concat_str("source", pl.lit("/")))
+    index = pl.col("engine").str.extract(r"/([^/]*)$", 1)
+    keyed = engines.with_columns(_pid=worker_pid(pl.col("source"))).join(
+        owners, on="_pid", how="left", maintain_order="left"
+    )
+    renamed = (
+        pl.when(unprefixed & pl.col("_owner").is_not_null())
+        .then(pl.concat_str("_owner", pl.lit("/"), index))
+        .otherwise("engine")
+    )
+    engines = keyed.with_columns(engine=renamed).select(engines.columns)
+    return FileRows(rows={**extra.rows, "engines": engines}, summary=extra.summary)
 
 
 def _union(parts: list[FileRows]) -> dict[str, pl.DataFrame]:
@@ -223,8 +286,11 @@ def parse_job_logs(
         stitched = cache.stitched(keys[0], primary[0].rows)
     rows = _union(primary) if primary else {}
     starts = _attempt_starts(rows)  # once: a job may have a thousand Ray worker logs
-    for extra in secondary + extras:
+    for extra in secondary:
         rows = _fill(rows, extra, starts)
+    owners = _owners_by_pid(rows.get("engines"))
+    for extra in extras:
+        rows = _fill(rows, _as_forwarded(extra, owners), starts)
     return build_tables(rows, _merge_summaries(primary + secondary + extras), stitched)
 
 

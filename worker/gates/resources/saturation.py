@@ -10,7 +10,7 @@ hypothesis in its docstring.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Final
 
 import polars as pl
@@ -30,6 +30,7 @@ __all__ = [
     "MISSING_TELEMETRY",
     "buffer_wait_share",
     "check",
+    "fleet_states",
     "innermost_open",
     "trainer_wait",
 ]
@@ -41,10 +42,11 @@ GENERATION_PHASES = ("generate", "wait_for_generation_buffer")
 MISSING_TELEMETRY = "vLLM engine stats or GPU probes"
 
 
-def check(evidence: Evidence) -> GateResult:
-    """Judge the inference engines (no CUDA fault in the newest attempt)."""
+def check(evidence: Evidence, states: pl.DataFrame | None = None) -> GateResult:
+    """Judge the inference engines (no CUDA fault in the newest attempt, no wedged engine);
+    `states` as `fleet_states` gives them (computed when None)."""
     logs = evidence.logs
-    states = _states(logs, evidence)
+    states = fleet_states(evidence) if states is None else states
     if logs is not None and not states.is_empty():
         return _judge_engines(evidence, logs, states)
     return _without_engine_lines(evidence)
@@ -62,10 +64,19 @@ def innermost_open(timers: pl.DataFrame) -> str | None:
 # --- engines -------------------------------------------------------------------------------------
 
 
-def _states(logs: LogTables | None, evidence: Evidence) -> pl.DataFrame:
+def fleet_states(evidence: Evidence, horizon: pl.Expr | None = None) -> pl.DataFrame:
+    """`engines.engine_states` of the logs as of `now`: wedged and held engines of the newest
+    attempt, measured to `horizon` (how far each engine's log reaches)."""
+    logs = evidence.logs
     if logs is None:
         return pl.DataFrame()
-    return eng.engine_states(logs.engines, evidence.now, evidence.thresholds)
+    return eng.engine_states(
+        logs.engines,
+        evidence.now,
+        evidence.thresholds,
+        attempt=evidence.facts.newest_attempt,
+        horizon=horizon,
+    )
 
 
 @dataclass(frozen=True)
@@ -340,35 +351,70 @@ def _staleness(evidence: Evidence, judged: pl.DataFrame) -> str:
     )
 
 
+def _head(judged: pl.DataFrame, share: float | None, limit: float) -> str:
+    """What the working engines are doing, from their states (held engines are said apart)."""
+    working = judged.filter(pl.col("state") != "held")
+    seen = set(working["state"])
+    if not seen:
+        return "every judged engine holds requests with none running at 0 tok/s"
+    if "saturated" in seen:
+        return "engines saturated (waiting > 0, KV off the floor): generation-bound, not broken"
+    if "swinging" in seen and (share is None or share < limit):
+        return "benign backpressure: running swings peak to trough with waiting 0"
+    queued = working.filter(pl.col("waiting_max") > 0)
+    if not queued.is_empty():
+        return "engines working, requests queued with KV use under KV_BUSY_PCT"
+    return "engines working without a queue"
+
+
+def _held(evidence: Evidence, judged: pl.DataFrame) -> tuple[str, str | None]:
+    """A note on engines that hold requests with none running, not (yet) wedged, and the flip
+    signal that would make them wedged."""
+    held = judged.filter(pl.col("state") == "held")
+    if held.is_empty():
+        return "", None
+    floor = evidence.thresholds.stall_floor_s
+    names = ", ".join(held["engine"].head(3).to_list())
+    since = held["stuck_since"].min()
+    assert isinstance(since, datetime)
+    note = (
+        f"; {held.height} engine(s) held ({names}): Waiting > 0, Running 0, 0 tok/s since "
+        f"{minute_utc(since)}, under the wedge limit (STALL_FLOOR_S {floor:g}s and "
+        f"{eng.WEDGE_MIN_INTERVALS} stat lines, or that long silent): a pause or a wedge forming"
+    )
+    deadline = minute_utc(since + timedelta(seconds=floor))
+    return (
+        note,
+        f"engine {held['engine'][0]} still holding requests with none running at {deadline}",
+    )
+
+
 @rule("resources.saturation")
 def _active_fleet(
     evidence: Evidence, logs: LogTables, judged: pl.DataFrame, states: pl.DataFrame
 ) -> GateResult:
     """Engines with requests in flight are working: saturated (waiting > 0, KV off the floor) is
     generation-bound, a running sawtooth with waiting 0 is benign backpressure when the trainer's
-    buffer wait is near zero."""
+    buffer wait is near zero. An engine holding requests with none running at 0 tok/s is never
+    "working": it is said apart (held), short of a wedge."""
     t = evidence.thresholds
     fleet = eng.fleet_line(states)
-    states_seen = set(judged["state"])
     share = buffer_wait_share(logs, t.min_window_steps)
     wait_text = (
         "no timing/wait_for_generation_buffer to compare"
         if share is None
         else f"wait_for_generation_buffer {share:.1%} of the step (limit {t.buffer_wait_share:.0%})"
     )
-    if "saturated" in states_seen:
-        head = "engines saturated (waiting > 0, KV off the floor): generation-bound, not broken"
-    elif "swinging" in states_seen and (share is None or share < t.buffer_wait_share):
-        head = "benign backpressure: running swings peak to trough with waiting 0"
-    else:
-        head = "engines working without a queue"
+    head = _head(judged, share, t.buffer_wait_share)
     if share is not None and share >= t.buffer_wait_share:
         head += "; under-fed: the trainer waits on generation"
+    held, flip = _held(evidence, judged)
     return passed(
-        f"{head}; {wait_text}; {fleet}{_staleness(evidence, judged)}",
+        f"{head}; {wait_text}; {fleet}{held}{_staleness(evidence, judged)}",
         evidence=_engine_quotes(judged),
         details=_details(evidence),
         tables=_tables(states),
+        flip_signal=flip,
     )
 
 
