@@ -262,8 +262,43 @@ def test_an_engine_failing_to_start_again_and_again_is_a_restart_loop(
     result = _failed_starts(tmp_path, tries)
     assert result.status is status, result.summary
     assert f"failed engine starts in the newest attempt: {tries} (" in result.summary
-    assert "worker-ab12-01000000-4242.out" in result.summary
+    assert f"an engine that never came up: {tries}" in result.summary
     if status is GateStatus.FAIL:
         assert not result.hard_failure
-        assert f"4242.out {tries} times" in result.summary
+        assert f"an engine that never came up {tries} times" in result.summary
         assert any("EngineCore failed to start" in q.text for q in result.evidence)
+        assert any(q.source.endswith("4242.out") for q in result.evidence)
+
+
+def _failed_processes(tmp_path: Path, processes: int) -> Any:
+    """One busy engine in the finelog; another engine that Ray starts again in a new process
+    each time (a new worker log per pid), each start failing once."""
+    busy = (
+        "(AsyncVLLMInferenceEngine pid=1000, ip=10.0.0.1) INFO 04-30 10:{minute:02d}:05 "
+        "[loggers.py:248] Engine 000: Avg prompt throughput: 1200.0 tokens/s, Avg generation "
+        "throughput: 2450.0 tokens/s, Running: 48 reqs, Waiting: 6 reqs, GPU KV cache usage: "
+        "46.0%, Prefix cache hit rate: 41.2%"
+    )
+    (tmp_path / "finelog.log").write_text(
+        "\n".join(busy.format(minute=m) for m in range(40)) + "\n", encoding="utf-8"
+    )
+    for i in range(processes):
+        worker = tmp_path / "ray_vllm_logs" / f"pod-{i}" / f"worker-ab12-01000000-{5000 + i}.out"
+        worker.parent.mkdir(parents=True)
+        lines = [FAILED_TO_START.format(minute=5 + 5 * i), INIT_FAILED]
+        worker.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    tables = parse_job_logs(tmp_path, reference_date=date(2026, 4, 30))
+    assert tables is not None
+    now = datetime(2026, 4, 30, 10, 40, tzinfo=UTC)
+    return resources.check(f.evidence(log_tables=tables, now=now))
+
+
+@pytest.mark.parametrize(("processes", "status"), [(3, GateStatus.FAIL), (2, GateStatus.PASS)])
+def test_failed_starts_in_new_processes_count_as_one_engine(
+    tmp_path: Path, processes: int, status: GateStatus
+) -> None:
+    """Ray starts a failed engine actor again in a new process: failed starts of processes that
+    never logged a stat line count together (three is a restart loop, two is not)."""
+    result = _failed_processes(tmp_path, processes)
+    assert result.status is status, result.summary
+    assert f"failed engine starts in the newest attempt: {processes} (" in result.summary

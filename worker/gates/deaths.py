@@ -46,6 +46,7 @@ __all__ = [
     "ENGINE_DEATH_KINDS",
     "TRAINER_DEATH_KINDS",
     "Death",
+    "engine_count",
     "find_death",
     "logged_death",
 ]
@@ -151,6 +152,12 @@ def find_death(evidence: Evidence, since: datetime | None) -> Death | None:
     if rows.is_empty():
         return None
     return _trainer_death(rows) or _engine_death(evidence, logs, rows)
+
+
+def engine_count(evidence: Evidence) -> int:
+    """How many inference engines the newest attempt has: those its stat lines name, and at least
+    the launched `num_inference_engines` (0 without a log)."""
+    return _engines(evidence, evidence.logs)[1] if evidence.logs is not None else 0
 
 
 def _silence(evidence: Evidence, death: Death) -> float:

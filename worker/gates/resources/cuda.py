@@ -22,6 +22,7 @@ from shared.models import GateResult, GateStatus, Handoff, KillProof, Quote
 from worker.evidence.jobstate import JobState
 from worker.evidence.model import Evidence, LogTables
 from worker.evidence.quotes import quote, quote_rows
+from worker.gates import deaths
 from worker.gates.base import error
 from worker.gates.progress import minute_utc, newest_attempt
 from worker.gates.resources.saturation import GENERATION_PHASES, innermost_open
@@ -224,8 +225,37 @@ def _judge(evidence: Evidence, fault: Fault, after: After) -> GateResult:
     if after.death is None and at is not None:
         if (evidence.now - at).total_seconds() <= floor:
             return _too_recent(evidence, fault)
+        if fault.component.kind == INFERENCE and not _fleet_down(evidence):
+            return _engines_left(evidence, fault)
         after = After(None, None, None, at + timedelta(seconds=floor))
     return _fatal(evidence, fault, after)
+
+
+def _fleet_down(evidence: Evidence) -> bool:
+    """Whether the inference side as a whole is down: one engine only, or every engine logged its
+    death (`deaths.find_death`, the same attribution as the `logged_death` rule)."""
+    if deaths.engine_count(evidence) <= 1:
+        return True
+    death = deaths.find_death(evidence, None)
+    return death is not None and death.whose.startswith("every inference engine")
+
+
+def _engines_left(evidence: Evidence, fault: Fault) -> GateResult:
+    """A CUDA fault of one engine among several, silent since, proves nothing about the job: the
+    other engines may idle because the trainer waits on the lost one, or carry the run once it
+    retries (the same reason one engine's death line is no `logged_death` proof)."""
+    total = deaths.engine_count(evidence)
+    return error(
+        f"{fault.head()}; nothing generated or stepped since, but it is one engine of {total} "
+        "and the others did not fail: whether the trainer waits on the lost engine needs live "
+        "stacks",
+        missing=(f"py-spy stacks of the trainer and the engines (one engine of {total} failed)",),
+        evidence=fault.quotes,
+        next_action="Capture two py-spy dumps of the trainer ranks and each engine while the "
+        "job exists, then rerun.",
+        flip_signal="a finished step after the fault (survived), every engine dead, or stacks "
+        "parked on the lost engine (KILL)",
+    )
 
 
 def _survived(fault: Fault, after: After) -> GateResult:

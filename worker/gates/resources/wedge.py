@@ -27,7 +27,7 @@ from worker.evidence.model import Evidence
 from worker.evidence.quotes import quote_rows
 from worker.gates import engines as eng
 from worker.gates.base import error
-from worker.gates.engine_owners import owner_of_rows
+from worker.gates.engine_owners import owner_of_rows, owners
 from worker.gates.progress import minute_utc
 from worker.gates.rules import rule
 
@@ -41,6 +41,10 @@ __all__ = [
 ]
 
 ENGINE_START_FAILURES: Final = 3
+NEVER_STARTED: Final = "an engine that never came up"
+"""The owner of failed starts by processes that never logged a stat line: Ray starts a failed
+engine actor again in a new process (a new pid, a new worker log), so such failures are counted
+together, as one engine that keeps failing to come up, not one failure per process."""
 """An engine that failed to start this many times in one attempt is in a restart loop: a transient
 (a node's GPU not yet free, a port in use) clears on the second try; a deterministic start-up
 failure (memory, configuration, a missing file) fails every one."""
@@ -127,7 +131,8 @@ class StartFailures:
 
 def start_failures(evidence: Evidence) -> StartFailures:
     """Rows of START_FAILURE_ENTRIES in the newest attempt, at or before `now`, counted per engine
-    (`worker.gates.engine_owners`; a row nothing attributes counts for its file)."""
+    (`worker.gates.engine_owners`); rows of processes that never logged a stat line count
+    together as NEVER_STARTED."""
     logs = evidence.logs
     empty = pl.DataFrame(schema={"owner": pl.String, "failures": pl.Int64})
     if logs is None or logs.errors.is_empty():
@@ -140,7 +145,12 @@ def start_failures(evidence: Evidence) -> StartFailures:
     if rows.is_empty():
         return StartFailures(empty, rows)
     engines = logs.engines.filter(pl.col("attempt") == attempt)
-    owned = owner_of_rows(rows, engines).with_columns(_owner=pl.coalesce("_owner", "source"))
+    served = owners(engines).implode()
+    owned = owner_of_rows(rows, engines).with_columns(
+        _owner=pl.when(pl.col("_owner").is_in(served))
+        .then("_owner")
+        .otherwise(pl.lit(NEVER_STARTED))
+    )
     counts = owned.group_by("_owner", "entry").agg(n=pl.len())
     per = counts.group_by("_owner").agg(failures=pl.col("n").max().cast(pl.Int64))
     per = per.select(owner="_owner", failures="failures").sort(
@@ -304,7 +314,9 @@ def _restart_loop(evidence: Evidence, failures: StartFailures) -> GateResult | N
         mechanism="vLLM engine restart loop: the same engine fails to start again and again",
         next_action=f"Read engine {owner}'s first start-up failure (quoted) and its traceback: a "
         "start-up failure that repeats is a memory or configuration cause, not bad luck.",
-        flip_signal=f"engine {owner} logging a stat line (it started)",
+        flip_signal="a stat line from the engine that never came up (it started)"
+        if owner == NEVER_STARTED
+        else f"engine {owner} logging a stat line (it started)",
     )
 
 
