@@ -1,9 +1,10 @@
 """Issue 27, findings 6 and 7, judged by `diagnose` as a user runs it: restarts the log shows only
 by itself (no Iris setup lines, no attempt history) and a chunk the log shipper sent again.
 
-Before the issue, the in-log restarts were one attempt: three attempts dying of one OOM were
-NO-KILL, and an OOM's next attempt's first step was "progress after" it; and a re-sent step line
-passed liveness as fresh progress."""
+Before the issue, the in-log restarts were one attempt: each restart's first step was "progress
+after" the OOM before it (resources "survived"), so three attempts dying of one OOM were no KILL;
+and a re-sent step line passed liveness as fresh progress. The boundary corpus pins both rules
+(`in_log_crash_loop`, `replayed_line` in `tests/scenarios/boundary.py`)."""
 
 from __future__ import annotations
 
@@ -82,8 +83,11 @@ def test_a_step_line_older_than_its_collection_by_the_tolerance(
     beyond: float, liveness: str, tmp_path: Path
 ) -> None:
     """A `Finished: 'step'` collected a minute before `now` and written the tolerance + 1 s
-    before that is a replay (ERROR); written 1 s later it is a late line, progress (PASS)."""
+    before that is a replay (ERROR, stated); written 1 s later it is a late line, progress."""
     built = in_log.replayed_step(
         tmp_path, f"rl-gsm8k-late-{liveness.lower()}", late_s=REPLAY_TOLERANCE_S + beyond
     )
-    assert gate(judge(built), GateName.LIVENESS) == liveness
+    report = judge(built)
+    assert gate(report, GateName.LIVENESS) == liveness
+    stated = any("re-sent by the log shipper" in d for d in report.discrepancies)
+    assert stated is (liveness == "ERROR")

@@ -13,8 +13,8 @@ from worker.evidence.model import (
     AttemptRecord,
     ClockSkew,
     ControllerView,
-    ProbeCommand,
     ParseSummary,
+    ProbeCommand,
     ProbeEvidence,
     StackDump,
 )

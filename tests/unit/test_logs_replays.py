@@ -29,17 +29,13 @@ def steps(n: int, *, offset: timedelta = timedelta(0), iris: bool = True) -> lis
         for name, moment in (("Started", at(60 * step - 59)), ("Finished", at(60 * step))):
             written = moment - timedelta(seconds=LAG_S) + offset
             cost = ", time cost: 59.00s" if name == "Finished" else ""
-            lines.append(
-                actor_line(moment, f"{name}: 'step'{cost}", written=written, iris=iris)
-            )
+            lines.append(actor_line(moment, f"{name}: 'step'{cost}", written=written, iris=iris))
     return lines
 
 
 def copy_of_step_1(collected: datetime, written: datetime, *, iris: bool = True) -> str:
     """Step 1's `Finished: 'step'` line, collected (again) at `collected`."""
-    return actor_line(
-        collected, "Finished: 'step', time cost: 59.00s", written=written, iris=iris
-    )
+    return actor_line(collected, "Finished: 'step', time cost: 59.00s", written=written, iris=iris)
 
 
 def finished_lines(tables: LogTables) -> list[int]:

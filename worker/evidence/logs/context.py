@@ -1,10 +1,10 @@
 """What a line inherits from the lines before it: timestamp, replay, attempt and step context.
 
 All are cumulative expressions over the classified lines of a chunk, seeded from the carried
-`ParserState`, so a chunked or incremental parse gives the same answer as one pass. `add_line_context`
-adds what needs no cut (timestamps, replayed lines, attempt starts: the traceback blocks of a
-chunk end within their attempt); `add_attempts` and `add_step_context` then run on the committed
-lines.
+`ParserState`, so a chunked or incremental parse gives the same answer as one pass.
+`add_line_context` adds what needs no cut (timestamps, replayed lines, attempt starts: the
+traceback blocks of a chunk end within their attempt); `add_attempts` and `add_step_context` then
+run on the committed lines.
 
 Step context: explicit markers set the completed-step count (a train record or console dict of step
 N, `Resuming from global_step: N`, `Training Step Progress: N / M` set N; `No checkpoint found` and
@@ -25,8 +25,8 @@ The Iris prefix is the time the line was collected, in UTC; a line's own time is
 clock said. When both exist and differ by more than PREFIX_SKEW_TOLERANCE_S the prefix wins (a
 trainer logging local time, or one future-dated line, must not look like fresh progress), and the
 difference is counted in the state (`skew_*`) so the report can state the clock offset. A line
-whose own time is far older than the log's usual offset says is a replay (`replays`): it keeps
-its own time, is counted apart, and the tables leave it out.
+whose own time is far older than the log's usual offset allows is a replay (`replays`): it is
+counted apart, and the progress tables leave it out.
 """
 
 from __future__ import annotations

@@ -172,7 +172,7 @@ def _what(row: dict[str, Any]) -> str:
     return "CUDA out of memory" if row["kind"] == "cuda_oom" else "CUDA error"
 
 
-# --- a fault that ended the attempt before the newest ----------------------------------------------
+# --- a fault that ended the attempt before the newest ---------------------------------------------
 
 
 def _resume_point(logs: LogTables, attempt: int) -> int | None:
