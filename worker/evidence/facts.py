@@ -93,7 +93,7 @@ class Facts:
     progress: tuple[Moment, ...]  # the newest of each kind, none after `now`
     future: tuple[Moment, ...]  # evidence dated more than CLOCK_TOLERANCE_S after `now`
     clock_note: str | None  # the log's clock against the Iris prefix, when they disagree
-    replay_note: str | None  # lines the log shipper re-sent (left out of the tables)
+    replay_note: str | None  # lines the log shipper re-sent (left out of the progress tables)
     probe_failures: tuple[ProbeFailure, ...]
     identity: str | None  # the manifest names another job than the directory holds
     # ERRORS rows: the failure of each attempt (`attempt_failures`); a table, so not compared
@@ -298,8 +298,8 @@ def _duration(seconds: float) -> str:
 
 
 def _replay_note(clock: ClockSkew, newest: Moment | None) -> str | None:
-    """Lines the log shipper sent again (`worker.evidence.logs.replays`): left out of every table,
-    so never progress; the newest consistent progress is what the gates judged."""
+    """Lines the log shipper sent again (`worker.evidence.logs.replays`): left out of the
+    progress tables, so never progress; the newest consistent progress is what the gates judged."""
     if not clock.replayed:
         return None
     first = f" (first: {clock.replayed_examples[0]})" if clock.replayed_examples else ""
@@ -310,8 +310,8 @@ def _replay_note(clock: ClockSkew, newest: Moment | None) -> str | None:
     )
     return (
         f"{clock.replayed} line(s) re-sent by the log shipper: their own times are older than "
-        f"the log's usual lag or than lines before them{first}; left out of the evidence, never "
-        f"fresh progress; {judged}"
+        f"the log's usual lag or than lines before them{first}; no step, phase or metric of "
+        f"theirs is progress; {judged}"
     )
 
 

@@ -5,13 +5,13 @@ vLLM's) when it was written, so own minus prefix (the *skew*) is the log's lag: 
 a constant clock or time-zone offset, the same on every line. A line the shipper sends again was
 written long before it is collected again: its skew falls far below the log's usual one, and its
 own time is older than lines the log already holds. Such a line is a second copy (or a line whose
-time cannot be trusted): never fresh progress and never a fresh failure (DOMAIN.md section 7).
+time cannot be trusted): never fresh progress (DOMAIN.md section 7).
 
-A line is *replayed* when it is not one of several lines logged in disorder, but
-- its skew is below the log's usual skew by more than PREFIX_SKEW_TOLERANCE_S, the usual skew
+A line is *replayed* when
+- its skew is below the log's usual skew by more than REPLAY_TOLERANCE_S, the usual skew
   being the median skew of the file's first LAG_SAMPLE lines with both times (before that many,
   of those before it): a constant offset is the usual skew, so it never is a replay; or
-- its own time is older, by more than PREFIX_SKEW_TOLERANCE_S, than the newest own time of the
+- its own time is older, by more than REPLAY_TOLERANCE_S, than the newest own time of the
   *consistent* lines before it (lines whose skew is within the tolerance of the usual one, or
   that have no prefix time): a pod log without Iris prefixes shows a replay this way only.
 

@@ -52,7 +52,7 @@ class ParserState:
     skew_first_line: int | None = None  # the first such line
     lag_sample: list[float] = field(default_factory=list)  # the first skews (replays.LAG_SAMPLE)
     newest_own: datetime | None = None  # the newest own time of a line not replayed
-    replayed_lines: int = 0  # lines re-sent by the log shipper (`replays`), left out of the tables
+    replayed_lines: int = 0  # lines the log shipper re-sent (`replays`): no progress rows
     replayed_examples: list[str] = field(default_factory=list)  # "source:line: ...", the first few
     cut_lines: int = 0  # lines longer than LINE_MAX_BYTES, cut
     cut_examples: list[str] = field(default_factory=list)  # "source:line: N bytes", the first few
