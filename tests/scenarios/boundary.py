@@ -14,7 +14,7 @@ from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any
 
-from tests.scenarios import crafted, issue27
+from tests.scenarios import crafted, in_log, issue27
 from tests.scenarios import engine_lines as eng
 from tests.scenarios import real_lines as real
 from tests.scenarios.builder import JobBuilder
@@ -943,5 +943,33 @@ PAIRS: tuple[Pair, ...] = (
         "STARVED_TOKENS_PER_S (10): quiet engines at 9.5 vs 10.5 tok/s while the trainer waits",
         side(starved(9.5), NO_KILL, resources="FAIL"),
         side(starved(10.5), NO_KILL),
+    ),
+    Pair(
+        "in_log_crash_loop",
+        "crash_loop on in-log restarts (a death, then Ray starting and a new driver pid resuming; "
+        "no Iris setup line, no attempt history): the third attempt dies of the same OOM at step "
+        "6 vs trains past the earlier peak to step 12",
+        side(
+            lambda root: in_log.crash_loop(root, "rl-inlog-loop", last_recovers=False),
+            KILL,
+            resources="FAIL",
+            dynamics="ERROR",
+        ),
+        side(
+            lambda root: in_log.crash_loop(root, "rl-inlog-ok", last_recovers=True),
+            NO_KILL,
+            resources="FAIL",
+        ),
+    ),
+    Pair(
+        "replayed_line",
+        "replayed lines (REPLAY_TOLERANCE_S 60 s over the usual lag): after 40 min of silence, a "
+        "`Finished: 'step'` written 61 s vs 59 s before it was collected",
+        side(
+            lambda root: in_log.replayed_step(root, "rl-late-61", late_s=61),
+            ERROR,
+            liveness="ERROR",
+        ),
+        side(lambda root: in_log.replayed_step(root, "rl-late-59", late_s=59), NO_KILL),
     ),
 )

@@ -80,6 +80,7 @@ class JobBuilder:
     probe_files: dict[str, str] = field(default_factory=dict)
     worker_logs: dict[str, list[str]] = field(default_factory=dict)
     task: int = 0
+    trainer: str = TRAINER  # the driver's Ray prefix: a restarted driver has another pid
 
     @property
     def job_id(self) -> str:
@@ -98,13 +99,22 @@ class JobBuilder:
         self.lines.append(text)
 
     def log(
-        self, moment: datetime, message: str, *, actor: str = TRAINER, level: str = "INFO"
+        self,
+        moment: datetime,
+        message: str,
+        *,
+        actor: str | None = None,
+        level: str = "INFO",
+        written: datetime | None = None,
     ) -> None:
-        """A loguru line from the trainer behind its Ray actor prefix."""
-        stamp = f"{moment:%Y-%m-%d %H:%M:%S}.{moment.microsecond // 1000:03d}"
+        """A loguru line from the trainer behind its Ray actor prefix (default: the driver's),
+        collected at `moment` and written at `written` (default: the same moment)."""
+        own = written or moment
+        stamp = f"{own:%Y-%m-%d %H:%M:%S}.{own.microsecond // 1000:03d}"
         self.raw(
             moment,
-            f"{actor} {stamp} | {level:<8} | skyrl_train.trainer:train:210 - {message}",
+            f"{actor or self.trainer} {stamp} | {level:<8} | skyrl_train.trainer:train:210 - "
+            f"{message}",
         )
 
     def boundary(self, moment: datetime) -> None:

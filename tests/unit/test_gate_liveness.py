@@ -11,7 +11,9 @@ from worker.evidence.model import (
     ArtifactState,
     ArtifactStatus,
     AttemptRecord,
+    ClockSkew,
     ControllerView,
+    ParseSummary,
     ProbeCommand,
     ProbeEvidence,
     StackDump,
@@ -145,6 +147,19 @@ def test_quiet_beyond_cadence_without_stacks_is_error() -> None:
     assert result.missing == (STACKS_NEEDED,)
     assert not result.hard_failure
     assert_quoted(result)
+
+
+def test_quiet_with_replayed_lines_says_they_are_no_progress() -> None:
+    """Lines the shipper re-sent are out of the tables: the quiet time runs from the newest
+    consistent step, and the ERROR says why the re-sent lines do not shorten it."""
+    summary = ParseSummary(clock=ClockSkew(replayed=3, replayed_examples=("finelog.log:9: x",)))
+    tables = logs(timers=steady_steps(30), summary=summary)
+    result = check(evidence(log_tables=tables, probes=controller_probe()))
+    assert result.status is GateStatus.ERROR
+    assert "stall suspected, live stacks needed: quiet 30 min" in result.summary
+    assert "3 log line(s) re-sent by the log shipper" in result.summary
+    quiet = check(evidence(log_tables=logs(timers=steady_steps(30)), probes=controller_probe()))
+    assert "re-sent" not in quiet.summary
 
 
 def test_long_checkpoint_save_within_its_own_cadence_passes() -> None:

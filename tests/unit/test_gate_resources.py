@@ -289,12 +289,59 @@ def test_inference_rank_oom_with_progress_after_is_not_hard() -> None:
     assert_quoted(result)
 
 
-def test_oom_in_an_older_attempt_is_left_to_restarts() -> None:
-    """A CUDA OOM of an earlier attempt does not fail the newest attempt's resources."""
+def test_oom_that_ended_the_previous_attempt_then_progress_is_recovered_not_hard() -> None:
+    """A CUDA OOM that ended attempt 0, then attempt 1 stepping: the restart recovered. Not the
+    newest attempt's fault (no `cuda_fatal`), and not a PASS either: the gate names the attempt
+    that hit it and the one that progressed (it was a PASS that said nothing before issue 27)."""
     old = cuda_error("cuda_oom", "CUDA out of memory", 10, 90) | {"attempt": 0}
     new_metrics = [r | {"attempt": 1} for r in REWARD_STEPS]
     engine = [r | {"attempt": 1} for r in fleet(SATURATED)]
     tables = f.logs(errors=[old], metrics=new_metrics, engines=engine)
+    result = resources.check(f.evidence(log_tables=tables))
+    assert (result.status, result.kind, result.hard_failure) == (
+        GateStatus.FAIL,
+        "cuda_recovered",
+        False,
+    )
+    assert "ended attempt 0; attempt 1 resumed from" in result.summary
+    assert result.handoff is not None
+
+
+def finished_step(step: int, line: int, minutes_ago: float, attempt: int) -> dict[str, Any]:
+    return timer("step", "finished", line, minutes_ago, 120.0) | {"step": step, "attempt": attempt}
+
+
+@pytest.mark.parametrize(("reached", "recovered"), [(5, True), (4, False)], ids=["past", "short"])
+def test_a_restart_recovers_an_oom_only_past_its_resume_point(
+    reached: int, recovered: bool
+) -> None:
+    """Attempt 0 finished steps 1-4 and died of an OOM; attempt 1 resumed from step 4: a step 5
+    is recovery, a step 4 (the resume point) is not yet, and engines alone judge resources."""
+    first = [finished_step(s, 10 * s, 60 - s, 0) for s in range(1, 5)]
+    oom = cuda_error("cuda_oom", "torch.OutOfMemoryError: CUDA out of memory", 45, 55)
+    resume = {"kind": "resumed", "step": 4, "text": "Resuming from global_step: 4",
+              "source": "finelog.log", "line": 60, "timestamp": f.at(30), "attempt": 1}  # fmt: skip
+    later = [finished_step(reached, 70, 5, 1)]
+    engine = [r | {"attempt": 1} for r in fleet(SATURATED)]
+    tables = f.logs(timers=first + later, errors=[oom], resumes=[resume], engines=engine)
+    result = resources.check(f.evidence(log_tables=tables))
+    assert (result.kind == "cuda_recovered") is recovered
+    if recovered:
+        assert result.summary.endswith(
+            "ended attempt 0; attempt 1 resumed from step 4 and reached step 5: recovered by "
+            "the restart"
+        )
+    else:
+        assert result.status is GateStatus.PASS
+
+
+def test_an_oom_the_previous_attempt_trained_past_did_not_end_it() -> None:
+    """An OOM logged before the previous attempt's last step is no fault that ended it."""
+    first = [finished_step(s, 10 * s, 60 - s, 0) for s in range(1, 5)]
+    oom = cuda_error("cuda_oom", "CUDA out of memory", 15, 58)
+    later = [finished_step(6, 70, 5, 1)]
+    engine = [r | {"attempt": 1} for r in fleet(SATURATED)]
+    tables = f.logs(timers=first + later, errors=[oom], engines=engine)
     assert resources.check(f.evidence(log_tables=tables)).status is GateStatus.PASS
 
 

@@ -129,6 +129,24 @@ def test_clock_offsets_are_stated(clock: ClockSkew, expected: str | None) -> Non
         assert facts.clock_note is not None and expected in facts.clock_note
 
 
+def test_replayed_lines_are_stated_with_the_newest_consistent_progress() -> None:
+    """The facts state the replay and what the gates judged instead."""
+    clock = ClockSkew(
+        replayed=2, replayed_examples=("finelog.log:40: own time 2026-07-30 20:01:00, ...",)
+    )
+    timers = [
+        {"event": "finished", "phase": "step", "step": 3, "seconds": 60.0,
+         "source": "finelog.log", "line": 30, "timestamp": f.at(50), "attempt": 0},
+    ]  # fmt: skip
+    logs = f.logs(timers=timers, summary=ParseSummary(clock=clock))
+    note = f.evidence(log_tables=logs).facts.replay_note
+    assert note is not None
+    assert note.startswith("2 line(s) re-sent by the log shipper")
+    assert "(first: finelog.log:40: own time 2026-07-30 20:01:00" in note
+    assert "newest consistent progress: step at 2026-07-30T20:25:00Z" in note
+    assert note in f.evidence(log_tables=logs).facts.discrepancies()
+
+
 def test_the_parser_judges_a_line_by_its_prefix_when_its_own_time_disagrees(
     tmp_path: Path,
 ) -> None:

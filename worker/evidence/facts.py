@@ -5,7 +5,9 @@ probes that failed, sources that disagree, and the failure that ended each attem
 Time is checked, not assumed (DOMAIN.md section 6): a row dated after `now` is never progress;
 one dated more than CLOCK_TOLERANCE_S after it is a discrepancy named in the report. The parser has
 already reconciled each line's own time with its Iris prefix time (`ParseSummary.clock`); a
-constant offset between them is stated as a clock or time-zone fact.
+constant offset between them is stated as a clock or time-zone fact, and the lines the log shipper
+re-sent (left out of the progress tables by the parser) are stated with the newest consistent
+progress, which is what the gates judge.
 """
 
 from __future__ import annotations
@@ -95,6 +97,7 @@ class Facts:
     progress: tuple[Moment, ...]  # the newest of each kind, none after `now`
     future: tuple[Moment, ...]  # evidence dated more than CLOCK_TOLERANCE_S after `now`
     clock_note: str | None  # the log's clock against the Iris prefix, when they disagree
+    replay_note: str | None  # lines the log shipper re-sent (left out of the progress tables)
     probe_failures: tuple[ProbeFailure, ...]
     identity: str | None  # the manifest names another job than the directory holds
     # ERRORS rows: the failure of each attempt (`attempt_failures`); a table, so not compared
@@ -121,7 +124,7 @@ class Facts:
             f"({m.quote.source}{f':{m.quote.line}' if m.quote.line else ''})"
             for m in self.future
         ]
-        lines += [note for note in (self.clock_note, self.identity) if note]
+        lines += [note for note in (self.clock_note, self.replay_note, self.identity) if note]
         return tuple(lines)
 
 
@@ -311,6 +314,24 @@ def _duration(seconds: float) -> str:
     return f"{seconds / 3600:.1f} h" if abs(seconds) >= 5400 else f"{seconds:.0f} s"
 
 
+def _replay_note(clock: ClockSkew, newest: Moment | None) -> str | None:
+    """Lines the log shipper sent again (`worker.evidence.logs.replays`): left out of the
+    progress tables, so never progress; the newest consistent progress is what the gates judged."""
+    if not clock.replayed:
+        return None
+    first = f" (first: {clock.replayed_examples[0]})" if clock.replayed_examples else ""
+    judged = (
+        f"newest consistent progress: {newest.kind} at {_iso(newest.at)} ({newest.quote.text})"
+        if newest is not None
+        else "no consistent progress"
+    )
+    return (
+        f"{clock.replayed} line(s) re-sent by the log shipper: their own times are older than "
+        f"the log's usual lag or than lines before them{first}; no step, phase or metric of "
+        f"theirs is progress; {judged}"
+    )
+
+
 def _clock_note(clock: ClockSkew) -> str | None:
     """A constant offset is a clock or time-zone fact; a varying one is a disagreement."""
     if not clock.off_lines or clock.min_s is None or clock.max_s is None:
@@ -497,6 +518,8 @@ def derive(evidence: Evidence) -> Facts:
     future += _bundle_moments(evidence, limit)
     state, source = _state(evidence)
     newest_by_kind = {m.kind: m for m in sorted(past + trials_past, key=lambda m: m.at)}
+    # the newest consistent progress the report names: a step before a phase at the same time
+    newest = max(newest_by_kind.values(), key=lambda m: (m.at, m.kind == STEP), default=None)
     return Facts(
         now=now,
         state=state,
@@ -506,6 +529,7 @@ def derive(evidence: Evidence) -> Facts:
         progress=tuple(newest_by_kind.values()),
         future=tuple(future),
         clock_note=_clock_note(logs.summary.clock) if logs is not None else None,
+        replay_note=_replay_note(logs.summary.clock, newest) if logs is not None else None,
         probe_failures=_probe_failures(evidence.probes),
         identity=_identity(evidence),
         attempt_failures=attempt_failures(logs) if logs is not None else _no_failures(),

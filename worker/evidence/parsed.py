@@ -115,6 +115,9 @@ class ClockSkew:
 
     `min_s`/`max_s` are own time minus prefix time over the `lines` that carry both; `off_lines`
     differ by more than the parser's tolerance, the first of them at `source`:`first_line`.
+    `replayed` lines were re-sent by the log shipper (`worker.evidence.logs.replays`): counted
+    apart from the others, left out of the tables, the first few quoted in `replayed_examples`
+    (`source:line: own time ..., collected ...: message`).
     """
 
     lines: int = 0
@@ -123,15 +126,25 @@ class ClockSkew:
     off_lines: int = 0
     first_line: int | None = None
     source: str | None = None
+    replayed: int = 0
+    replayed_examples: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         for name in ("min_s", "max_s"):  # seconds are floats, whole or not
             value = getattr(self, name)
             if value is not None:
                 object.__setattr__(self, name, float(value))
+        object.__setattr__(self, "replayed_examples", tuple(self.replayed_examples))
 
     def to_json(self) -> dict[str, Any]:
-        return {f.name: getattr(self, f.name) for f in fields(self)}
+        """The fields as JSON; the replay fields only when a replay was seen (the summaries of
+        logs without one read and write as before)."""
+        data = {f.name: getattr(self, f.name) for f in fields(self)}
+        if not self.replayed:
+            del data["replayed"], data["replayed_examples"]
+        else:
+            data["replayed_examples"] = list(self.replayed_examples)
+        return data
 
     @classmethod
     def from_json(cls, data: Any) -> ClockSkew:
@@ -142,6 +155,8 @@ class ClockSkew:
             "off_lines": _int,
             "first_line": _opt_int,
             "source": _opt_str,
+            "replayed": _int,
+            "replayed_examples": _strs,
         }
         return cls(**_checked(cls, data, checks))
 

@@ -2,8 +2,8 @@
 
 Every row keeps its provenance so a gate can quote it: `source` (path relative to the job
 directory, e.g. `finelog.log` or `pod_logs/x.log`), `line` (1-based), `timestamp` (UTC, null when
-the line carries none and none could be inferred) and `attempt` (0-based Iris attempt index in that
-file, counted from attempt-boundary lines).
+the line carries none and none could be inferred) and `attempt` (0-based attempt index in that file,
+counted from Iris's setup lines and in-log restarts: `worker.evidence.logs.attempts`).
 
 Tables built by the log parser (`worker.evidence.logs`):
 - METRICS: long form, one row per (step, key) after stitching across attempts (newest attempt
@@ -17,7 +17,8 @@ Tables built by the log parser (`worker.evidence.logs`):
 - ERRORS: every failure a log shows (tracebacks, final exception lines, known failure lines, exit
   records) and notable lines; `kind` from ERROR_KINDS, meaning from the failure catalogue
   (`worker.evidence.failures`); `line` is the row's first line, `last_line` its last.
-- RESUMES: attempt boundaries and checkpoint resume lines.
+- RESUMES: attempt boundaries (Iris's setup line, or the first line of an in-log restart) and
+  checkpoint resume lines.
 Tables built by the trial reader (`worker.evidence.trials`): TRIALS.
 """
 

@@ -11,7 +11,9 @@ Rules, first match wins (quiet = now - newest advancement; threshold = max(STALL
 STALL_FACTOR x p90 of the open phase's past durations, or of the step's when no phase is open)):
 
 Time is checked, not assumed: advancement is read from `evidence.facts` (rows dated after `now`
-never count; the parser has judged each line by its Iris prefix time when its own time disagreed).
+never count; the parser has judged each line by its Iris prefix time when its own time disagreed
+by a constant offset, and left out the lines the log shipper re-sent: a replayed step line is
+never progress, so the quiet time runs from the newest consistent line).
 
 1. ERROR when no controller state is known; when a trainer line is dated more than the clock
    tolerance after `now` (the quiet time cannot be judged as of `now`); or when the manifest is
@@ -716,6 +718,18 @@ def _still(
     return _stalled(ctx, finding, _duration(quiet_s), _limit_text(ctx, cadence), proof)
 
 
+def _replay_note(ctx: Context) -> str:
+    """Lines the log shipper re-sent (`worker.evidence.logs.replays`) are no progress: the quiet
+    time runs from the newest consistent line, and the summary says why it is not shorter."""
+    replayed = ctx.logs.summary.clock.replayed if ctx.logs is not None else 0
+    if not replayed:
+        return ""
+    return (
+        f"; {replayed} log line(s) re-sent by the log shipper (own time older than their "
+        "collection allows) are not progress"
+    )
+
+
 def _unproven(
     ctx: Context,
     finding: StackFinding | None,
@@ -724,6 +738,7 @@ def _unproven(
     why: str = "",
 ) -> GateResult:
     note, engine = _engine_note(ctx)
+    note += _replay_note(ctx)
     if finding is None or not finding.processes:
         summary = f"stall suspected, live stacks needed: quiet {quiet} beyond {cadence}{note}"
         missing: tuple[str, ...] = (STACKS_NEEDED,)

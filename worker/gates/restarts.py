@@ -7,8 +7,10 @@ Reads, in order of authority: the controller's attempt history (`probes.attempts
 attempt).
 
 - **Attempts.** From `probes.attempts` when captured; otherwise from the logs when they mark an
-  attempt boundary (every attempt but the newest ended in a restart; its cause is unknown unless a
-  hard error line names it); otherwise only the controller's counters; otherwise nothing.
+  attempt boundary, Iris's setup line or an in-log restart (`worker.evidence.logs.attempts`: a
+  death, then the launcher or a new driver pid starting), so a crash loop without Iris setup lines
+  counts (every attempt but the newest ended in a restart; its cause is unknown unless a hard
+  error line names it); otherwise only the controller's counters; otherwise nothing.
 - **Count** = attempts that ended in failure (`failed`, `worker_failed`, `cosched_failed`, a
   log attempt that ended on a failure row) or preemption (`preempted`, or an ended log attempt
   without a failure row). With no attempt information at all the count is None and the

@@ -13,13 +13,15 @@ from typing import Final
 import polars as pl
 
 from worker.evidence import schema
-from worker.evidence.logs import batches, context, detect, engines, errors, records, timers
+from worker.evidence.logs import batches, context, detect, engines, errors, records, replays, timers
 from worker.evidence.logs.scan import HEAD_LINES, HEAD_SCAN_LINES, Scan
 from worker.evidence.logs.state import MAX_EXAMPLES, ParserState
 
-__all__ = ["RAW_METRICS", "TABLES", "conform", "parse_chunk"]
+__all__ = ["PROGRESS_TABLES", "RAW_METRICS", "TABLES", "conform", "parse_chunk"]
 
 TABLES: Final = ("metrics", "timers", "engines", "progress", "batches", "errors", "resumes")
+PROGRESS_TABLES: Final = ("metrics", "timers", "progress", "batches", "resumes")
+"""The tables whose rows can be progress: a replayed line has no row in them (`replays`)."""
 RAW_METRICS: Final[dict[str, pl.DataType]] = dict(schema.METRICS)
 SCHEMAS: Final[dict[str, dict[str, pl.DataType]]] = {
     "metrics": RAW_METRICS,
@@ -107,9 +109,7 @@ def _malformed(
 
 
 def _with_context(ev: pl.DataFrame, state: ParserState) -> pl.DataFrame:
-    ev = context.add_attempts(ev, state)
-    ev = context.add_step_context(ev, state)
-    return context.add_timestamps(ev, state)
+    return context.add_step_context(context.add_attempts(ev, state), state)
 
 
 def _block_context(blocks: pl.DataFrame, ev: pl.DataFrame) -> pl.DataFrame:
@@ -151,8 +151,8 @@ def parse_chunk(
     n_lines = chunk.lines
     _note_head(chunk, state)
     _note_first_content(chunk, state)
-    ev = detect.in_windows(chunk.ev)
-    ev = errors.with_traceback_ends(ev, context.attempt_starts(ev, state))
+    ev = context.add_line_context(detect.in_windows(chunk.ev), state)
+    ev = errors.with_traceback_ends(ev, pl.col("_start"))
     blocks = records.block_steps(records.dict_blocks(ev))
     cut = n_lines if final else _cut(ev, blocks, n_lines)
     ev = ev.filter(pl.col("idx") < cut).with_columns(
@@ -166,6 +166,7 @@ def parse_chunk(
     mirrors = mirrors.join(ev.select("idx", "line", "ts", "attempt"), on="idx")
     blocks = _block_context(blocks, ev)
     tables = _tables(ev, mirrors, chunk.pairs, blocks, progress, state, source)
+    tables = _without(tables, replays.note_replayed(ev, state, source))
     tables["engines"] = conform(
         engines.engine_rows(stats, ev, state, state.line, source), "engines", source
     )
@@ -178,6 +179,19 @@ def parse_chunk(
     state.line += cut
     state.offset += chunk.offset_of(cut)
     return tables, carry
+
+
+def _without(tables: dict[str, pl.DataFrame], lines: pl.Series) -> dict[str, pl.DataFrame]:
+    """`tables` without the progress rows of replayed `lines`: a re-sent line is never a step, a
+    phase, a metric or a resume (`replays`; the summary counts and quotes them). ERRORS keeps
+    them: a failure is judged by the rules that read failures."""
+    if lines.is_empty():
+        return tables
+    gone = pl.col("line").is_in(lines.implode())
+    return {
+        name: frame.filter(~gone) if name in PROGRESS_TABLES else frame
+        for name, frame in tables.items()
+    }
 
 
 def _tables(

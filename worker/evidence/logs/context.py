@@ -1,16 +1,20 @@
-"""What a line inherits from the lines before it: attempt, step context and timestamp.
+"""What a line inherits from the lines before it: timestamp, replay, attempt and step context.
 
-All three are cumulative expressions over the classified lines of a chunk, seeded from the carried
+All are cumulative expressions over the classified lines of a chunk, seeded from the carried
 `ParserState`, so a chunked or incremental parse gives the same answer as one pass.
+`add_line_context` adds what needs no cut (timestamps, replayed lines, attempt starts: the
+traceback blocks of a chunk end within their attempt); `add_attempts` and `add_step_context` then
+run on the committed lines.
 
 Step context: explicit markers set the completed-step count (a train record or console dict of step
 N, `Resuming from global_step: N`, `Training Step Progress: N / M` set N; `No checkpoint found` and
-an attempt boundary set 0) and each `Finished: 'step'` adds one. A line belongs to step
+an attempt start set 0) and each `Finished: 'step'` adds one. A line belongs to step
 completed + 1, except between `Finished: 'step'` and the next `Started: 'step'`, where it belongs to
-the step just finished. The step timer lines themselves always belong to completed + 1.
+the step just finished. The step timer lines themselves always belong to completed + 1. A replayed
+line (`replays`) sets and adds nothing.
 
-Attempts: a boundary `[iris setup] step 1/2` of the first Iris task seen with one starts a new
-attempt, unless no non-blank line precedes it (a file that starts with a boundary is attempt 0).
+Attempts (`attempts`): an Iris setup line `[iris setup] step 1/2`, or a restart the log shows by
+itself (a death line, then a start-up line of a new driver or of the launcher), starts one.
 
 Timestamps: loguru's full timestamp; else vLLM's `MM-DD HH:MM:SS` with the year of the date anchor;
 else Iris's time of day on the anchor date, plus one day for each time the time of day goes back by
@@ -20,7 +24,9 @@ Iris-prefixed line, the date its time of day falls on), or `reference_date` befo
 The Iris prefix is the time the line was collected, in UTC; a line's own time is what its writer's
 clock said. When both exist and differ by more than PREFIX_SKEW_TOLERANCE_S the prefix wins (a
 trainer logging local time, or one future-dated line, must not look like fresh progress), and the
-difference is counted in the state (`skew_*`) so the report can state the clock offset.
+difference is counted in the state (`skew_*`) so the report can state the clock offset. A line
+whose own time is far older than the log's usual offset allows is a replay (`replays`): it is
+counted apart, and the progress tables leave it out.
 """
 
 from __future__ import annotations
@@ -30,15 +36,16 @@ from typing import Final
 
 import polars as pl
 
+from worker.evidence.logs import attempts, replays
 from worker.evidence.logs.state import ParserState
 
 __all__ = [
     "PREFIX_SKEW_TOLERANCE_S",
     "add_attempts",
+    "add_line_context",
     "add_step_context",
     "add_timestamps",
     "advance_state",
-    "attempt_starts",
     "note_timestamps",
 ]
 
@@ -48,49 +55,40 @@ PREFIX_SKEW_TOLERANCE_S: Final = 60.0
 _STEP_MARKERS: Final = ("Started: 'step'", "Finished: 'step'")
 
 
-def _attempt_task(frame: pl.DataFrame, state: ParserState) -> str | None:
-    """The Iris task whose boundaries start attempts: the state's, else the first a boundary of
-    `frame` names ("" for a boundary without one), else None (no boundary seen yet)."""
-    if state.attempt_task is not None:
-        return state.attempt_task
-    tasks = frame.filter(pl.col("kind") == "boundary").get_column("task")
-    return (tasks[0] or "") if len(tasks) else None
-
-
-def attempt_starts(frame: pl.DataFrame, state: ParserState) -> pl.Expr:
-    """True on the lines of `frame` (which has idx, kind and task) that start a new attempt: a
-    boundary of the attempt task after the log's first content. `state` is not changed."""
-    first = state.first_content if state.first_content is not None else 0
-    line = pl.col("idx").cast(pl.Int64) + state.line + 1
-    task = _attempt_task(frame, state) or ""
-    starts = (pl.col("kind") == "boundary") & (pl.col("task").fill_null("") == task)
-    return (starts & (line > first)).fill_null(False)
+def add_line_context(frame: pl.DataFrame, state: ParserState) -> pl.DataFrame:
+    """Add `ts` (`add_timestamps`), `replayed` (`replays`) and `_start`/`restart` (`attempts`)
+    to the classified lines of a chunk, before it is cut. Only the attempt task of `state` may be
+    fixed here (when its first boundary is seen); the rest is `advance_state`'s."""
+    frame = replays.add_replayed(add_timestamps(frame, state), state)
+    return attempts.with_starts(frame, state)
 
 
 def add_attempts(frame: pl.DataFrame, state: ParserState) -> pl.DataFrame:
-    """Add `attempt` (Int32)."""
-    if state.attempt_task is None:
-        state.attempt_task = _attempt_task(frame, state)
-    attempt = pl.lit(state.attempt) + attempt_starts(frame, state).cast(pl.Int32).cum_sum()
+    """Add `attempt` (Int32) from the attempt starts (`_start`) of `add_line_context`."""
+    attempt = pl.lit(state.attempt) + pl.col("_start").cast(pl.Int32).cum_sum()
     return frame.with_columns(attempt=attempt.cast(pl.Int32))
 
 
 def add_step_context(frame: pl.DataFrame, state: ParserState) -> pl.DataFrame:
     """Add `step_ctx`: the step an undated-step line belongs to (needs `set_step`)."""
     msg = pl.col("msg")
-    timer = (pl.col("kind") == "timer").fill_null(False)  # window-only lines have no kind
+    # window-only lines have no kind; a replayed line is a copy of one counted already
+    timer = (pl.col("kind") == "timer").fill_null(False) & ~pl.col("replayed")
     finished = timer & msg.str.starts_with("Finished: 'step'")
     started = timer & msg.str.starts_with("Started: 'step'")
     add = finished.cast(pl.Int64).cum_sum()
-    is_set = pl.col("set_step").is_not_null()
-    base = pl.col("set_step").forward_fill()
+    fresh = pl.when(~pl.col("replayed")).then(pl.col("set_step"))
+    set_step = pl.coalesce(fresh, pl.when(pl.col("restart")).then(pl.lit(0, pl.Int64)))
+    frame = frame.with_columns(_set=set_step)
+    is_set = pl.col("_set").is_not_null()
+    base = pl.col("_set").forward_fill()
     add_at = pl.when(is_set).then(add).forward_fill()
     after = pl.when(base.is_null()).then(state.completed + add).otherwise(base + add - add_at)
     before = after.shift(1).fill_null(state.completed)
     post = (
         pl.when(finished)
         .then(True)
-        .when(started | (pl.col("kind") == "boundary"))
+        .when(started | (pl.col("kind") == "boundary") | pl.col("restart"))
         .then(False)
         .otherwise(None)
     )
@@ -99,7 +97,7 @@ def add_step_context(frame: pl.DataFrame, state: ParserState) -> pl.DataFrame:
     step = pl.when(marker | ~post_before).then(before + 1).otherwise(before)
     return frame.with_columns(
         step_ctx=step, _completed=after, _post=post.forward_fill().fill_null(state.post_finish)
-    )
+    ).drop("_set")
 
 
 def _anchor_day() -> pl.Expr:
@@ -110,7 +108,8 @@ def _anchor_day() -> pl.Expr:
 
 
 def add_timestamps(frame: pl.DataFrame, state: ParserState) -> pl.DataFrame:
-    """Add `ts` (UTC) and the helper columns `_day`, `_aday`, `_rolls`, `_anchor_rolls`."""
+    """Add `ts` (UTC) and the helper columns `_day`, `_aday`, `_rolls`, `_anchor_rolls`, `_own`
+    (the line's own time), `_prefix` (its Iris prefix time) and `_skew` (own minus prefix, s)."""
     tod = pl.col("tod")
     prev = tod.forward_fill().shift(1)
     if state.last_tod is not None:
@@ -130,7 +129,7 @@ def add_timestamps(frame: pl.DataFrame, state: ParserState) -> pl.DataFrame:
     frame = frame.with_columns(_skew=skew)
     disagree = (pl.col("_skew").abs() > PREFIX_SKEW_TOLERANCE_S).fill_null(False)
     ts = pl.when(disagree).then(pl.col("_prefix")).otherwise(pl.coalesce("_own", "_prefix"))
-    return frame.with_columns(ts=ts).drop("_own", "_prefix")
+    return frame.with_columns(ts=ts)
 
 
 def _prefix_time() -> pl.Expr:
@@ -170,11 +169,14 @@ def advance_state(frame: pl.DataFrame, state: ParserState) -> None:
         state.rolls += rolls
     note_timestamps(frame.get_column("ts"), state)
     _note_skew(frame, state)
+    replays.advance(frame, state)
+    attempts.advance(frame, state)
 
 
 def _note_skew(frame: pl.DataFrame, state: ParserState) -> None:
-    """Widen the state's own-time vs prefix-time statistics (lines with both times)."""
-    both = frame.filter(pl.col("_skew").is_not_null())
+    """Widen the state's own-time vs prefix-time statistics (lines with both times; a replayed
+    line is counted apart, `replays.note_replayed`)."""
+    both = frame.filter(pl.col("_skew").is_not_null() & ~pl.col("replayed"))
     if both.is_empty():
         return
     skew = both.get_column("_skew")

@@ -72,7 +72,7 @@ __all__ = [
 ]
 
 HEAD_BYTES: Final = 4096
-VERSION: Final = "8"  # 8: stitched tables in parts, rows per part; 7: tables in parts
+VERSION: Final = "9"  # 9: in-log attempts, replayed lines; 8: stitched tables, rows per part
 MAX_PARTS: Final = 16
 # Rows written after a table's kept parts (all of them for a new table) that number more than
 # SPLIT_ROWS are written as two parts, the last TAIL_ROWS rows apart: the next growth re-stitches

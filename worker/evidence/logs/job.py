@@ -200,6 +200,8 @@ def _merge_clocks(clocks: list[ClockSkew]) -> ClockSkew:
         off_lines=sum(c.off_lines for c in clocks),
         first_line=first.first_line if first else None,
         source=first.source if first else None,
+        replayed=sum(c.replayed for c in clocks),
+        replayed_examples=tuple(e for c in clocks for e in c.replayed_examples)[:_MAX_EXAMPLES],
     )
 
 

@@ -334,6 +334,8 @@ def _summary(
             off_lines=state.skew_off_lines,
             first_line=state.skew_first_line,
             source=source,
+            replayed=state.replayed_lines,
+            replayed_examples=tuple(state.replayed_examples),
         ),
         cut_lines=state.cut_lines,
         cut_examples=tuple(state.cut_examples),

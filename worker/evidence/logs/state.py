@@ -16,7 +16,7 @@ __all__ = ["MAX_EXAMPLES", "ParserState"]
 
 MAX_EXAMPLES: Final = 5
 _DATES: Final = ("anchor_day",)
-_DATETIMES: Final = ("first_ts", "last_ts")
+_DATETIMES: Final = ("first_ts", "last_ts", "newest_own")
 
 
 @dataclass
@@ -28,6 +28,9 @@ class ParserState:
     first_content: int | None = None  # 1-based line of the first non-blank line
     attempt: int = 0
     attempt_task: str | None = None  # the Iris task whose boundaries count attempts
+    driver_pid: str | None = None  # the pid of the driver's Ray prefix, last seen
+    death_pid: str | None = None  # the driver pid when the last death line was logged ("": none)
+    death_pending: bool = False  # a death line came after the last attempt start
     completed: int = 0  # completed steps before the next line
     post_finish: bool = False  # the last step marker was `Finished: 'step'`
     anchor_day: date | None = None  # the date for time-of-day-only lines
@@ -47,6 +50,10 @@ class ParserState:
     skew_max_s: float | None = None
     skew_off_lines: int = 0  # lines whose two times differ beyond PREFIX_SKEW_TOLERANCE_S
     skew_first_line: int | None = None  # the first such line
+    lag_sample: list[float] = field(default_factory=list)  # the first skews (replays.LAG_SAMPLE)
+    newest_own: datetime | None = None  # the newest own time of a line not replayed
+    replayed_lines: int = 0  # lines the log shipper re-sent (`replays`): no progress rows
+    replayed_examples: list[str] = field(default_factory=list)  # "source:line: ...", the first few
     cut_lines: int = 0  # lines longer than LINE_MAX_BYTES, cut
     cut_examples: list[str] = field(default_factory=list)  # "source:line: N bytes", the first few
 
@@ -65,6 +72,8 @@ class ParserState:
             records=dict(self.records),
             malformed_examples=list(self.malformed_examples),
             cut_examples=list(self.cut_examples),
+            lag_sample=list(self.lag_sample),
+            replayed_examples=list(self.replayed_examples),
         )
 
     def count(self, name: str, n: int) -> None:

@@ -94,12 +94,18 @@ def resume_steps(ev: pl.DataFrame) -> pl.DataFrame:
 
 
 def resume_rows(ev: pl.DataFrame) -> pl.DataFrame:
-    """RESUMES rows (without `source`)."""
-    rows = ev.filter(pl.col("kind").is_in(list(_RESUME_KIND)))
+    """RESUMES rows (without `source`): Iris boundaries and resume lines, and an
+    `attempt_boundary` row at each in-log restart (`attempts`; a restart on a resume line gives
+    that line both rows, the boundary first)."""
+    rows = ev.filter(pl.col("kind").is_in(list(_RESUME_KIND)) | pl.col("restart"))
     resumed = pl.col("msg").str.extract(_RESUMED, 1).cast(pl.Int64, strict=False)
-    return rows.select(
-        *_PROV,
-        kind=pl.col("kind").replace_strict(_RESUME_KIND, return_dtype=pl.String),
-        step=resumed,
-        text="text",
+    kind = pl.col("kind").replace_strict(_RESUME_KIND, default=None, return_dtype=pl.String)
+    found = rows.select(*_PROV, "restart", kind=kind, step=resumed, text="text")
+    starts = found.filter("restart").with_columns(
+        kind=pl.lit("attempt_boundary"), step=pl.lit(None, dtype=pl.Int64)
     )
+    own = found.filter(pl.col("kind").is_not_null())
+    if starts.is_empty():
+        return own.drop("restart")
+    both = pl.concat([starts, own]).with_columns(_second=pl.col("kind") != "attempt_boundary")
+    return both.sort("line", "_second", maintain_order=True).drop("restart", "_second")

@@ -10,7 +10,8 @@ attempt are always stated. See `docs/gates/resources.md` for the rules and thres
 - FAIL (hard, proof `cuda_fatal`) — a CUDA fault whose component died after it (a death line or a
   failed/killed job) or made no progress for STALL_FLOOR_S; the summary names the component.
 - FAIL (not hard) — a CUDA fault the component survived (the report names who progressed after
-  it); a wedged engine; an engine restart loop; starvation.
+  it), or one that ended the previous attempt when the newest stepped past its resume point (the
+  report names both attempts); a wedged engine; an engine restart loop; starvation.
 - ERROR — every engine wedged and nothing advancing (a stall needs live stacks); a CUDA fault less
   than STALL_FLOOR_S old with nothing after it yet; no engine stat lines
   and no `vllm/*` metrics covering the engine tuple over a window (GPU probes alone are

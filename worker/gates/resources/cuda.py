@@ -1,5 +1,6 @@
 """CUDA faults of the newest attempt: an OOM or CUDA error, which component hit it, and whether that
-component made progress afterwards.
+component made progress afterwards; and a fault that ended the attempt before it, which the restart
+survived when the newest attempt stepped past its resume point (`_recovered`).
 
 The component is read from the error row: a `component` column when the log parser provides one,
 else the line itself (a vLLM logger header `LEVEL MM-DD HH:MM:SS [file.py:N]`, an engine's
@@ -24,7 +25,7 @@ from worker.evidence.model import Evidence, LogTables
 from worker.evidence.quotes import quote, quote_rows
 from worker.gates import deaths
 from worker.gates.base import error
-from worker.gates.progress import minute_utc, newest_attempt
+from worker.gates.progress import finished_steps, minute_utc, newest_attempt
 from worker.gates.resources.saturation import GENERATION_PHASES, innermost_open
 from worker.gates.rules import rule
 
@@ -172,6 +173,91 @@ def _what(row: dict[str, Any]) -> str:
     return "CUDA out of memory" if row["kind"] == "cuda_oom" else "CUDA error"
 
 
+# --- a fault that ended the attempt before the newest ---------------------------------------------
+
+
+def _resume_point(logs: LogTables, attempt: int) -> int | None:
+    """The step `attempt` resumed from (0 after a scratch start), None when it logs neither."""
+    rows = logs.resumes.filter(
+        (pl.col("attempt") == attempt) & pl.col("kind").is_in(["resumed", "scratch"])
+    ).sort("line")
+    if rows.is_empty():
+        return None
+    step = rows["step"][-1] if rows["kind"][-1] == "resumed" else 0
+    return int(step) if step is not None else None
+
+
+def _newest_step(logs: LogTables, attempt: int) -> pl.DataFrame:
+    """The row of the highest step `attempt` finished (a `Finished: 'step'` or a train metric),
+    as one row with `step`, `source`, `line`, `timestamp`; empty when it finished none."""
+    columns = ("step", "source", "line", "timestamp", "attempt")
+    rows = pl.concat(
+        [
+            finished_steps(logs, attempt).select(columns),
+            logs.metrics.filter(pl.col("attempt") == attempt).select(columns),
+        ]
+    ).filter(pl.col("step").is_not_null())
+    return rows.sort("step", "line").tail(1)
+
+
+def _ending_faults(logs: LogTables, attempt: int) -> pl.DataFrame:
+    """The CUDA rows of `attempt` logged after its last finished timer or train metric: the
+    fault that ended it (a fault it trained past did not)."""
+    moved = pl.concat(
+        [
+            logs.timers.filter(pl.col("event") == "finished").select("attempt", "source", "line"),
+            logs.metrics.select("attempt", "source", "line"),
+        ]
+    ).filter(pl.col("attempt") == attempt)
+    last = moved.group_by("source").agg(_last=pl.col("line").max())
+    rows = logs.errors.filter((pl.col("attempt") == attempt) & pl.col("kind").is_in(CUDA_KINDS))
+    rows = rows.join(last, on="source", how="left", maintain_order="left")
+    ended = rows.filter(pl.col("_last").is_null() | (pl.col("line") > pl.col("_last")))
+    return ended.drop("_last").sort("line")
+
+
+@rule("resources.cuda")
+def _recovered(evidence: Evidence, logs: LogTables, attempt: int) -> GateResult | None:
+    """A CUDA fault that ended the attempt before the newest (nothing advanced after it in that
+    attempt), followed by a newest attempt that finished a step past the point it resumed from,
+    was survived by the restart: FAIL, not hard, naming the attempt that hit it and the one that
+    progressed. The fault's component made no progress in *its* attempt, so it is no survived
+    fault of one attempt; the same fault ending the next attempts too is the restarts gate's
+    crash loop. A newest attempt that has not yet stepped past its resume point is judged by the
+    restarts and liveness gates, not here."""
+    if attempt == 0:
+        return None
+    faults = _ending_faults(logs, attempt - 1)
+    newest = _newest_step(logs, attempt)
+    if faults.is_empty() or newest.is_empty():
+        return None
+    reached = int(newest["step"][0])
+    resumed = _resume_point(logs, attempt)
+    earlier = _newest_step(logs, attempt - 1)
+    peak = int(earlier["step"][0]) if not earlier.is_empty() else 0
+    if reached <= (resumed if resumed is not None else peak):
+        return None
+    first = faults.row(0, named=True)
+    comp = component_of(first, _phase_at(logs, attempt - 1, first))
+    start = {None: f"an unnamed checkpoint (earlier peak {peak})", 0: "scratch"}.get(
+        resumed, f"step {resumed}"
+    )
+    progress = _progress_quote(newest, f"step {reached} finished in attempt {attempt}")
+    quotes = (*quote_rows(faults, limit=2), *((progress,) if progress else ()))
+    return GateResult(
+        status=GateStatus.FAIL,
+        summary=f"{_what(first)} on {comp.label} ended attempt {attempt - 1}; attempt "
+        f"{attempt} resumed from {start} and reached step {reached}: recovered by the restart",
+        evidence=quotes,
+        mechanism=f"{_what(first)} on {comp.label}, recovered by a restart",
+        kind="cuda_recovered",
+        next_action="keep watching: the restart recovered; the same fault ending the next "
+        "attempt too is a crash loop",
+        flip_signal=f"attempt {attempt} ending on the same {_what(first)}",
+        handoff=_oom_handoff(quotes, comp) if first["kind"] == "cuda_oom" else None,
+    )
+
+
 @rule("resources.cuda")
 def check(evidence: Evidence) -> GateResult | None:
     """A CUDA OOM or error is a hard failure only when the component that hit it made no progress
@@ -188,7 +274,7 @@ def check(evidence: Evidence) -> GateResult | None:
         & (pl.col("timestamp").is_null() | (pl.col("timestamp") <= evidence.now))
     ).sort(["timestamp", "line"], nulls_last=True)
     if faults.is_empty():
-        return None
+        return _recovered(evidence, logs, attempt)
     first = faults.row(0, named=True)
     phase = _phase_at(logs, attempt, first)
     comp = component_of(first, phase)

@@ -1,0 +1,122 @@
+"""Replayed lines: a log shipper that re-sends a chunk it had sent before.
+
+Hypothesis: a line's Iris prefix is when the line was collected and its own time (loguru's,
+vLLM's) when it was written, so own minus prefix (the *skew*) is the log's lag: a few seconds, or
+a constant clock or time-zone offset, the same on every line. A line the shipper sends again was
+written long before it is collected again: its skew falls far below the log's usual one, and its
+own time is older than lines the log already holds. Such a line is a second copy (or a line whose
+time cannot be trusted): never fresh progress (DOMAIN.md section 7).
+
+A line is *replayed* when
+- its skew is below the log's usual skew by more than REPLAY_TOLERANCE_S, the usual skew
+  being the median skew of the file's first LAG_SAMPLE lines with both times (before that many,
+  of those before it): a constant offset is the usual skew, so it never is a replay; or
+- its own time is older, by more than REPLAY_TOLERANCE_S, than the newest own time of the
+  *consistent* lines before it (lines whose skew is within the tolerance of the usual one, or
+  that have no prefix time): a pod log without Iris prefixes shows a replay this way only.
+
+The parser leaves replayed lines out of the tables of progress (METRICS, TIMERS, PROGRESS,
+BATCHES, RESUMES: `worker.evidence.logs.chunk`), so no step, phase, metric or resume of theirs is
+ever progress, and counts them, the first few quoted, in the summary (`ClockSkew.replayed`). A
+failure line stays in ERRORS, replayed or not (DOMAIN.md: such a line is never *progress*; a
+failure is judged by the rules that read failures, its time as before). Lines without an own time
+(tracebacks, raw prints) cannot be recognised; the engine stat lines are read apart (`engines`)
+and prove no progress anyway.
+
+Every expression is cumulative from the chunk's first line, seeded from the carried state, so a
+chunked or incremental parse flags the same lines as one pass.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Final
+
+import polars as pl
+
+from worker.evidence.logs.state import MAX_EXAMPLES, ParserState
+
+__all__ = [
+    "LAG_SAMPLE",
+    "REPLAY_TOLERANCE_S",
+    "add_replayed",
+    "advance",
+    "note_replayed",
+    "usual_skew",
+]
+
+LAG_SAMPLE: Final = 64
+"""Lines (with an own and a prefix time) whose median skew is the log's usual skew: enough that a
+few odd lines among the first do not move it, few enough to be known within the first minutes."""
+REPLAY_TOLERANCE_S: Final = 60.0
+"""A replay is older than the usual skew, or than the lines before it, by more than this: the
+parser's prefix tolerance (collection lag and interleaved writers stay well within it)."""
+_EXAMPLE_CHARS: Final = 160
+
+
+def usual_skew(frame: pl.DataFrame, state: ParserState) -> pl.Series:
+    """For each row of `frame` with a skew (`_skew`), the usual skew before it: the median of the
+    first min(n, LAG_SAMPLE) skews of the file, n the skews before the row (null for the file's
+    first); null on rows without a skew. One rolling median over at most LAG_SAMPLE values."""
+    skews = frame.get_column("_skew")
+    have = skews.is_not_null()
+    values = skews.filter(have)
+    sample = state.lag_sample
+    room = max(LAG_SAMPLE - len(sample), 0)
+    head = pl.Series([*sample, *values.head(room).to_list()], dtype=pl.Float64)
+    medians = head.rolling_median(window_size=LAG_SAMPLE, min_samples=1)
+    seen = pl.int_range(0, len(values), dtype=pl.Int64, eager=True) + len(sample)
+    at = seen.clip(upper_bound=LAG_SAMPLE) - 1
+    usual = medians.gather(at.clip(lower_bound=0)) if len(medians) else values.clear()
+    usual = pl.select(pl.when(pl.lit(at) >= 0).then(pl.lit(usual))).to_series()
+    full = pl.repeat(None, frame.height, dtype=pl.Float64, eager=True)
+    return full.scatter(have.arg_true(), usual) if len(values) else full
+
+
+def add_replayed(frame: pl.DataFrame, state: ParserState) -> pl.DataFrame:
+    """Add `replayed` (Boolean), `_usual` (the usual skew, seconds) and `_consistent` to `frame`,
+    which has `_own` (the line's own time) and `_skew` (own minus prefix, seconds)."""
+    frame = frame.with_columns(_usual=usual_skew(frame, state))
+    own, skew, usual = pl.col("_own"), pl.col("_skew"), pl.col("_usual")
+    late = (skew < usual - REPLAY_TOLERANCE_S).fill_null(False)
+    near = skew.is_null() | usual.is_null() | ((skew - usual).abs() <= REPLAY_TOLERANCE_S)
+    consistent = own.is_not_null() & ~late & near
+    frame = frame.with_columns(_consistent=consistent.fill_null(False), _late=late)
+    newest = pl.when(pl.col("_consistent")).then(own).cum_max().forward_fill().shift(1)
+    if state.newest_own is not None:
+        newest = pl.max_horizontal(newest, pl.lit(state.newest_own, dtype=frame.schema["_own"]))
+    older = (own < newest - pl.duration(seconds=REPLAY_TOLERANCE_S)).fill_null(False)
+    return frame.with_columns(replayed=pl.col("_late") | older).drop("_late")
+
+
+def advance(frame: pl.DataFrame, state: ParserState) -> None:
+    """Move the lag sample and the newest consistent own time past the rows of `frame`."""
+    room = LAG_SAMPLE - len(state.lag_sample)
+    if room > 0:
+        skews = frame.get_column("_skew").drop_nulls().head(room)
+        state.lag_sample.extend(float(v) for v in skews.to_list())
+    newest = frame.filter(pl.col("_consistent")).get_column("_own").max()
+    if isinstance(newest, datetime) and (state.newest_own is None or newest > state.newest_own):
+        state.newest_own = newest
+
+
+def note_replayed(frame: pl.DataFrame, state: ParserState, source: str) -> pl.Series:
+    """Count the replayed rows of `frame` (which has `line`), quote the first few, and return
+    their line numbers (the rows the tables leave out)."""
+    rows = frame.filter(pl.col("replayed"))
+    if rows.is_empty():
+        return rows.get_column("line")
+    state.replayed_lines += rows.height
+    room = max(MAX_EXAMPLES - len(state.replayed_examples), 0)
+    for row in rows.head(room).iter_rows(named=True):
+        state.replayed_examples.append(_example(row, source))
+    return rows.get_column("line")
+
+
+def _example(row: dict[str, object], source: str) -> str:
+    own, collected = row.get("_own"), row.get("_prefix")
+    when = f"own time {own:%Y-%m-%d %H:%M:%S}" if isinstance(own, datetime) else "own time ?"
+    if isinstance(collected, datetime):
+        when += f", collected {collected:%Y-%m-%d %H:%M:%S}"
+    text = str(row.get("msg") or row.get("text") or "")[:_EXAMPLE_CHARS]
+    return f"{source}:{row['line']}: {when}: {text}"
