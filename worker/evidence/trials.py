@@ -13,7 +13,7 @@ from __future__ import annotations
 import os
 from collections.abc import Iterable, Mapping
 from pathlib import Path
-from typing import Any, Final
+from typing import Any, BinaryIO, Final
 
 import polars as pl
 
@@ -169,35 +169,48 @@ def terminal_bench_row(data: Mapping[str, Any], trial_dir: str) -> Row:
 # --- reading the directory ------------------------------------------------------------------------
 
 
-def _read_json(path: Path) -> object:
+def _opened(files: BundleFiles, path: Path) -> BinaryIO:
+    """`path` opened beneath the job directory (`BundleFiles.open`); `UnreadableError` when it
+    is refused (a symlink took its place since it was listed)."""
     try:
-        return read_json(path, TRIAL_FILE_MAX_BYTES, int64=True)
-    except (OSError, ValueError) as exc:
+        handle = files.open(path)
+    except OSError as exc:
         raise UnreadableError(f"{type(exc).__name__}: {exc}") from exc
+    if handle is None:
+        raise UnreadableError("refused: it changed while it was read")
+    return handle
 
 
-def _read_object(path: Path) -> Mapping[str, Any]:
-    data = _read_json(path)
+def _read_json(files: BundleFiles, path: Path) -> object:
+    with _opened(files, path) as handle:
+        try:
+            return read_json(handle, TRIAL_FILE_MAX_BYTES, int64=True)
+        except (OSError, ValueError) as exc:
+            raise UnreadableError(f"{type(exc).__name__}: {exc}") from exc
+
+
+def _read_object(files: BundleFiles, path: Path) -> Mapping[str, Any]:
+    data = _read_json(files, path)
     if not isinstance(data, Mapping):
         raise UnreadableError(f"not a JSON object but {type(data).__name__}")
     return data
 
 
-def _read_text(path: Path) -> str | None:
+def _read_text(files: BundleFiles, path: Path) -> str | None:
     try:
-        # a traceback's last line names the exception: keep the end of a huge one
-        return _tail_text(path, TRIAL_FILE_MAX_BYTES)
-    except OSError:
+        with _opened(files, path) as handle:
+            # a traceback's last line names the exception: keep the end of a huge one
+            return _tail_text(handle, TRIAL_FILE_MAX_BYTES)
+    except (OSError, UnreadableError):
         return None
 
 
-def _tail_text(path: Path, max_bytes: int) -> str:
-    size = path.stat().st_size
+def _tail_text(handle: BinaryIO, max_bytes: int) -> str:
+    size = os.fstat(handle.fileno()).st_size
     if size <= max_bytes:
-        return read_text(path, max_bytes)[0]
-    with path.open("rb") as handle:
-        handle.seek(size - max_bytes)
-        return handle.read(max_bytes).decode("utf-8", errors="replace")
+        return read_text(handle, max_bytes)[0]
+    handle.seek(size - max_bytes)
+    return handle.read(max_bytes).decode("utf-8", errors="replace")
 
 
 def _trial_file(directory: Path, names: set[str]) -> Path:
@@ -208,21 +221,21 @@ def _trial_file(directory: Path, names: set[str]) -> Path:
     raise UnreadableError("no trial file")  # pragma: no cover - callers pass trial directories
 
 
-def _result_row(path: Path, names: set[str]) -> Row:
-    data = _read_object(path)
+def _result_row(files: BundleFiles, path: Path, names: set[str]) -> Row:
+    data = _read_object(files, path)
     trial_dir = path.parent.name
     if path.name == "results.json" or "is_resolved" in data or "failure_mode" in data:
         return terminal_bench_row(data, trial_dir)
     if "result" in data and "task_name" not in data and "verifier_result" not in data:
         return simple_row(data, trial_dir)
     exception = path.parent / "exception.txt"
-    text = _read_text(exception) if "exception.txt" in names else None
+    text = _read_text(files, exception) if "exception.txt" in names else None
     return harbor_row(data, trial_dir, text)
 
 
-def _trial_row(path: Path, names: set[str]) -> Row:
+def _trial_row(files: BundleFiles, path: Path, names: set[str]) -> Row:
     if path.name != "config.json":
-        return _result_row(path, names)
+        return _result_row(files, path, names)
     return {"trial_name": path.parent.name, "status": "running", "format": "harbor"}
 
 
@@ -248,7 +261,7 @@ def _side_files(
         if path is None or not path.is_file():
             continue
         try:
-            data = _read_json(path)
+            data = _read_json(files, path)
         except UnreadableError as exc:
             unreadable.append(f"{source}/{name}: {exc}")
             continue
@@ -317,7 +330,7 @@ def read_trials(
         path = _trial_file(directory, names)
         source = _relative_to(path, job_dir)
         try:
-            rows.append(_trial_row(path, names) | {"source": source})
+            rows.append(_trial_row(files, path, names) | {"source": source})
         except UnreadableError as exc:
             unreadable.append(f"{source}: {exc}")
     where = _relative_to(top, job_dir)
