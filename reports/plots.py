@@ -27,6 +27,12 @@ and its caption says `N of M points drawn`; engine samples are bucketed in time;
 matplotlib date numbers in one vectorised pass; event lines are one artist per kind, however many
 restarts. What still reads every row is vectorised polars (filters and group-bys over the
 tables), measured in `bench/bench_report.py`.
+
+Text drawn from the evidence (phase names, trial outcomes) is a label, never markup: it passes the
+redactor (a PNG is an output like any other, and `diagnose` draws from evidence not yet frozen) and
+its `$` is escaped, so matplotlib never reads it as mathtext (`_label`). Data never names a column
+of the frames drawn: phases are pivoted to columns of their own (`_stacked`), so a phase called
+`step` or `timestamp` is a phase like any other.
 """
 
 from __future__ import annotations
@@ -48,6 +54,7 @@ from matplotlib.figure import Figure
 
 from reports.downsample import Downsampled, downsample
 from shared.models import Mode
+from shared.redact import clean
 from shared.settings import Thresholds
 from worker.evidence.model import Evidence, LogTables
 from worker.gates import metric_keys as mk
@@ -233,6 +240,12 @@ def _points_note(drawn: Sequence[Downsampled]) -> list[str]:
         f"{points:,} of {rows:,} points drawn (each stretch of the series keeps its first, last, "
         "lowest and highest values)"
     ]
+
+
+def _label(text: str) -> str:
+    """Text from the evidence as a plot draws it: redacted, controls escaped, `$` escaped (so it
+    is never mathtext: a `$...$` phase name would stop the plot or draw as formula)."""
+    return clean(text).replace("$", r"\$")
 
 
 def _legend(ax: Axes, *more: Axes, offset: float = 1.01) -> None:
@@ -537,20 +550,28 @@ def _phase_rows(logs: LogTables) -> pl.DataFrame:
     return rows.unique(["step", "phase"], keep="last")  # later use is keyed by step and phase
 
 
-def _stacked(rows: pl.DataFrame) -> tuple[pl.DataFrame, list[str]]:
-    """One row per step: `step, timestamp`, one column per stacked phase (0 when absent)."""
+_OTHER: Final = "_other"
+
+
+def _stacked(rows: pl.DataFrame) -> tuple[pl.DataFrame, list[str], list[str]]:
+    """One row per step: `step, timestamp`, one column per stacked phase (0 when absent); the
+    columns and their labels. The columns are `_p0`, `_p1`, ... and `_other` (the phases past
+    TOP_PHASES), not the phases' names: a phase may be called `step` or `timestamp`."""
     parts = rows.filter(pl.col("phase") != mk.STEP_PHASE)
     totals = parts.group_by("phase").agg(pl.col("seconds").sum()).sort("seconds", descending=True)
     top = totals["phase"].head(TOP_PHASES).to_list()
+    ids = {name: f"_p{i}" for i, name in enumerate(top)}
     named = parts.with_columns(
-        phase=pl.when(pl.col("phase").is_in(top)).then("phase").otherwise(pl.lit("other"))
+        phase=pl.col("phase").replace_strict(ids, default=_OTHER, return_dtype=pl.String)
     )
     wide = named.pivot(on="phase", index="step", values="seconds", aggregate_function="sum")
     stamps = rows.group_by("step").agg(pl.col("timestamp").max())
-    columns = [*top, *(["other"] if "other" in wide.columns else [])]
+    other = _OTHER in wide.columns
+    columns = [*ids.values(), *([_OTHER] if other else [])]
+    labels = [*top, *(["other"] if other else [])]
     filled = wide.with_columns(pl.exclude("step").fill_null(0.0))
     table = filled.join(stamps, on="step", how="left").sort("step")
-    return table.select("step", "timestamp", *columns), columns
+    return table.select("step", "timestamp", *columns), columns, labels
 
 
 def _phases(ctx: _Context) -> Plot:
@@ -562,7 +583,7 @@ def _phases(ctx: _Context) -> Plot:
             title,
             empty=f"no phase timings logged (no timer lines, no {mk.PHASE_PREFIX}<phase> keys)",
         )
-    table, columns = _stacked(rows)
+    table, columns, labels = _stacked(rows)
     total = rows.filter(pl.col("phase") == mk.STEP_PHASE).select("step", total="seconds")
     has_total = not total.is_empty()
     if has_total:
@@ -573,7 +594,7 @@ def _phases(ctx: _Context) -> Plot:
     axis.window(ax)
     xs = axis.xs(drawn.frame)
     stacks = [_values(drawn.frame, c) for c in columns]
-    ax.stackplot(xs, *stacks, labels=columns, alpha=0.85)
+    ax.stackplot(xs, *stacks, labels=[_label(name) for name in labels], alpha=0.85)
     if has_total:
         ys = _values(drawn.frame, "total")
         ax.plot(xs, ys, color="black", linewidth=1, label="step total")
@@ -677,14 +698,15 @@ def _trial_outcomes(ctx: _Context) -> Plot:
     if rows.is_empty():
         return Plot("trials", title, empty="no finished trial in the trials directory")
     counts = rows.group_by("outcome").len().sort("len", descending=True)
-    names = counts["outcome"].to_list()
+    names = [_label(str(name)) for name in counts["outcome"].to_list()]
     if rows["finished_at"].null_count():
         figure, (ax,) = _figure()
         ax.barh(names, counts["len"].to_list(), color="#5c6bc0")
         ax.set_xlabel("trials")
         return Plot("trials", title, _png(figure), caption="some trials carry no finish time")
     figure, (ax,) = _figure()
-    groups = [_days(rows.filter(pl.col("outcome") == n)["finished_at"]) for n in names]
+    outcomes = counts["outcome"].to_list()
+    groups = [_days(rows.filter(pl.col("outcome") == n)["finished_at"]) for n in outcomes]
     bins = min(30, max(5, rows.height // 5))
     ax.hist(groups, bins=bins, stacked=True, label=names)
     ax.set_ylabel("trials finished")

@@ -9,6 +9,7 @@ named by `RLHEALTH_CAMPAIGN_FILE` or passed explicitly) may override any thresho
 from __future__ import annotations
 
 import json
+import os
 import tomllib
 from pathlib import Path
 from typing import Any, Literal
@@ -16,7 +17,7 @@ from typing import Any, Literal
 from pydantic import Field, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-__all__ = ["CampaignError", "Settings", "Thresholds", "load_thresholds"]
+__all__ = ["CampaignError", "Settings", "Thresholds", "load_thresholds", "user_cache_dir"]
 
 
 class CampaignError(ValueError):
@@ -75,7 +76,7 @@ class Settings(BaseSettings):
     bundle_root: Path = Path("/srv/iris-job-bundles")
     coalesce_s: float = Field(300, ge=0)
     campaign_file: Path | None = None
-    cache_dir: Path | None = None
+    cache_dir: Path | None = None  # default: `user_cache_dir()`, never a shared temp directory
     iris_controller_url: str | None = None
     iris_cluster: str | None = None
     iris_command: str = "iris"  # the iris CLI as shell words, e.g. "uv run iris"
@@ -120,10 +121,22 @@ class Settings(BaseSettings):
             raise ValueError(f"unknown backends {', '.join(unknown)}; use {choices}")
         return value
 
+    def cache_root(self) -> Path:
+        """Where the worker keeps its caches: RLHEALTH_CACHE_DIR, else the user's own."""
+        return self.cache_dir or user_cache_dir()
+
     def enabled_backends(self) -> tuple[str, ...]:
         """The live backends an event may choose, in the operator's order."""
         names = [self.backend] if self.backends is None else self.backends.split(",")
         return tuple(dict.fromkeys(n.strip() for n in names if n.strip() not in ("", "none")))
+
+
+def user_cache_dir() -> Path:
+    """`$XDG_CACHE_HOME/rl-job-health` (an absolute XDG_CACHE_HOME), else
+    `~/.cache/rl-job-health`: the user's own, not a temp directory another user may create first."""
+    xdg = Path(os.environ.get("XDG_CACHE_HOME", ""))
+    base = xdg if xdg.is_absolute() else Path.home() / ".cache"
+    return base / "rl-job-health"
 
 
 def _read_campaign(path: Path) -> dict[str, Any]:

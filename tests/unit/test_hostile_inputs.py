@@ -26,6 +26,7 @@ from worker.evidence.logs.budget import FLOOR_MB, Held, LogBudgetError, setting_
 from worker.evidence.logs.write import write_tables
 
 RL_HEALTH = str(Path(sys.executable).with_name("rl-health"))
+ROOT = Path(__file__).resolve().parents[2]
 MOMENT = datetime.fromisoformat(NOW.replace("Z", "+00:00")).astimezone(UTC)
 BY_NAME = {item.name: item for item in INPUTS}
 
@@ -224,10 +225,11 @@ def test_json_just_within_the_depth_bound_is_read(tmp_path: Path) -> None:
 
     path = tmp_path / "x.json"
     path.write_text('{"a":' * 64 + "1" + "}" * 64)
-    assert isinstance(read_json(path), dict)
+    with path.open("rb") as handle:
+        assert isinstance(read_json(handle), dict)
     path.write_text('{"a":' * 65 + "1" + "}" * 65)
-    with pytest.raises(JsonLimitError, match="nested deeper than 64"):
-        read_json(path)
+    with pytest.raises(JsonLimitError, match="nested deeper than 64"), path.open("rb") as handle:
+        read_json(handle)
 
 
 def test_int64_bound_is_exact() -> None:
@@ -409,13 +411,12 @@ def test_corpus_lists_every_input_of_the_issue() -> None:
     assert json.dumps([i.what for i in INPUTS])
 
 
-def test_module_command_past_the_budget_exits_2(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
-) -> None:
-    """`python -m worker.evidence.logs` on logs past the budget returns 2 with the reason."""
-    from worker.evidence.logs.__main__ import main
-
+def test_module_command_past_the_budget_exits_2(tmp_path: Path) -> None:
+    """`python -m worker.evidence.logs` (the parse command) on logs past the budget returns 2
+    with the reason."""
     job = _built(tmp_path, "metric_records")
-    monkeypatch.setenv("RLHEALTH_PARSE_MEMORY_MB", "256")
-    assert main([str(job), "--out", str(tmp_path / "o")]) == 2
-    assert "parse memory budget of 256 MB" in capsys.readouterr().err
+    env = {**os.environ, "RLHEALTH_PARSE_MEMORY_MB": "256", "PYTHONPATH": str(ROOT)}
+    command = [sys.executable, "-m", "worker.evidence.logs", str(job), "--out", str(tmp_path / "o")]
+    done = subprocess.run(command, capture_output=True, text=True, env=env, check=False)
+    assert done.returncode == 2, done.stderr
+    assert "parse memory budget of 256 MB" in done.stderr

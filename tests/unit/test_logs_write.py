@@ -125,8 +125,8 @@ def test_a_table_is_split_just_past_split_rows(
     made: list[int] = []
     submit = write._submit_parts
 
-    def counted(pool: object, frame: pl.DataFrame, path: Path) -> list:  # type: ignore[type-arg]
-        found = submit(pool, frame, path)  # type: ignore[arg-type]
+    def counted(pool: object, frame: pl.DataFrame, *where: object) -> list:  # type: ignore[type-arg]
+        found = submit(pool, frame, *where)  # type: ignore[arg-type]
         made.append(len(found))
         return found
 

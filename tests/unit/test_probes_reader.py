@@ -243,7 +243,9 @@ def test_stack_symlink_leaving_the_probe_dir_is_refused(tmp_path: Path) -> None:
     evidence = read_probes(probes)
     assert evidence.stacks == ()
     assert len(evidence.failures) == 1
-    assert "secret.txt" in evidence.failures[0]
+    # the refusal names the file as the probe directory gives it, never where it points
+    assert "stacks/p-pid1-1.txt" in evidence.failures[0]
+    assert "secret.txt" not in evidence.failures[0]
 
 
 # --- writing ----------------------------------------------------------------------------------

@@ -16,7 +16,7 @@ from pathlib import Path, PurePath
 
 from worker.backends.spawn import MISSING_EXIT_CODE, ProbeResult
 from worker.evidence.model import ProbeEvidence
-from worker.evidence.paths import resolve_inside
+from worker.evidence.paths import BundleFiles, resolve_inside
 from worker.evidence.probes import read_probes
 
 __all__ = ["RecordedRunner", "read_recorded"]
@@ -45,8 +45,26 @@ class RecordedRunner:
     calls: list[tuple[str, ...]] = field(default_factory=list)
 
     def _recorded(self) -> dict[tuple[str, ...], dict[str, object]]:
-        data = json.loads((self.probe_dir / "probes.json").read_text(encoding="utf-8"))
+        data = json.loads(self._read("probes.json"))
         return {_portable(c["argv"]): c for c in data.get("commands", [])}
+
+    def _read(self, relative: str) -> str:
+        """A file of the probe directory, opened beneath it (`BundleFiles.open`: no symlink
+        followed out of it, even one put there after the check); `PathEscapeError` when it
+        leaves the directory, "" when it is not a regular file, `OSError` when it is missing."""
+        resolve_inside(self.probe_dir, relative)  # a path out of the directory is an error
+        handle = BundleFiles(self.probe_dir).open(relative)
+        if handle is None:
+            return ""
+        with handle:
+            return handle.read().decode("utf-8")
+
+    def _output(self, relative: str) -> str:
+        """A command's recorded output; "" when it is missing."""
+        try:
+            return self._read(relative)
+        except FileNotFoundError:
+            return ""
 
     def __call__(self, argv: Sequence[str], timeout_s: float) -> ProbeResult:
         """The recorded result of `argv`; an unrecorded command fails as if not found.
@@ -59,8 +77,7 @@ class RecordedRunner:
         if entry is None:
             return ProbeResult(command, self.clock(), MISSING_EXIT_CODE, "", "not recorded")
         output = entry.get("output")
-        path = resolve_inside(self.probe_dir, str(output)) if output else None
-        text = path.read_text(encoding="utf-8") if path and path.is_file() else ""
+        text = self._output(str(output)) if output else ""
         code = entry.get("exit_code")
         exit_code = code if isinstance(code, int) else None
         stdout, stderr = (text, "") if exit_code == 0 else ("", text)

@@ -3,7 +3,9 @@
 With `--backend`, the cluster tools, the iris command, the refresh template and the connections are
 resolved from the operator's settings at start-up; a setting the allowlist refuses stops the
 command with exit 2 before anything runs (docs/security.md). `--cache DIR` keeps each log's parsed
-state in DIR, so a later diagnosis of a grown log reads only the appended bytes.
+state in DIR, so a later diagnosis of a grown log reads only the appended bytes. `--out` and
+`--cache` must be this process's own directories (`shared.safefs`): another user's is refused with
+exit 2 and one line.
 """
 
 from __future__ import annotations
@@ -19,11 +21,13 @@ import click
 
 from shared.models import Mode, Report
 from shared.redact import clean
+from shared.safefs import CACHE_MODE, write_file
 from shared.settings import Settings
 from worker.cli.options import (
     ISO_DATETIME,
     load_campaign_thresholds,
     load_settings,
+    own_directory,
     writable_directory,
 )
 from worker.evidence.model import Evidence
@@ -64,7 +68,7 @@ def _write_outputs(report: Report, out: Path, html: str) -> None:
     from reports.local import write_local
 
     write_local(report, out)
-    (out / "report.html").write_text(html, encoding="utf-8")
+    write_file(out, "report.html", html.encode())
 
 
 def _render(report: Report, evidence: Evidence, fmt: str) -> str:
@@ -155,6 +159,8 @@ def diagnose_command(
     thresholds = load_campaign_thresholds(campaign)
     if out is not None:
         writable_directory(out, "--out")
+    if cache_dir is not None:
+        own_directory(cache_dir, "--cache", CACHE_MODE)
     cache = LogCache(directory=cache_dir) if cache_dir is not None else None
     moment = now or datetime.now(UTC)
     collect = partial(

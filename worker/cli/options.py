@@ -12,6 +12,7 @@ from typing import Any
 import click
 from pydantic import ValidationError
 
+from shared.safefs import OUTPUT_MODE, UnsafeDirectoryError, owned_directory
 from shared.settings import CampaignError, Settings, Thresholds, load_thresholds
 
 __all__ = [
@@ -19,6 +20,7 @@ __all__ = [
     "UnusableError",
     "load_campaign_thresholds",
     "load_settings",
+    "own_directory",
     "writable_directory",
 ]
 
@@ -89,10 +91,20 @@ def load_campaign_thresholds(campaign: Path | None) -> Thresholds:
         raise UnusableError(f"campaign file {path}: {_problems(exc, str)}") from exc
 
 
-def writable_directory(path: Path, option: str) -> Path:
-    """`path`, made if missing and checked writable; exit 2 naming the option otherwise."""
+def own_directory(path: Path, option: str, mode: int) -> Path:
+    """`path`, made with `mode` if missing and checked to be this process's own
+    (`shared.safefs.owned_directory`); exit 2 naming the option otherwise."""
     try:
-        path.mkdir(parents=True, exist_ok=True)
+        return owned_directory(path, mode=mode)
+    except UnsafeDirectoryError as exc:
+        raise UnusableError(f"{option}: {exc}") from None
+
+
+def writable_directory(path: Path, option: str) -> Path:
+    """`path`, made if missing, this process's own (`own_directory`) and writable; exit 2 naming
+    the option otherwise."""
+    own_directory(path, option, OUTPUT_MODE)
+    try:
         with tempfile.NamedTemporaryFile(dir=path, prefix=".rlhealth-write-test-"):
             pass
     except OSError as exc:

@@ -7,7 +7,12 @@ are redacted by `write_frame`.
 Logs that cannot be read within the parse memory budget (docs/reliability.md) stop the command
 with exit 2 and one line saying why; notes about how the logs were read (lines cut, a compressed
 file, a path refused) are printed before the summary. `--cache DIR` keeps the parsed state of
-each log file in DIR, so a later run reads only what was appended.
+each log file in DIR, so a later run reads only what was appended. `--out` and `--cache` must be
+this process's own directories (`shared.safefs`): another user's is refused with exit 2 and one
+line; the tables are written under new names and renamed into place (a symlink planted in
+`--out` is replaced, never written through).
+
+This is the one parse command: `python -m worker.evidence.logs` runs it too.
 """
 
 from __future__ import annotations
@@ -23,6 +28,7 @@ from typing import TYPE_CHECKING, Final, Literal, NoReturn
 import click
 
 from shared.redact import clean_cut
+from shared.safefs import CACHE_MODE, OUTPUT_MODE, UnsafeDirectoryError, owned_directory
 
 if TYPE_CHECKING:
     from worker.cli.terminal import LogProgress
@@ -65,12 +71,22 @@ def _fail(message: str) -> NoReturn:
     raise SystemExit(2)
 
 
-def _writable(out: Path) -> None:
-    """`--out`, made if missing and checked writable, as `options.writable_directory` does (same
-    line, exit 2), without importing `worker.cli.options`: it loads the settings (pydantic-
-    settings, ~0.1 s), which a parse never reads."""
+def _own(path: Path, option: str, mode: int) -> None:
+    """`path`, made with `mode` if missing and checked to be this process's own, as
+    `options.own_directory` does (same line, exit 2), without importing `worker.cli.options`: it
+    loads the settings (pydantic-settings, ~0.1 s), which a parse never reads."""
     try:
-        out.mkdir(parents=True, exist_ok=True)
+        owned_directory(path, mode=mode)
+    except UnsafeDirectoryError as exc:
+        click.echo(f"rl-health: {option}: {exc}", err=True)
+        raise SystemExit(2) from None
+
+
+def _writable(out: Path) -> None:
+    """`--out`, this process's own (`_own`) and checked writable, as `options.writable_directory`
+    does."""
+    _own(out, "--out", OUTPUT_MODE)
+    try:
         with tempfile.NamedTemporaryFile(dir=out, prefix=".rlhealth-write-test-"):
             pass
     except OSError as exc:
@@ -299,6 +315,8 @@ def parse_command(
     except ValueError as exc:
         _fail(str(exc))
     _writable(out)
+    if cache_dir is not None:
+        _own(cache_dir, "--cache", CACHE_MODE)
     _allocator()
     _trim_freed_memory()
     with _engine():  # removed after the parse (a caller in process keeps its own setting)

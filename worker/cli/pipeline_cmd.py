@@ -200,6 +200,7 @@ def worker_command(
     from worker.pipeline.app import app
 
     _check_live_capture(settings)
+    _check_cache_dir(settings)
 
     if metrics_port is not None:
         from worker.pipeline.metrics import serve
@@ -217,6 +218,17 @@ def worker_command(
         f"--hostname={hostname or 'rlhealth@%h'}",
     ]
     app.worker_main(argv)
+
+
+def _check_cache_dir(settings: Settings) -> None:
+    """The worker's cache directory must be its own (`shared.safefs`): exit 2 otherwise, before
+    a task could read an entry another user put there."""
+    from shared.safefs import UnsafeDirectoryError, owned_directory
+
+    try:
+        owned_directory(settings.cache_root())
+    except UnsafeDirectoryError as exc:
+        _fail(f"cache directory (RLHEALTH_CACHE_DIR): {exc}")
 
 
 def _check_live_capture(settings: Settings) -> None:

@@ -107,8 +107,9 @@ def _from_ms(value: object) -> datetime | None:
 
 
 def mtime_utc(path: Path) -> datetime:
-    """The modification time of `path` as an aware UTC datetime (microsecond precision)."""
-    nanos = path.stat().st_mtime_ns
+    """The modification time of `path` as an aware UTC datetime (microsecond precision); of a
+    symlink itself, not of what it points to (a listed file swapped for one since)."""
+    nanos = path.lstat().st_mtime_ns
     return datetime.fromtimestamp(nanos // 1000 / 1_000_000, tz=UTC)
 
 
@@ -209,7 +210,11 @@ def _load_manifest(files: BundleFiles) -> tuple[dict[str, Any] | None, str | Non
     if not path.is_file():
         return None, f"{MANIFEST} is missing"
     try:
-        data = read_json(path)
+        handle = files.open(MANIFEST)
+        if handle is None:
+            return None, f"{MANIFEST} refused: it changed while it was read"
+        with handle:
+            data = read_json(handle)
     except (OSError, ValueError) as exc:
         return None, f"{MANIFEST} does not parse: {exc}"
     if not isinstance(data, dict):

@@ -1,8 +1,14 @@
-"""Reads stay inside the bundle: one place decides whether a path may be opened.
+"""Reads stay inside the bundle: one place decides whether a path may be opened, and opens it.
 
 A path that leaves its root, through `..` or through a symlink whose target lies outside, is
 refused with `PathEscapeError`; listings skip such entries and report them, so the report can list
-them as discrepancies.
+them as discrepancies. A refusal names the path as the bundle gives it, never where a symlink
+points (that could be anything on the machine: `/proc/self/fd/3`, the working directory).
+
+A file is read through `BundleFiles.open`: its path resolved and checked as above, then opened
+beneath the root's descriptor one component at a time without following any symlink, and checked
+with `fstat` to be a regular file (`shared.safefs.Beneath`). A file swapped for a symlink between
+the check and the open is refused by the open itself: the check and the read are one act.
 """
 
 from __future__ import annotations
@@ -11,7 +17,10 @@ import errno
 import os
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from pathlib import Path
+from io import BufferedReader
+from pathlib import Path, PurePath
+
+from shared.safefs import Beneath, RefusedFileError
 
 __all__ = ["BundleFiles", "PathEscapeError", "resolve_inside"]
 
@@ -28,12 +37,18 @@ def resolve_inside(root: Path, relative: str | Path) -> Path:
         joined = candidate if candidate.is_absolute() else base / candidate
         resolved = joined.resolve()
     except (RuntimeError, OSError) as exc:  # a symlink loop (RuntimeError before Python 3.13)
-        raise PathEscapeError(f"refused {str(relative)!r}: {_why(exc)}") from exc
+        raise PathEscapeError(f"refused {_named(base, candidate)!r}: {_why(exc)}") from exc
     if resolved != base and base not in resolved.parents:
-        raise PathEscapeError(
-            f"refused {str(relative)!r}: it resolves to {resolved}, outside {base}"
-        )
+        raise PathEscapeError(f"refused {_named(base, candidate)!r}: it leads outside {root}")
     return resolved
+
+
+def _named(base: Path, path: Path) -> str:
+    """`path` as the bundle names it: relative to the root when under it, else as given."""
+    try:
+        return path.relative_to(base).as_posix() if path.is_absolute() else path.as_posix()
+    except ValueError:
+        return path.as_posix()
 
 
 def _why(exc: BaseException) -> str:
@@ -45,10 +60,11 @@ def _why(exc: BaseException) -> str:
 
 @dataclass
 class BundleFiles:
-    """Lists files under a root without following anything that leaves it."""
+    """Lists and opens files under a root without following anything that leaves it."""
 
     root: Path
     refused: list[str] = field(default_factory=list)
+    _beneath: Beneath | None = field(default=None, init=False, repr=False, compare=False)
 
     def relative(self, path: Path) -> str:
         return path.relative_to(self.root.resolve()).as_posix()
@@ -60,6 +76,26 @@ class BundleFiles:
         except PathEscapeError as exc:
             self.refused.append(str(exc))
             return None
+
+    def open(self, relative: str | Path) -> BufferedReader | None:
+        """The file, opened for reading beneath the root's descriptor (module docstring); None
+        (recorded in `refused`) when it escapes the root, a symlink took a place on its way since
+        it was checked, or it is not a regular file. `OSError` when it cannot be opened otherwise
+        (gone, say)."""
+        resolved = self.open_path(relative)
+        if resolved is None:
+            return None
+        inside = PurePath(os.path.relpath(resolved, self.root.resolve()))
+        try:
+            return self._root().open(inside)
+        except RefusedFileError as exc:
+            self.refused.append(f"refused {_named(self.root.resolve(), Path(relative))!r}: {exc}")
+            return None
+
+    def _root(self) -> Beneath:
+        if self._beneath is None:
+            self._beneath = Beneath(self.root.resolve())
+        return self._beneath
 
     def walk(self, relative: str | Path = ".", pattern: str = "*") -> Iterator[Path]:
         """Regular files under `relative` matching `pattern`, sorted, escapes refused."""

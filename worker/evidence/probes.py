@@ -27,11 +27,12 @@ import shlex
 from collections.abc import Callable, Iterable, Mapping
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any, Final, TypeVar
+from typing import Any, BinaryIO, Final, TypeVar
 
 from pydantic import ValidationError
 
 from shared.redact import redact_data, redact_text
+from shared.safefs import write_file
 from worker.evidence.bundle import mtime_utc, parse_timestamp
 from worker.evidence.model import (
     AttemptRecord,
@@ -233,9 +234,19 @@ def _load_json(files: BundleFiles, name: str) -> object | None:
     if path is None or not path.is_file():
         return None
     try:
-        return read_json(path, int64=True)
+        with _opened(files, path) as handle:
+            return read_json(handle, int64=True)
     except (OSError, ValueError) as exc:
         raise ProbeFileError(f"{name} does not parse: {exc}") from exc
+
+
+def _opened(files: BundleFiles, path: Path) -> BinaryIO:
+    """`path` opened beneath the probe directory (`BundleFiles.open`); `ProbeFileError` when
+    it is refused (a symlink took its place since it was listed)."""
+    handle = files.open(path)
+    if handle is None:
+        raise ProbeFileError(f"{files.relative(path)} refused: it changed while it was read")
+    return handle
 
 
 def _commands(data: Mapping[str, Any]) -> tuple[ProbeCommand, ...]:
@@ -290,13 +301,14 @@ def _stack(
         n=int(match["n"]),
         source=f"{prefix}/{relative}" if prefix else relative,
         captured_at=started.get(relative) or mtime_utc(path),
-        text=_probe_text(path),
+        text=_probe_text(files, path),
     )
 
 
-def _probe_text(path: Path) -> str:
+def _probe_text(files: BundleFiles, path: Path) -> str:
     """A probe output, at most PROBE_TEXT_MAX_BYTES of it (marked when cut)."""
-    content, cut = read_text(path, PROBE_TEXT_MAX_BYTES)
+    with _opened(files, path) as handle:
+        content, cut = read_text(handle, PROBE_TEXT_MAX_BYTES)
     return content + (f"\n[... cut at {PROBE_TEXT_MAX_BYTES:,} bytes]" if cut else "")
 
 
@@ -313,15 +325,16 @@ def _stacks(
     return tuple(sorted(stacks, key=lambda s: (s.target, s.pid, s.n)))
 
 
-def _gpu_table(path: Path) -> tuple[dict[str, float | None], ...]:
+def _gpu_table(files: BundleFiles, path: Path) -> tuple[dict[str, float | None], ...]:
     try:
-        return parse_gpu_csv(read_text(path, PROBE_TEXT_MAX_BYTES)[0])
+        with _opened(files, path) as handle:
+            return parse_gpu_csv(read_text(handle, PROBE_TEXT_MAX_BYTES)[0])
     except csv.Error as exc:
         raise ProbeFileError(f"gpus/{path.name} does not parse: {exc}") from exc
 
 
 def _gpus(files: BundleFiles) -> dict[str, tuple[dict[str, float | None], ...]]:
-    return {path.stem: _gpu_table(path) for path in files.walk("gpus", "*.csv")}
+    return {path.stem: _gpu_table(files, path) for path in files.walk("gpus", "*.csv")}
 
 
 def _command_failure(files: BundleFiles, command: ProbeCommand) -> str | None:
@@ -372,11 +385,11 @@ def read_probes(probe_dir: Path, source_prefix: str = "probes") -> ProbeEvidence
 
 
 def _write(probe_dir: Path, relative: str, text: str) -> Path:
-    """Write one probe file; its text passes the redactor first (outputs hold env and argv)."""
+    """Write one probe file; its text passes the redactor first (outputs hold env and argv).
+    Written whole under a new name (`shared.safefs.write_file`): a symlink there is replaced."""
     path = resolve_inside(probe_dir, relative)
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(redact_text(text), encoding="utf-8")
-    return path
+    return write_file(path.parent, path.name, redact_text(text).encode())
 
 
 def _iso(value: datetime | None) -> str | None:

@@ -18,7 +18,7 @@ import os
 import re
 from collections.abc import Iterable, Mapping
 from pathlib import Path
-from typing import Any, Final
+from typing import Any, BinaryIO, Final
 
 import polars as pl
 
@@ -204,35 +204,48 @@ def terminal_bench_row(data: Mapping[str, Any], trial_dir: str) -> Row:
 # --- reading the directory ------------------------------------------------------------------------
 
 
-def _read_json(path: Path) -> object:
+def _opened(files: BundleFiles, path: Path) -> BinaryIO:
+    """`path` opened beneath the job directory (`BundleFiles.open`); `UnreadableError` when it
+    is refused (a symlink took its place since it was listed)."""
     try:
-        return read_json(path, TRIAL_FILE_MAX_BYTES, int64=True)
-    except (OSError, ValueError) as exc:
+        handle = files.open(path)
+    except OSError as exc:
         raise UnreadableError(f"{type(exc).__name__}: {exc}") from exc
+    if handle is None:
+        raise UnreadableError("refused: it changed while it was read")
+    return handle
 
 
-def _read_object(path: Path) -> Mapping[str, Any]:
-    data = _read_json(path)
+def _read_json(files: BundleFiles, path: Path) -> object:
+    with _opened(files, path) as handle:
+        try:
+            return read_json(handle, TRIAL_FILE_MAX_BYTES, int64=True)
+        except (OSError, ValueError) as exc:
+            raise UnreadableError(f"{type(exc).__name__}: {exc}") from exc
+
+
+def _read_object(files: BundleFiles, path: Path) -> Mapping[str, Any]:
+    data = _read_json(files, path)
     if not isinstance(data, Mapping):
         raise UnreadableError(f"not a JSON object but {type(data).__name__}")
     return data
 
 
-def _read_text(path: Path) -> str | None:
+def _read_text(files: BundleFiles, path: Path) -> str | None:
     try:
-        # a traceback's last line names the exception: keep the end of a huge one
-        return _tail_text(path, TRIAL_FILE_MAX_BYTES)
-    except OSError:
+        with _opened(files, path) as handle:
+            # a traceback's last line names the exception: keep the end of a huge one
+            return _tail_text(handle, TRIAL_FILE_MAX_BYTES)
+    except (OSError, UnreadableError):
         return None
 
 
-def _tail_text(path: Path, max_bytes: int) -> str:
-    size = path.stat().st_size
+def _tail_text(handle: BinaryIO, max_bytes: int) -> str:
+    size = os.fstat(handle.fileno()).st_size
     if size <= max_bytes:
-        return read_text(path, max_bytes)[0]
-    with path.open("rb") as handle:
-        handle.seek(size - max_bytes)
-        return handle.read(max_bytes).decode("utf-8", errors="replace")
+        return read_text(handle, max_bytes)[0]
+    handle.seek(size - max_bytes)
+    return handle.read(max_bytes).decode("utf-8", errors="replace")
 
 
 def _trial_file(directory: Path, names: set[str]) -> Path:
@@ -243,37 +256,42 @@ def _trial_file(directory: Path, names: set[str]) -> Path:
     raise UnreadableError("no trial file")  # pragma: no cover - callers pass trial directories
 
 
-def _tail(path: Path, max_bytes: int) -> str | None:
+def _tail(files: BundleFiles, path: Path, max_bytes: int) -> str | None:
     try:
-        return _tail_text(path, max_bytes)
-    except OSError:
+        with _opened(files, path) as handle:
+            return _tail_text(handle, max_bytes)
+    except (OSError, UnreadableError):
         return None
 
 
-def _verifier_fields(outputs: Iterable[Path], job_dir: Path) -> Row:
+def _verifier_fields(files: BundleFiles, outputs: Iterable[Path], job_dir: Path) -> Row:
     """The first line of the trial's verifier outputs that says the tests could not run."""
     for path in outputs:
-        line = verifier_not_run(_tail(path, VERIFIER_TAIL_BYTES))
+        line = verifier_not_run(_tail(files, path, VERIFIER_TAIL_BYTES))
         if line is not None:
             return {"verifier_error": line, "verifier_source": _relative_to(path, job_dir)}
     return {}
 
 
-def _result_row(path: Path, names: set[str], outputs: Iterable[Path], job_dir: Path) -> Row:
-    data = _read_object(path)
+def _result_row(
+    files: BundleFiles, path: Path, names: set[str], outputs: Iterable[Path], job_dir: Path
+) -> Row:
+    data = _read_object(files, path)
     trial_dir = path.parent.name
     if path.name == "results.json" or "is_resolved" in data or "failure_mode" in data:
         return terminal_bench_row(data, trial_dir)
     if "result" in data and "task_name" not in data and "verifier_result" not in data:
         return simple_row(data, trial_dir)
     exception = path.parent / "exception.txt"
-    text = _read_text(exception) if "exception.txt" in names else None
-    return harbor_row(data, trial_dir, text) | _verifier_fields(outputs, job_dir)
+    text = _read_text(files, exception) if "exception.txt" in names else None
+    return harbor_row(data, trial_dir, text) | _verifier_fields(files, outputs, job_dir)
 
 
-def _trial_row(path: Path, names: set[str], outputs: Iterable[Path], job_dir: Path) -> Row:
+def _trial_row(
+    files: BundleFiles, path: Path, names: set[str], outputs: Iterable[Path], job_dir: Path
+) -> Row:
     if path.name != "config.json":
-        return _result_row(path, names, outputs, job_dir)
+        return _result_row(files, path, names, outputs, job_dir)
     return {"trial_name": path.parent.name, "status": "running", "format": "harbor"}
 
 
@@ -308,7 +326,7 @@ def _side_files(
         if path is None or not path.is_file():
             continue
         try:
-            data = _read_json(path)
+            data = _read_json(files, path)
         except UnreadableError as exc:
             unreadable.append(f"{source}/{name}: {exc}")
             continue
@@ -379,7 +397,7 @@ def read_trials(
         path = _trial_file(directory, names)
         source = _relative_to(path, job_dir)
         try:
-            found = _trial_row(path, names, outputs.get(directory, ()), job_dir)
+            found = _trial_row(files, path, names, outputs.get(directory, ()), job_dir)
             rows.append(found | {"source": source})
         except UnreadableError as exc:
             unreadable.append(f"{source}: {exc}")

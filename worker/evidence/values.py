@@ -6,14 +6,16 @@ the values become table columns (trial results, probe files), its integers (64 b
 past a bound is a `JsonLimitError` (a `ValueError`) whose message names it, so each reader turns
 it into the discrepancy it already states for a file that does not parse — never a
 `RecursionError` or an `OverflowError` from deep inside a gate.
+
+They read a file already open (`BundleFiles.open`: opened beneath the bundle's root, no symlink
+followed), never a path: a path opened here could have changed since it was checked.
 """
 
 from __future__ import annotations
 
 import json
 from collections.abc import Iterator
-from pathlib import Path
-from typing import Final
+from typing import BinaryIO, Final
 
 __all__ = [
     "JSON_MAX_BYTES",
@@ -99,17 +101,17 @@ def loads_json(raw: str | bytes, max_depth: int = JSON_MAX_DEPTH, *, int64: bool
     return data
 
 
-def read_text(path: Path, max_bytes: int) -> tuple[str, bool]:
-    """At most `max_bytes` of `path` as text (invalid UTF-8 replaced), and whether it was cut."""
-    with path.open("rb") as handle:
-        raw = handle.read(max_bytes + 1)
+def read_text(handle: BinaryIO, max_bytes: int) -> tuple[str, bool]:
+    """At most `max_bytes` of the open file as text (invalid UTF-8 replaced), and whether it was
+    cut."""
+    raw = handle.read(max_bytes + 1)
     return raw[:max_bytes].decode("utf-8", errors="replace"), len(raw) > max_bytes
 
 
-def read_json(path: Path, max_bytes: int = JSON_MAX_BYTES, *, int64: bool = False) -> object:
-    """The JSON in `path`, bounded (`loads_json`): `JsonLimitError` past a bound, `ValueError`
-    when it does not parse, `OSError` when it cannot be read."""
-    content, cut = read_text(path, max_bytes)
+def read_json(handle: BinaryIO, max_bytes: int = JSON_MAX_BYTES, *, int64: bool = False) -> object:
+    """The JSON in the open file, bounded (`loads_json`): `JsonLimitError` past a bound,
+    `ValueError` when it does not parse, `OSError` when it cannot be read."""
+    content, cut = read_text(handle, max_bytes)
     if cut:
         raise JsonLimitError(f"larger than {max_bytes:,} bytes")
     return loads_json(content, int64=int64)

@@ -90,16 +90,18 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from functools import partial
 from pathlib import Path
-from typing import Any, ClassVar, Final
+from typing import Any, BinaryIO, ClassVar, Final
 
 import polars as pl
 
 from shared.alerts import OutsideBundleRootError, confine
 from shared.redact import PREFILTER, RULES_DIGEST, redact_data, redact_text
+from shared.safefs import Folder, owned_directory, remove_tree
 from shared.settings import Settings
 from worker.evidence.logs import LogCache
 from worker.evidence.logs.incremental import CacheEntry
 from worker.evidence.model import Evidence
+from worker.evidence.values import loads_json
 from worker.pipeline.failures import describe, is_time_limit
 from worker.pipeline.metrics import log_cache_used
 from worker.pipeline.parts import (
@@ -141,6 +143,7 @@ _PART_GRACE_S: Final = 3600  # an unreferenced part younger than this may be ano
 _MAX_ENTRIES: Final = 4096
 _MAX_JSON_BYTES: Final = 16 * 2**20
 _LEFTOVER_S: Final = 3600  # a staging folder this old belongs to a process that died
+_MANIFEST_DEPTH: Final = 8  # a manifest nests 3 levels (entries, an entry, its texts)
 KEPT_BYTES: Final = 512 * 2**20
 """The parsed rows (polars' estimate) of the entries one process keeps between captures."""
 
@@ -283,13 +286,13 @@ class _WatchedCache(LogCache):
         self.write_later = write_later
         self._unwritten: list[tuple[str, CacheEntry, CacheEntry | None]] = []
 
-    def lookup(self, key: str, path: Path) -> CacheEntry | None:
+    def lookup(self, key: str, log: BinaryIO) -> CacheEntry | None:
         had, notes = self.stored(key), len(self.notes)
-        entry = super().lookup(key, path)
-        source = key.rsplit("|", 2)[1] if key.count("|") >= 2 else path.name
+        entry = super().lookup(key, log)
+        source = key.rsplit("|", 2)[1] if key.count("|") >= 2 else key
         reused = entry.state.offset if entry is not None else 0
         stale = had and entry is None and len(self.notes) == notes  # not damaged: outdated
-        self.reads[key] = FileRead(source, path.stat().st_size, reused, stale)
+        self.reads[key] = FileRead(source, os.fstat(log.fileno()).st_size, reused, stale)
         return entry
 
     def _load(self, key: str) -> CacheEntry | None:
@@ -353,8 +356,8 @@ class JobLogCache:
     """The adapter between a capture and the job's log cache on disk and in S3."""
 
     def __init__(self, settings: Settings, store: ObjectStore, limits: Limits | None = None):
-        base = settings.cache_dir or Path(tempfile.gettempdir()) / "rlhealth-cache"
-        self.root = base / "logs"
+        # this process's own (no other user may put an entry in it), or UnsafeDirectoryError
+        self.root = owned_directory(owned_directory(settings.cache_root()) / "logs")
         self.bundle_root = settings.bundle_root
         self.store = store
         self.limits = limits or Limits.from_settings(settings)
@@ -415,14 +418,14 @@ class JobLogCache:
         if not newest or newest[0] == synced.get("key"):
             return
         key = newest[0]
-        staging = Path(tempfile.mkdtemp(prefix=".pull-", dir=_made(self.root)))
+        staging = Path(tempfile.mkdtemp(prefix=".pull-", dir=owned_directory(self.root)))
         try:
             body = self._fetch(key, listed[key].size)
             bound = self.limits.archive_bytes - len(body)
             manifest = _manifest(body, job)
             run.parts_read = _assemble(manifest, staging, folder, self._part, bound)
         except _RefusedError as exc:
-            shutil.rmtree(staging, ignore_errors=True)
+            remove_tree(staging)
             run.notes.append(f"ignored the shared log cache {key}: {exc}; the logs are read whole")
             run.shared.append("ignored")
             self.store.delete(key)  # no other worker fetches it again
@@ -528,13 +531,22 @@ class JobLogCache:
             if other in known:
                 named |= known[other]
             elif other != key:
-                named |= set(_manifest(self._fetch(other, listed[other].size), job)["sizes"])
+                named |= self._named_by(job, other, listed[other].size)
         parts = self._parts_prefix(job)
         cutoff = time.time() - _PART_GRACE_S
         for name, item in listed.items():
             part = part_of(name, parts)
             if part is not None and part[1] not in named and item.modified < cutoff:
                 self.store.delete(name)
+
+    def _named_by(self, job: str, key: str, size: int) -> set[str]:
+        """The parts manifest `key` names; none when it is refused (it is deleted: no worker
+        fetches it again)."""
+        try:
+            return set(_manifest(self._fetch(key, size), job)["sizes"])
+        except _RefusedError:
+            self.store.delete(key)
+            return set()
 
     # --- disk -----------------------------------------------------------------------------------
 
@@ -549,25 +561,14 @@ class JobLogCache:
     def prune(self) -> list[Path]:
         """Remove job folders older than `max_age_s`, then the least recently used beyond
         `disk_bytes`, and what a process that died left (staging folders older than an hour);
-        returns what was removed."""
-        if not self.root.is_dir():
+        returns what was removed. Listed and removed through the root's descriptor: a symlink
+        in it is never followed (`shared.safefs.Folder`)."""
+        root = Folder.existing(self.root)
+        if root is None:
             return []
-        every = [p for p in self.root.iterdir() if p.is_dir()]
-        removed = [p for p in every if p.name.startswith(".") and _older(p, _LEFTOVER_S)]
-        for path in removed:
-            shutil.rmtree(path, ignore_errors=True)
-        folders = sorted(
-            (p for p in every if not p.name.startswith(".")),
-            key=lambda p: p.stat().st_mtime,
-            reverse=True,
-        )
-        cutoff, used = time.time() - self.limits.max_age_s, 0
-        for path in folders:
-            used += _bytes(path)
-            if path.stat().st_mtime < cutoff or used > self.limits.disk_bytes:
-                shutil.rmtree(path, ignore_errors=True)
-                removed.append(path)
-        return removed
+        with root:
+            removed = _pruned(root, self.limits, time.time())
+        return [self.root / name for name in removed]
 
     # --- reporting ------------------------------------------------------------------------------
 
@@ -648,16 +649,21 @@ def finish_sharing(folder: Path | None = None) -> None:
 _WITHHELD: Final = "it holds text the redactor hides, so it is not shared through S3"
 
 
-def _older(path: Path, seconds: float) -> bool:
-    try:
-        return path.stat().st_mtime < time.time() - seconds
-    except OSError:
-        return False
-
-
-def _made(path: Path) -> Path:
-    path.mkdir(parents=True, exist_ok=True)
-    return path
+def _pruned(root: Folder, limits: Limits, now: float) -> list[str]:
+    """Remove from `root` the staging folders older than `_LEFTOVER_S`, then the job folders
+    older than `limits.max_age_s` and the least recently used beyond `limits.disk_bytes`; the
+    names removed. Symlinks are neither followed nor counted."""
+    every = [entry for entry in root.entries() if entry.is_dir]
+    leftovers = [e.name for e in every if e.name.startswith(".") and e.mtime < now - _LEFTOVER_S]
+    folders = sorted(
+        (e for e in every if not e.name.startswith(".")), key=lambda e: e.mtime, reverse=True
+    )
+    cutoff, used, old = now - limits.max_age_s, 0, []
+    for entry in folders:
+        used += root.size(entry.name)
+        if entry.mtime < cutoff or used > limits.disk_bytes:
+            old.append(entry.name)
+    return [name for name in [*leftovers, *old] if root.remove(name)]
 
 
 def _entries(folder: Path) -> list[Path]:
@@ -713,7 +719,7 @@ def _swap(staging: Path, folder: Path) -> None:
     if folder.exists():
         folder.rename(old)
     staging.rename(folder)
-    shutil.rmtree(old, ignore_errors=True)
+    remove_tree(old)
 
 
 def _meta(entry: Path) -> dict[str, Any]:
@@ -750,7 +756,7 @@ def _described(job: str, entries: list[Path]) -> dict[str, Any]:
 def _manifest(body: bytes, job: str) -> dict[str, Any]:
     """A manifest of the job's log cache after checking its shape; raises `_RefusedError`."""
     try:
-        manifest = json.loads(body)
+        manifest = loads_json(body, _MANIFEST_DEPTH)  # bounded: a deep one is refused, not raised
     except ValueError as exc:
         raise _RefusedError(f"it cannot be read ({type(exc).__name__}: {exc})") from exc
     if not isinstance(manifest, dict) or manifest.get("format") != _FORMAT:

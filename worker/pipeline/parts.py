@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import Final
 
 from shared.alerts import OutsideBundleRootError, confine
+from shared.safefs import Folder, owned_directory
 from worker.evidence.frozen import MARKER, FrozenEvidenceError, referenced_parts
 from worker.pipeline.store import ObjectMissingError, ObjectStore, put_all
 from worker.retention import FrozenRecord, expired_evidence, unreferenced_parts
@@ -170,7 +171,7 @@ class SharedParts:
         """A disk copy written whole (a full disk costs the copy, not the diagnosis)."""
         staging: Path | None = None
         try:
-            self.directory.mkdir(parents=True, exist_ok=True)
+            owned_directory(self.directory)  # under the checked cache root: made 0700 if missing
             fd, name_of = tempfile.mkstemp(prefix=".part-", dir=self.directory)
             staging = Path(name_of)
             with os.fdopen(fd, "wb") as handle:
@@ -181,16 +182,16 @@ class SharedParts:
                 staging.unlink(missing_ok=True)
 
     def prune(self) -> None:
-        """Remove disk copies unused for an hour."""
-        if not self.directory.is_dir():
+        """Remove disk copies unused for an hour, through the directory's descriptor (a symlink
+        in it is removed, never followed)."""
+        directory = Folder.existing(self.directory)
+        if directory is None:
             return
         cutoff = time.time() - _DISK_MAX_AGE_S
-        for path in self.directory.iterdir():
-            try:
-                if path.stat().st_mtime < cutoff:
-                    path.unlink()
-            except OSError:
-                continue
+        with directory:
+            for entry in directory.entries():
+                if entry.mtime < cutoff:
+                    directory.remove(entry.name)
 
 
 # --- retention ------------------------------------------------------------------------------------

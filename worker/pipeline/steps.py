@@ -53,6 +53,7 @@ from shared.models import (
     VerdictEntry,
 )
 from shared.redact import redact_data, redact_text
+from shared.safefs import Folder, owned_directory, remove_tree
 from shared.settings import Settings
 from shared.streams import StreamNames
 from worker.diagnosis import GATE_NAMES, collect_evidence, run_gate
@@ -152,7 +153,8 @@ class Pipeline:
         self.store = store
         self.redis = redis
         self.names = StreamNames(settings.stream_prefix)
-        root = settings.cache_dir or Path(tempfile.gettempdir()) / "rlhealth-cache"
+        # this process's own (no other user may plant evidence in it), or UnsafeDirectoryError
+        root = owned_directory(settings.cache_root())
         self.cache_root = root / "evidence"
         self.parts = SharedParts(store, root / "parts")
         self.part_cache = PartCache(THAW_CACHE_BYTES)
@@ -312,20 +314,20 @@ class Pipeline:
         target = self.cache_root / evidence_id
         staging: Path | None = None
         try:
-            self.cache_root.mkdir(parents=True, exist_ok=True)
-            staging = Path(tempfile.mkdtemp(prefix=".partial-", dir=self.cache_root))
+            made = owned_directory(self.cache_root)
+            staging = Path(tempfile.mkdtemp(prefix=".partial-", dir=made))
             shutil.copytree(frozen, staging, dirs_exist_ok=True, ignore=_top_parts(frozen))
             (staging / _UNCHECKED).touch()
             _replace_dir(staging, target)
         except OSError as exc:
             log.warning("the freeze of %s is not kept on this disk: %s", evidence_id, exc)
             if staging is not None:
-                shutil.rmtree(staging, ignore_errors=True)
+                remove_tree(staging)
 
     def _forget(self, evidence_id: str) -> None:
         """Drop what this worker holds of an evidence about to be captured again."""
         self._thawed.pop(evidence_id, None)
-        shutil.rmtree(self.cache_root / evidence_id, ignore_errors=True)
+        remove_tree(self.cache_root / evidence_id)
 
     # --- live capture -----------------------------------------------------------------------
 
@@ -370,7 +372,7 @@ class Pipeline:
         except Exception as exc:
             if _must_propagate(exc):
                 raise
-            shutil.rmtree(directory, ignore_errors=True)
+            remove_tree(directory)
             raise EvidenceLostError(
                 f"the frozen evidence of {evidence_id} cannot be read: {describe(exc)}"
             ) from exc
@@ -393,33 +395,36 @@ class Pipeline:
         if (target / MARKER).is_file():
             if (target / _UNCHECKED).exists():
                 if not self.store.exists(prefix + MARKER):
-                    shutil.rmtree(target, ignore_errors=True)
+                    remove_tree(target)
                     raise EvidenceLostError(f"the frozen evidence of {evidence_id} is gone from S3")
                 (target / _UNCHECKED).unlink(missing_ok=True)
             return target
         if not self.store.exists(prefix + MARKER):
             raise EvidenceLostError(f"the frozen evidence of {evidence_id} is gone from S3")
         self._prune_cache()
-        self.cache_root.mkdir(parents=True, exist_ok=True)
-        staging = Path(tempfile.mkdtemp(prefix=".partial-", dir=self.cache_root))
+        staging = Path(tempfile.mkdtemp(prefix=".partial-", dir=owned_directory(self.cache_root)))
         download_prefix(self.store, prefix, staging)
         if not (staging / MARKER).is_file():  # objects vanished while we downloaded them
-            shutil.rmtree(staging, ignore_errors=True)
+            remove_tree(staging)
             raise EvidenceLostError(f"the frozen evidence of {evidence_id} is gone from S3")
         try:
             staging.rename(target)  # atomic: other processes see all of it or none
         except OSError:
-            shutil.rmtree(staging, ignore_errors=True)  # another process got there first
+            remove_tree(staging)  # another process got there first
         return target
 
     def _prune_cache(self) -> None:
+        """Remove local copies unused for `_CACHE_MAX_AGE_S`, through the directory's descriptor
+        (a symlink in it is removed, never followed)."""
         self.parts.prune()
-        if not self.cache_root.is_dir():
+        root = Folder.existing(self.cache_root)
+        if root is None:
             return
         cutoff = time.time() - _CACHE_MAX_AGE_S
-        for entry in self.cache_root.iterdir():
-            if entry.stat().st_mtime < cutoff:
-                shutil.rmtree(entry, ignore_errors=True)
+        with root:
+            for entry in root.entries():
+                if entry.mtime < cutoff:
+                    root.remove(entry.name)
 
     def gate(self, evidence_id: str, name: str) -> dict[str, Any]:
         """One gate on the frozen evidence, as `{"name", "result"}`. A gate that breaks on the
@@ -707,7 +712,7 @@ def _replace_dir(staging: Path, target: Path) -> None:
     with suppress(FileNotFoundError):
         target.rename(old)
     staging.rename(target)
-    shutil.rmtree(old, ignore_errors=True)
+    remove_tree(old)
 
 
 @dataclass

@@ -38,6 +38,11 @@ back with the expected columns, is ignored (never trusted) and said in `notes`; 
 read whole and the entry replaced. A directory holds the entries of any number of
 files and jobs; `files()` lists what to copy to share it (the pipeline keeps one directory per
 job beside its frozen evidence in S3, so another worker picks it up).
+
+The hashes prove an entry whole, not who wrote it: the directory must be this process's own
+(`shared.safefs.owned_directory`, checked when the cache is made; `UnsafeDirectoryError`
+otherwise), so no other user can put an entry there. `retain` lists and removes through the
+directory's descriptor and never follows a symlink.
 """
 
 from __future__ import annotations
@@ -52,10 +57,11 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field, replace
 from datetime import date
 from pathlib import Path
-from typing import Any, Final
+from typing import Any, BinaryIO, Final
 
 import polars as pl
 
+from shared.safefs import Folder, owned_directory, remove_tree
 from worker.evidence import schema
 from worker.evidence.logs.chunk import SCHEMAS
 from worker.evidence.logs.state import ParserState
@@ -107,16 +113,27 @@ def cache_key(path: Path, source: str, reference_date: date | None) -> str:
     return f"{path.resolve()}|{source}|{ref}"
 
 
-def span_hash(path: Path, start: int, length: int) -> str:
-    """SHA-256 of `length` bytes of `path` from `start`."""
-    with path.open("rb") as handle:
-        handle.seek(start)
-        return hashlib.sha256(handle.read(length)).hexdigest()
+def span_hash(log: BinaryIO, start: int, length: int) -> str:
+    """SHA-256 of `length` bytes of the open file from `start` (read at that offset: the
+    file's position is left where it is)."""
+    return hashlib.sha256(_read_at(log.fileno(), start, length)).hexdigest()
 
 
-def head_hash(path: Path, length: int) -> str:
-    """SHA-256 of the first `length` bytes of `path`."""
-    return span_hash(path, 0, length)
+def _read_at(fd: int, start: int, length: int) -> bytes:
+    """`length` bytes from `start`, fewer only at the end of the file."""
+    parts, done = [], 0
+    while done < length:
+        part = os.pread(fd, length - done, start + done)
+        if not part:
+            break
+        parts.append(part)
+        done += len(part)
+    return b"".join(parts)
+
+
+def head_hash(log: BinaryIO, length: int) -> str:
+    """SHA-256 of the first `length` bytes of the open file."""
+    return span_hash(log, 0, length)
 
 
 @dataclass(frozen=True)
@@ -139,40 +156,40 @@ class CacheEntry:
     # entry it was re-stitched from (the parts on disk that stay)
     stitched_same: dict[str, int] = field(default_factory=dict)
 
-    def matches(self, path: Path) -> bool:
-        """True while `path` is the same file, grown or unchanged."""
+    def matches(self, log: BinaryIO) -> bool:
+        """True while the open file is the same file, grown or unchanged."""
         try:
-            stat = path.stat()
+            stat = os.fstat(log.fileno())
             same = stat.st_ino == self.inode and stat.st_size >= self.size
-            return same and head_hash(path, self.head_len) == self.head_hash and self._before(path)
+            return same and head_hash(log, self.head_len) == self.head_hash and self._before(log)
         except OSError:
             return False
 
-    def _before(self, path: Path) -> bool:
+    def _before(self, log: BinaryIO) -> bool:
         start = max(0, self.state.offset - HEAD_BYTES)
-        found = span_hash(path, start, self.state.offset - start) if self.state.offset else ""
+        found = span_hash(log, start, self.state.offset - start) if self.state.offset else ""
         return found == self.before_hash
 
 
 def entry_for(
-    path: Path,
+    log: BinaryIO,
     size: int,
     state: ParserState,
     rows: dict[str, pl.DataFrame],
     stitched: Stitched | None,
 ) -> CacheEntry:
-    """The entry of `path` read to `size` bytes, committed up to `state.offset`."""
+    """The entry of the open file read to `size` bytes, committed up to `state.offset`."""
     head_len = min(HEAD_BYTES, size)
     start = max(0, state.offset - HEAD_BYTES)
     return CacheEntry(
-        inode=path.stat().st_ino,
+        inode=os.fstat(log.fileno()).st_ino,
         size=size,
         head_len=head_len,
-        head_hash=head_hash(path, head_len),
+        head_hash=head_hash(log, head_len),
         state=state,
         rows=rows,
         stitched=stitched,
-        before_hash=span_hash(path, start, state.offset - start) if state.offset else "",
+        before_hash=span_hash(log, start, state.offset - start) if state.offset else "",
     )
 
 
@@ -230,18 +247,20 @@ class LogCache:
 
     def __init__(self, max_entries: int = 64, directory: Path | None = None) -> None:
         self.max_entries = max_entries
-        self.directory = directory
+        # made when missing; another user's is refused (it could hold forged entries)
+        self.directory = owned_directory(directory) if directory is not None else None
         self.notes: list[str] = []  # entries on disk that were ignored, and why
         self._entries: OrderedDict[str, CacheEntry] = OrderedDict()
         self._stitch: set[str] = set()  # keys whose entries keep their stitched tables
         self._stored: dict[str, CacheEntry] = {}  # the entry stored last for each key
 
-    def lookup(self, key: str, path: Path) -> CacheEntry | None:
-        """The valid entry for `key`, or None (a stale entry is dropped)."""
+    def lookup(self, key: str, log: BinaryIO) -> CacheEntry | None:
+        """The valid entry for `key` of the open file `log`, or None (a stale entry is
+        dropped)."""
         entry = self._entries.get(key) or self._load(key)
         if entry is None:
             return None
-        if not entry.matches(path):
+        if not entry.matches(log):
             self._entries.pop(key, None)
             return None
         self._remember(key, entry)
@@ -299,18 +318,22 @@ class LogCache:
 
     def retain(self, keys: Iterable[str]) -> list[Path]:
         """Remove from the directory every entry whose key is not in `keys` (the files a job no
-        longer has); returns the folders removed."""
-        if self.directory is None or not self.directory.is_dir():
+        longer has); returns the folders removed. Listed and removed through the directory's
+        descriptor: a symlink in it is never followed."""
+        if self.directory is None:
             return []
         kept = {self._folder(key).name for key in keys}
-        gone = [
-            folder
-            for folder in self.directory.iterdir()
-            if folder.is_dir() and folder.name[0] != "." and folder.name not in kept
-        ]
-        for folder in gone:
-            shutil.rmtree(folder, ignore_errors=True)
-        return gone
+        directory = Folder.existing(self.directory)
+        if directory is None:
+            return []
+        with directory:
+            gone = [
+                entry.name
+                for entry in directory.entries()
+                if entry.is_dir and entry.name[0] != "." and entry.name not in kept
+            ]
+            removed = [name for name in gone if directory.remove(name)]
+        return [self.directory / name for name in removed]
 
     def __len__(self) -> int:
         return len(self._entries)
@@ -338,9 +361,9 @@ class LogCache:
             if folder.exists():
                 folder.rename(old)
             staging.rename(folder)
-            shutil.rmtree(old, ignore_errors=True)
+            remove_tree(old)
         finally:
-            shutil.rmtree(staging, ignore_errors=True)
+            remove_tree(staging)
         return written
 
     def _load(self, key: str) -> CacheEntry | None:

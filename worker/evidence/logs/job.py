@@ -6,7 +6,9 @@ have. `ray_vllm_logs/**/worker-*.out|.err` add engine stat lines and error lines
 already present. A Ray worker log is one process's own output (the pid is in its name): its stat
 lines take the id of the engine whose forwarded copies the primary logs show (`<pid>@<ip>`), so
 one engine seen in both is one engine. Every listing goes through `BundleFiles`, so nothing
-outside the job is read.
+outside the job is read, and every log is opened by `BundleFiles.open` (beneath the job
+directory's descriptor, no symlink followed): a log swapped for a symlink after it was listed is
+refused, not read.
 """
 
 from __future__ import annotations
@@ -229,16 +231,25 @@ def _parse_all(
     found = []
     for path in paths:
         announce(path)
+        opened = files.open(path)
+        if opened is None:  # refused (a symlink took its place): said in `files.refused`
+            continue
         source = files.relative(path)
-        rows = parse_file_rows(
-            path, source, reference_date=reference_date, cache=cache, budget=budget
-        )
+        with opened:
+            rows = parse_file_rows(
+                path,
+                source,
+                reference_date=reference_date,
+                cache=cache,
+                budget=budget,
+                opened=opened,
+            )
         found.append(rows)
     return found
 
 
 def _announcer(files: BundleFiles, paths: list[Path], progress: Progress) -> Callable[[Path], None]:
-    sizes = {path: path.stat().st_size for path in paths}
+    sizes = {path: _size(path) for path in paths}
     total, done = sum(sizes.values()), [0]
 
     def announce(path: Path) -> None:
@@ -246,6 +257,12 @@ def _announcer(files: BundleFiles, paths: list[Path], progress: Progress) -> Cal
         done[0] += sizes[path]
 
     return announce
+
+
+def _size(path: Path) -> int:
+    """The bytes of a listed log (of a symlink itself, if one took its place since: it is
+    refused when opened)."""
+    return path.lstat().st_size
 
 
 def _ray_worker_logs(files: BundleFiles) -> list[Path]:
@@ -276,7 +293,7 @@ def parse_job_logs(
         return None
     every = [*main, *pods, *rays]
     tick = _announcer(files, every, progress) if progress else lambda _path: None
-    budget = MemoryBudget.for_logs(sum(path.stat().st_size for path in every), memory_mb)
+    budget = MemoryBudget.for_logs(sum(_size(path) for path in every), memory_mb)
     keys = [_stitch_key(files, path, reference_date, cache) for path in main]
     primary = _parse_all(files, main, reference_date, cache, budget, tick)
     secondary = _parse_all(files, pods, reference_date, cache, budget, tick)

@@ -18,8 +18,8 @@ begins with the magic bytes of a compressed stream is never handed to polars' CS
 
 from __future__ import annotations
 
-from pathlib import Path
-from typing import Final, Literal
+import os
+from typing import BinaryIO, Final, Literal
 
 import polars as pl
 
@@ -148,12 +148,11 @@ def line_start(raw: bytes, end: int, n_lines: int, index: int) -> int:
     return pos + 1
 
 
-def read_tail(path: Path, size: int, tail_bytes: int = 65536) -> bytes:
-    """The last `tail_bytes` of the first `size` bytes of `path`, starting at a line start."""
+def read_tail(log: BinaryIO, size: int, tail_bytes: int = 65536) -> bytes:
+    """The last `tail_bytes` of the first `size` bytes of the open file, starting at a line
+    start (read at that offset: the file's position is left where it is)."""
     start = max(0, size - tail_bytes)
-    with path.open("rb") as handle:
-        handle.seek(start)
-        data = handle.read(size - start)
+    data = os.pread(log.fileno(), size - start, start)
     if start > 0:
         cut = data.find(b"\n")
         data = data[cut + 1 :] if cut >= 0 else b""

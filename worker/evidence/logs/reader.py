@@ -15,13 +15,20 @@ reads are scanned while the first chunk is parsed. A file of one read is one chu
 chunk taken to make room for the next read is parsed after that read is handed on, when the
 budget's room holds the chunk as one more read (`_holds`): the scan thread then has a read to
 scan while the chunk is parsed.
+
+A file is opened once and everything is read from that one descriptor: its size, its head (is it
+compressed?), the cache's identity checks, the reads and the tail. A bundle's log comes opened
+(`BundleFiles.open`: beneath the job directory's descriptor, no symlink followed), so a file
+swapped after it was checked is never the one read; a file the operator names is opened here.
 """
 
 from __future__ import annotations
 
+import os
 from collections import deque
 from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 from dataclasses import dataclass, replace
 from datetime import date, datetime
 from io import BufferedReader
@@ -245,7 +252,7 @@ def _sources(
 
 
 def _run(
-    path: Path,
+    log: BufferedReader,
     state: ParserState,
     source: str,
     chunks: _Chunks,
@@ -268,7 +275,10 @@ def _run(
     taken = prelude.take(chunk_bytes) if prelude is not None and state.offset == 0 else None
     if taken is not None:  # read before the budget first read the RSS: the parse's own
         chunks.budget.held_before(taken.held)
-    opened = taken.handle if taken is not None else path.open("rb")
+    # the prelude's handle is closed here; the caller's `log` is its own to close
+    opened: AbstractContextManager[BufferedReader] = (
+        taken.handle if taken is not None else nullcontext(log)
+    )
     with opened as handle, ThreadPoolExecutor(_WORKERS) as pool:
         try:
             if taken is None:
@@ -286,8 +296,8 @@ def _run(
             raise
 
 
-def _tail_timestamp(path: Path, size: int) -> datetime | None:
-    lines = split_lines(read_tail(path, size)).to_frame()
+def _tail_timestamp(log: BufferedReader, size: int) -> datetime | None:
+    lines = split_lines(read_tail(log, size)).to_frame()
     stamps = lines.select(
         detect.strip_sgr(pl.col("line"))
         .str.extract(_LOGURU_TS, 1)
@@ -343,10 +353,9 @@ def _summary(
     )
 
 
-def compression(path: Path) -> str | None:
-    """The compression format `path` starts with (`gzip`, `zstd`, ...), or None."""
-    with path.open("rb") as handle:
-        head = handle.read(8)
+def compression(log: BufferedReader) -> str | None:
+    """The compression format the open file starts with (`gzip`, `zstd`, ...), or None."""
+    head = os.pread(log.fileno(), 8, 0)
     return next((name for magic, name in COMPRESSED_MAGIC.items() if head.startswith(magic)), None)
 
 
@@ -376,35 +385,52 @@ class _Options:
 def _store(
     cache: LogCache,
     key: str,
-    path: Path,
+    log: BufferedReader,
     run: _Run,
     rows: dict[str, pl.DataFrame],
     known: Stitched | None,
 ) -> None:
-    cache.store(key, entry_for(path, run.bytes_read, run.committed_state, rows, known))
+    cache.store(key, entry_for(log, run.bytes_read, run.committed_state, rows, known))
 
 
-def _read_file(path: Path, source: str, opts: _Options) -> tuple[FileRows, Stitched | None]:
-    """The raw rows of one file and, with a cache and `opts.stitched`, their stitched tables.
+@contextmanager
+def _log_file(path: Path, opened: BufferedReader | None) -> Iterator[BufferedReader]:
+    """`opened` (its owner closes it), else `path` opened here (a file the operator named)."""
+    if opened is not None:
+        yield opened
+        return
+    with path.open("rb") as handle:
+        yield handle
+
+
+def _size(log: BufferedReader) -> int:
+    return os.fstat(log.fileno()).st_size
+
+
+def _read_file(
+    path: Path, source: str, opts: _Options, log: BufferedReader
+) -> tuple[FileRows, Stitched | None]:
+    """The raw rows of one file (`log`, open: every read is of it) and, with a cache and
+    `opts.stitched`, their stitched tables.
 
     The stitched tables of the committed rows are cached with them, so the next parse re-stitches
     only the steps its new rows touch. A compressed file is not read (a note says so).
     """
-    size = path.stat().st_size
-    packed = compression(path)
+    size = _size(log)
+    packed = compression(log)
     if packed is not None:
         note = f"{source} is {packed}-compressed: not read (the logs must be synced as text)"
         return _unread(source, size, note), None
     cache = opts.cache
     key = cache_key(path, source, opts.reference_date)
-    hit = cache.lookup(key, path) if cache is not None else None
+    hit = cache.lookup(key, log) if cache is not None else None
     state = hit.state.copy() if hit else ParserState.initial(opts.reference_date)
     kept = Held()
     if hit is not None:
         kept.add(hit.rows)
     chunks = _Chunks(state, source, opts.budget, kept)
     run = _run(
-        path,
+        log,
         state,
         source,
         chunks,
@@ -417,9 +443,9 @@ def _read_file(path: Path, source: str, opts: _Options) -> tuple[FileRows, Stitc
     rows = _concat([committed, run.tail])
     known = _stitch_committed(hit, committed, run) if cache is not None and opts.stitched else None
     if cache is not None:
-        _store(cache, key, path, run, committed, known)
+        _store(cache, key, log, run, committed, known)
     final = restitch(known, rows, [run.tail]) if known is not None else run.stitched(rows)
-    tail_ts = _tail_timestamp(path, run.bytes_read)
+    tail_ts = _tail_timestamp(log, run.bytes_read)
     if "errors" in rows:
         rows["errors"] = errors.annotate(rows["errors"])
     n_errors = rows["errors"].height if "errors" in rows else 0
@@ -431,7 +457,7 @@ def _read_file(path: Path, source: str, opts: _Options) -> tuple[FileRows, Stitc
 
 
 def _options(
-    path: Path,
+    size: int,
     reference_date: date | None,
     cache: LogCache | None,
     chunk_bytes: int | None,
@@ -441,7 +467,7 @@ def _options(
     early: bool = False,
     prelude: Prelude | None = None,
 ) -> _Options:
-    budget = budget or MemoryBudget.for_logs(path.stat().st_size)
+    budget = budget or MemoryBudget.for_logs(size)
     chunk = chunk_bytes if chunk_bytes is not None else budget.chunk_bytes
     return _Options(reference_date, cache, budget, chunk, stitched, early, prelude)
 
@@ -454,14 +480,17 @@ def parse_file_rows(
     cache: LogCache | None = None,
     chunk_bytes: int | None = None,
     budget: MemoryBudget | None = None,
+    opened: BufferedReader | None = None,
 ) -> FileRows:
     """The raw rows of one file, reusing and refreshing `cache` when given.
 
     `budget` (default: for this file's size) bounds the memory; `LogBudgetError` when the file
-    cannot be read within it. `chunk_bytes` overrides the budget's read size (tests).
+    cannot be read within it. `chunk_bytes` overrides the budget's read size (tests). `opened`:
+    the file already open (a bundle's, `BundleFiles.open`), read instead of opening `path`.
     """
-    opts = _options(path, reference_date, cache, chunk_bytes, budget, stitched=False)
-    return _read_file(path, source, opts)[0]
+    with _log_file(path, opened) as log:
+        opts = _options(_size(log), reference_date, cache, chunk_bytes, budget, stitched=False)
+        return _read_file(path, source, opts, log)[0]
 
 
 def parse_log_file(
@@ -481,20 +510,21 @@ def parse_log_file(
     `prelude`: reads of `path` begun before polars was imported (`prelude.Prelude.start`), used
     when they are those this parse would make; it is closed (its thread joined) on return."""
     try:
-        if progress is not None:
-            progress(source, 0, path.stat().st_size)
-        with_cache = cache is not None
-        opts = _options(
-            path,
-            reference_date,
-            cache,
-            chunk_bytes,
-            budget,
-            stitched=with_cache,
-            early=not with_cache,
-            prelude=prelude,
-        )
-        found, stitched = _read_file(path, source, opts)
+        with path.open("rb") as log:
+            if progress is not None:
+                progress(source, 0, _size(log))
+            with_cache = cache is not None
+            opts = _options(
+                _size(log),
+                reference_date,
+                cache,
+                chunk_bytes,
+                budget,
+                stitched=with_cache,
+                early=not with_cache,
+                prelude=prelude,
+            )
+            found, stitched = _read_file(path, source, opts, log)
     finally:
         if prelude is not None:
             prelude.close()

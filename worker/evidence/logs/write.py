@@ -10,6 +10,14 @@ and removed (the same bytes as one write; no part is held in memory). A string c
 redacted through its distinct values (an engine or source column repeats a few values over
 hundreds of thousands of rows). A CSV's datetimes are written by the CSV writer (as naive UTC
 times in `ISO_UTC`), not formatted into string columns first.
+
+A CSV cell or column name that a spreadsheet would run as a formula (it starts with `=`, `+`, `-`,
+`@`, a tab or a carriage return: `=HYPERLINK(...)`, `+cmd|...`) is written behind a `'`, which
+spreadsheets show as text (`inert`); Parquet keeps the values as they are.
+
+The directory must be this process's own (`shared.safefs.owned_directory`, made when missing), and
+every table is written under a new name and renamed over its own (`shared.safefs.replacing`): a
+symlink planted in the directory is replaced, never written through.
 """
 
 from __future__ import annotations
@@ -18,21 +26,25 @@ import os
 import shutil
 import tempfile
 from concurrent.futures import Future, ThreadPoolExecutor, wait
+from contextlib import ExitStack
 from pathlib import Path
-from typing import TYPE_CHECKING, Final, Literal
+from typing import TYPE_CHECKING, BinaryIO, Final, Literal
 
 import polars as pl
 
 from shared.redact import redact_columns, redact_frame
+from shared.safefs import OUTPUT_MODE, owned_directory, replacing
 
 if TYPE_CHECKING:
     from worker.evidence.parsed import LogTables
 
 __all__ = [
+    "FORMULA_START",
     "SPLIT_ROWS",
     "TABLE_NAMES",
     "WIDE_MAX_CELLS",
     "WIDE_MAX_KEYS",
+    "inert",
     "wide_fits",
     "write_frame",
     "write_tables",
@@ -61,6 +73,9 @@ SPLIT_ROWS: Final = 100_000
 _COPY_BYTES: Final = 2**20
 # A column with fewer distinct values than this share of its rows is redacted through them.
 _DISTINCT_SHARE: Final = 0.5
+# What a spreadsheet takes for the start of a formula (OWASP's list for CSV injection).
+FORMULA_START: Final = r"^[=+\-@\t\r]"
+_FORMULA_CHARS: Final = ("=", "+", "-", "@", "\t", "\r")
 
 
 def wide_fits(metrics: pl.DataFrame) -> bool:
@@ -82,13 +97,40 @@ def _frames(tables: LogTables) -> tuple[dict[str, pl.DataFrame], bool]:
     return frames, wide
 
 
-def _write_csv(frame: pl.DataFrame, path: Path, *, header: bool = True) -> None:
-    """`frame` as CSV, its datetimes as UTC in `ISO_UTC` (made naive, the writer formats them)."""
+def inert(frame: pl.DataFrame) -> pl.DataFrame:
+    """`frame` with every string cell and column name that starts like a formula (`FORMULA_START`)
+    put behind a `'`, so a spreadsheet opening the CSV shows it as text (vectorised)."""
+    strings = [n for n, t in frame.schema.items() if t == pl.String]
+    if strings and not frame.is_empty():
+        found = frame.select(pl.col(n).str.contains(FORMULA_START).any() for n in strings).row(0)
+        hit = [n for n, any_cell in zip(strings, found, strict=True) if any_cell]
+        frame = frame.with_columns(pl.col(n).str.replace(FORMULA_START, "'$0") for n in hit)
+    names = _inert_names(frame.columns)
+    return frame.rename(names) if names else frame
+
+
+def _inert_names(columns: list[str]) -> dict[str, str]:
+    """The new name of each column name that starts like a formula: behind as many `'` as make
+    it a name no other column has."""
+    taken, names = set(columns), {}
+    for name in columns:
+        if name.startswith(_FORMULA_CHARS):
+            new = f"'{name}"
+            while new in taken:
+                new = f"'{new}"
+            taken.add(new)
+            names[name] = new
+    return names
+
+
+def _write_csv(frame: pl.DataFrame, target: Path | BinaryIO, *, header: bool = True) -> None:
+    """`frame` as CSV, its datetimes as UTC in `ISO_UTC` (made naive, the writer formats them),
+    formulas made inert."""
     stamps = [n for n, t in frame.schema.items() if isinstance(t, pl.Datetime)]
-    naive = frame.with_columns(
+    naive = inert(frame).with_columns(
         pl.col(n).dt.convert_time_zone("UTC").dt.replace_time_zone(None) for n in stamps
     )
-    naive.write_csv(path, include_header=header, datetime_format=ISO_UTC)
+    naive.write_csv(target, include_header=header, datetime_format=ISO_UTC)
 
 
 def _redacted_column(column: pl.Series) -> pl.Series:
@@ -115,25 +157,28 @@ def redacted(frame: pl.DataFrame) -> pl.DataFrame:
 def write_tables(
     tables: LogTables, out_dir: Path, fmt: Literal["csv", "parquet"] = "csv"
 ) -> list[Path]:
-    """Write every table with rows into `out_dir`; the paths written (in table order)."""
-    out_dir.mkdir(parents=True, exist_ok=True)
+    """Write every table with rows into `out_dir` (made when missing; this process's own, or
+    `shared.safefs.UnsafeDirectoryError`); the paths written (in table order)."""
+    owned_directory(out_dir, mode=OUTPUT_MODE)
     frames, wide = _frames(tables)
     split = {
         n
         for n, f in frames.items()
         if fmt == "csv" and f.height > SPLIT_ROWS and not (wide and n == "metrics")
     }
-    with ThreadPoolExecutor(_WRITERS) as pool:
+    # a split table's file is opened here and renamed into place when its parts are in
+    with ExitStack() as files, ThreadPoolExecutor(_WRITERS) as pool:
+        targets = {name: files.enter_context(replacing(out_dir, f"{name}.csv")) for name in split}
         # the pivot and the long tables' parts first: the short tables then fill the threads
         whole = {"metrics": pool.submit(_write_wide, tables, out_dir, fmt)} if wide else {}
-        parts = {name: _submit_parts(pool, frames[name], out_dir / f"{name}.csv") for name in split}
+        parts = {name: _submit_parts(pool, frames[name], out_dir, targets[name]) for name in split}
         whole |= {
             name: pool.submit(write_frame, frame, out_dir, name, fmt)
             for name, frame in frames.items()
             if name not in split and name not in whole
         }
         return [
-            _join_parts(out_dir / f"{name}.csv", parts[name])
+            _join_parts(out_dir / f"{name}.csv", targets[name], parts[name])
             if name in split
             else whole[name].result()
             for name in frames
@@ -145,25 +190,27 @@ def _write_wide(tables: LogTables, out_dir: Path, fmt: Literal["csv", "parquet"]
     return write_frame(tables.metrics_wide(), out_dir, "metrics", fmt)
 
 
-def _submit_parts(pool: ThreadPoolExecutor, frame: pl.DataFrame, path: Path) -> list[Future[Path]]:
-    """The parts of `frame` formatted at once: the first written to `path` (with the header),
-    the others to temporary files beside it, to append after it (`_join_parts`)."""
+def _submit_parts(
+    pool: ThreadPoolExecutor, frame: pl.DataFrame, out_dir: Path, target: BinaryIO
+) -> list[Future[Path | None]]:
+    """The parts of `frame` formatted at once: the first written to `target` (with the header),
+    the others to temporary files in `out_dir`, to append after it (`_join_parts`)."""
     size = -(-frame.height // _WRITERS)
     return [
-        pool.submit(_csv_part, frame.slice(start, size), path, first=start == 0)
+        pool.submit(_csv_part, frame.slice(start, size), out_dir, target if start == 0 else None)
         for start in range(0, frame.height, size)
     ]
 
 
-def _csv_part(frame: pl.DataFrame, path: Path, *, first: bool) -> Path:
-    """`frame` as CSV: written to `path` with the header (`first`), else its rows to a new
-    temporary file beside `path` (on the disk, not in memory: the engines table of a busy log
-    is tens of MB of text); the file written."""
+def _csv_part(frame: pl.DataFrame, out_dir: Path, target: BinaryIO | None) -> Path | None:
+    """`frame` as CSV: written to `target` with the header (the first part), else its rows to a
+    new temporary file in `out_dir` (on the disk, not in memory: the engines table of a busy log
+    is tens of MB of text), whose path is returned."""
     frame = redacted(frame)
-    if first:
-        _write_csv(frame, path)
-        return path
-    handle, name = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.part-")
+    if target is not None:
+        _write_csv(frame, target)
+        return None
+    handle, name = tempfile.mkstemp(dir=out_dir, prefix=".part-")  # O_EXCL|O_NOFOLLOW
     os.close(handle)
     part = Path(name)
     try:
@@ -174,31 +221,37 @@ def _csv_part(frame: pl.DataFrame, path: Path, *, first: bool) -> Path:
     return part
 
 
-def _join_parts(path: Path, parts: list[Future[Path]]) -> Path:
-    """`path` with the other parts' files appended in order; those files removed whatever
-    happens."""
+def _join_parts(path: Path, target: BinaryIO, parts: list[Future[Path | None]]) -> Path:
+    """`path`: the first part in `target`, the other parts' files appended in order; those files
+    removed whatever happens."""
     try:
         parts[0].result()
-        with path.open("ab") as handle:
-            for part in parts[1:]:
-                with part.result().open("rb") as rows:
-                    shutil.copyfileobj(rows, handle, _COPY_BYTES)
+        for part in parts[1:]:
+            with _done(part).open("rb") as rows:
+                shutil.copyfileobj(rows, target, _COPY_BYTES)
     finally:
         wait(parts)  # a part still being written when another failed is removed too
         for part in parts[1:]:
             if part.exception() is None:
-                part.result().unlink(missing_ok=True)
+                _done(part).unlink(missing_ok=True)
     return path
+
+
+def _done(part: Future[Path | None]) -> Path:
+    found = part.result()
+    assert found is not None  # parts after the first are files
+    return found
 
 
 def write_frame(
     frame: pl.DataFrame, out_dir: Path, name: str, fmt: Literal["csv", "parquet"] = "csv"
 ) -> Path:
-    """Write one table as `<name>.csv` (datetimes as ISO-8601 UTC) or `<name>.parquet`."""
-    path = out_dir / f"{name}.{fmt}"
+    """Write one table as `<name>.csv` (datetimes as ISO-8601 UTC, formulas inert) or
+    `<name>.parquet`, under a new name renamed into place in `out_dir` (this process's own)."""
     frame = redacted(frame)  # vectorised: only cells the prefilter flags are rewritten
-    if fmt == "csv":
-        _write_csv(frame, path)
-    else:
-        frame.write_parquet(path)
-    return path
+    with replacing(out_dir, f"{name}.{fmt}") as handle:
+        if fmt == "csv":
+            _write_csv(frame, handle)
+        else:
+            frame.write_parquet(handle)
+    return out_dir / f"{name}.{fmt}"
