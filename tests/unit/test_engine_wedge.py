@@ -262,12 +262,11 @@ def test_an_engine_failing_to_start_again_and_again_is_a_restart_loop(
     result = _failed_starts(tmp_path, tries)
     assert result.status is status, result.summary
     assert f"failed engine starts in the newest attempt: {tries} (" in result.summary
-    assert f"an engine that never came up: {tries}" in result.summary
+    assert "worker-ab12-01000000-4242.out" in result.summary
     if status is GateStatus.FAIL:
         assert not result.hard_failure
-        assert f"an engine that never came up {tries} times" in result.summary
+        assert f"4242.out {tries} times" in result.summary
         assert any("EngineCore failed to start" in q.text for q in result.evidence)
-        assert any(q.source.endswith("4242.out") for q in result.evidence)
 
 
 def _failed_processes(tmp_path: Path, processes: int) -> Any:
@@ -302,3 +301,4 @@ def test_failed_starts_in_new_processes_count_as_one_engine(
     result = _failed_processes(tmp_path, processes)
     assert result.status is status, result.summary
     assert f"failed engine starts in the newest attempt: {processes} (" in result.summary
+    assert f"an engine that never came up: {processes}" in result.summary

@@ -145,18 +145,27 @@ def start_failures(evidence: Evidence) -> StartFailures:
     if rows.is_empty():
         return StartFailures(empty, rows)
     engines = logs.engines.filter(pl.col("attempt") == attempt)
-    served = owners(engines).implode()
-    owned = owner_of_rows(rows, engines).with_columns(
-        _owner=pl.when(pl.col("_owner").is_in(served))
-        .then("_owner")
-        .otherwise(pl.lit(NEVER_STARTED))
-    )
+    owned = _never_started(owner_of_rows(rows, engines), owners(engines))
     counts = owned.group_by("_owner", "entry").agg(n=pl.len())
     per = counts.group_by("_owner").agg(failures=pl.col("n").max().cast(pl.Int64))
     per = per.select(owner="_owner", failures="failures").sort(
         ["failures", "owner"], descending=[True, False]
     )
     return StartFailures(per, owned)
+
+
+def _never_started(owned: pl.DataFrame, served: pl.Series) -> pl.DataFrame:
+    """Rows attributed (`_owner`, else their file): the failed starts of several processes that
+    never logged a stat line count together as NEVER_STARTED (one process keeps its own name)."""
+    owned = owned.with_columns(_owner=pl.coalesce("_owner", "source"))
+    never = owned.filter(~pl.col("_owner").is_in(served.implode()))["_owner"].unique()
+    if never.len() < 2:
+        return owned
+    return owned.with_columns(
+        _owner=pl.when(pl.col("_owner").is_in(never.implode()))
+        .then(pl.lit(NEVER_STARTED))
+        .otherwise("_owner")
+    )
 
 
 def with_start_failures(result: GateResult, failures: StartFailures) -> GateResult:
