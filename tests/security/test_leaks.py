@@ -23,6 +23,7 @@ import pytest
 from click.testing import CliRunner
 
 from reports.sinks import S3ReportSink, VerdictStreamSink
+from tests.keys import TEST_KEYS
 from tests.security.bundles import NOW, crafted_bundle
 from tests.security.corpus import SAMPLES, corpus_lines, leaks
 from tests.security.spies import Spies, make_spybin
@@ -184,7 +185,7 @@ def _collect(root: Path, patch: pytest.MonkeyPatch) -> dict[str, str]:
     freeze(evidence, root / "frozen")
     texts["frozen evidence"] = _files(root / "frozen")
     report = judge(evidence, event_id="evt-1")
-    stored = S3ReportSink(MemoryStore())(report, cluster="cw", user="ops", job="rl-job")
+    stored = S3ReportSink(MemoryStore(), TEST_KEYS)(report, cluster="cw", user="ops", job="rl-job")
     texts["verdict entry"] = VerdictStreamSink.entry(report, stored).model_dump_json()
     texts.update(_pipeline(job, root / "bundles", probes))
     texts["live probe files"] = _live_probes(root, job, patch)
