@@ -10,7 +10,7 @@ from shared.signing import KeyRing, parse_keys
 
 TEST_KEY = "7e" * 32  # 32 bytes of hex: the shortest key the settings accept
 TEST_KEYS: KeyRing = parse_keys(TEST_KEY)
-OTHER_KEYS: KeyRing = parse_keys("a1" * 32)
+OTHER_KEYS: KeyRing = parse_keys("forger:" + "a1" * 32)
 
 
 def signed_fields(fields: dict[str, Any], ring: KeyRing = TEST_KEYS) -> dict[str, str]:

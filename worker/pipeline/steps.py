@@ -188,9 +188,10 @@ class Pipeline:
         """Archive the event once; raise `BadEventError` when its id is archived already for
         another question: another job (`job`, its directory under the bundle root), or the same
         job asked as of another `now`, on other probes, in another mode or through another
-        backend. Its id names that event's frozen evidence and verdict, which must never answer
-        this one (Redis forgets an id after its retention; S3 does not). The same event again
-        (a redelivery, a watcher's retry) is fine."""
+        backend — or archived so long ago that Redis may have forgotten it. Its id names that
+        event's frozen evidence and verdict, which must never answer this one (Redis forgets an
+        id after its retention; S3 does not). The same event again (a redelivery, a watcher's
+        retry) is fine."""
         if self.archive(event):
             return
         try:
@@ -210,6 +211,20 @@ class Pipeline:
                 f"event id {event.event_id} is archived already with another now, probes, mode "
                 "or backend: use a new id"
             )
+        self._check_remembered(event.event_id)
+
+    def _check_remembered(self, event_id: str) -> None:
+        """An id archived longer ago than Redis keeps ids (the coalescer's retention) is one
+        Redis may have forgotten: started afresh it would announce that old diagnosis again, as
+        new, and open a cooldown that answers the job's next genuine alert with it (a job
+        directory reused by a new run of the same name gets the old run's KILL)."""
+        with suppress(ObjectMissingError):
+            age_s = time.time() - self.store.modified(event_key(event_id))
+            if age_s > self.coalescer.retention_s:
+                raise BadEventError(
+                    f"event id {event_id} is archived already, {age_s / 86400:.1f} days ago, "
+                    "longer than ids are remembered: use a new id"
+                )
 
     def _job_of(self, event: Event) -> str | None:
         try:
