@@ -160,10 +160,11 @@ def test_metrics_listen_on_loopback_by_default(role: Any, argv: list[str]) -> No
 
 
 def test_the_metrics_address_is_a_setting(role: Any) -> None:
-    """RLHEALTH_METRICS_ADDR=0.0.0.0 (the compose network's choice) binds every interface."""
+    """RLHEALTH_METRICS_ADDR chooses the address (0.0.0.0 in the compose network; here another
+    loopback address, 127.0.0.2)."""
     port = free_port()
-    process = role(["ingest", "--metrics-port", str(port)], RLHEALTH_METRICS_ADDR="0.0.0.0")
-    assert _bound(process, port) == ["00000000"]
+    process = role(["ingest", "--metrics-port", str(port)], RLHEALTH_METRICS_ADDR="127.0.0.2")
+    assert _bound(process, port) == ["0200007F"]
 
 
 def test_metrics_dir_removes_only_the_files_it_writes(role: Any, tmp_path: Path) -> None:

@@ -376,6 +376,26 @@ def test_verdicts_never_prints_a_terminal_escape(client: Any) -> None:
     assert json.loads(_verdicts("--json").stdout)["job_id"] == hostile
 
 
+def test_a_verdict_line_holds_no_control_character() -> None:
+    """The line `verdicts` prints for an entry (text or JSON) holds no control, C1 or bidi
+    character, whatever its job id, event ids and report URI hold."""
+    from worker.cli.pipeline_cmd import _entry_line
+
+    hostile = f"/ops/j{OSC52}\x9b2J\u202e"
+    entry = VerdictEntry(
+        event_id="evt-1",
+        event_ids=("evt-1", "evt-2"),
+        job_id=hostile,
+        verdict=Verdict.KILL,
+        confidence=Confidence.HIGH,
+        report_uri=f"s3://b/r{OSC52}.json",
+        captured_at="2026-07-30T21:15:00Z",  # type: ignore[arg-type]
+    )
+    for as_json in (False, True):
+        line = _entry_line(entry, as_json)
+        assert not any(ord(ch) < 32 or 0x7F <= ord(ch) < 0xA0 or ch == "\u202e" for ch in line)
+
+
 # --- Low: the board's error page ------------------------------------------------------------------
 
 
