@@ -6,7 +6,8 @@ the pipeline's own coalescing state, written only by the Lua scripts of `worker.
 - `<p>:event:<event_id>`     the diagnosis (lead event id) this event was admitted to; set once,
                              which is what makes ingest idempotent on event ids
 - `<p>:inflight:<job>`       the lead event id of the diagnosis in flight for a job (one per job)
-- `<p>:cooldown:<job>`       hash: the last verdict entry of a job, alive for RLHEALTH_COALESCE_S
+- `<p>:cooldown:<job>`       hash: the last verdict entry of a job (its stream fields, signed),
+                             alive for RLHEALTH_COALESCE_S
 - `<p>:answers:<lead>`       list: every event id one diagnosis answers, in arrival order
 - `<p>:published:<lead>`     the verdict entry (JSON) once a diagnosis is on the stream
 - `<p>:diagnoses`            stream: `started` / `published` marks, to audit concurrency per job
@@ -17,12 +18,19 @@ the pipeline's own coalescing state, written only by the Lua scripts of `worker.
 - `<p>:lastlead:<job>`       the job's latest lead, so a new lead can take over the answer list
                              of one that never published
 - `<p>:superseded:<lead>`    the lead that took over this one's answer list
-- `<p>:entry:<lead>`         the verdict entry decided for a lead (JSON), before it is published
+- `<p>:entry:<lead>`         the verdict entry decided for a lead (JSON, signed), before it is
+                             published
 - `<p>:runs:<task>:<n>`      how often one delivery of a task started (a task killed twice stops)
 - `<p>:poison:<task>`        why a task's process was stopped (its memory budget exhausted)
 - `<p>:capture:<evidence>`   the capture claim: the task id holding it, with a renewed expiry
 
-`<job>` is the job directory relative to the bundle root, which is how events name a job.
+`<job>` is the job's coalescing key: its directory relative to the bundle root, which is how
+events name a job, followed by `#q-<digest>` for an alert that asks its own question
+(`worker.pipeline.coalesce.coalescing_key`).
+
+A verdict stream entry is read back only through `read_entry` (or `read_message` for the
+channel), which verifies its signature (`shared.signing`) and refuses, with a reason, one that is
+malformed or does not verify.
 """
 
 from __future__ import annotations

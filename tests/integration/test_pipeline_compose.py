@@ -170,7 +170,4 @@ def test_the_board_is_served_read_only_on_its_port(compose: dict[str, Any]) -> N
     board = compose["services"]["board"]
     assert board["command"][:2] == ["rl-health", "board"]
     assert board["command"][board["command"].index("--port") + 1] == "8080"
-    assert any(
-        (p["target"] if isinstance(p, dict) else _target(p)) == 8080
-        for p in board["ports"]
-    )
+    assert any((p["target"] if isinstance(p, dict) else _target(p)) == 8080 for p in board["ports"])

@@ -209,6 +209,47 @@ def test_the_pipeline_signs_its_entries_and_stored_reports(tmp_path: Path) -> No
         verify({**json.loads(store.objects[report_key]), "verdict": "KILL"}, TEST_KEYS)
 
 
+@pytest.fixture
+def pipeline(tmp_path: Path) -> Pipeline:
+    (tmp_path / "jobs/cw/ops/victim").mkdir(parents=True)
+    settings = Settings(bundle_root=tmp_path, stream_prefix=PREFIX, coalesce_s=300)
+    return Pipeline(settings, MemoryStore(), fakeredis.FakeRedis())
+
+
+def _kill_for_the_victim(lead: str) -> VerdictEntry:
+    return VerdictEntry.model_validate({**_entry(lead=lead), "event_ids": [lead]})
+
+
+def test_redis_cannot_make_the_pipeline_sign_a_decision(pipeline: Pipeline) -> None:
+    """A KILL handed to the publish step (a Celery message anyone on Redis can queue), or
+    written as the lead's kept decision, is never signed and announced: publish refuses it,
+    and the failure path answers with its own ERROR."""
+    from worker.pipeline.failures import PipelineError
+
+    job = "jobs/cw/ops/victim"
+    pipeline.coalescer.admit("evt-1", job)
+    forged = _kill_for_the_victim("evt-1")
+    with pytest.raises(PipelineError, match="refused"):
+        pipeline.publish(forged.model_dump(mode="json"), job)
+    pipeline.redis.set(pipeline.names.entry("evt-1"), forged.model_dump_json())
+    answered = pipeline.fail("evt-1", job, "publish refused")
+    assert answered is not None and answered.verdict is Verdict.ERROR
+    verdicts = [f[b"verdict"] for _id, f in pipeline.redis.xrange(STREAM)]
+    assert verdicts == [b"ERROR"]
+
+
+def test_a_forged_cooldown_verdict_is_dropped_not_reannounced(pipeline: Pipeline) -> None:
+    """A KILL written into a job's cooldown (what a re-announcement repeats) is not announced
+    to the job's next alert, which starts a diagnosis of its own."""
+    job = "jobs/cw/ops/victim"
+    forged = {k: str(v) for k, v in _forged(lead="evt-0").items()}
+    pipeline.redis.hset(pipeline.names.cooldown(job), mapping=forged)
+    pipeline.redis.expire(pipeline.names.cooldown(job), 300)
+    assert pipeline.coalescer.admit("evt-1", job).outcome == "started"
+    assert pipeline.redis.xlen(STREAM) == 0
+    assert not pipeline.redis.exists(pipeline.names.cooldown(job))
+
+
 def test_a_rotated_key_still_verifies_and_the_first_signs(client: Any) -> None:
     """With `new:hex,old:hex` the reader shows verdicts signed by either key."""
     from shared.signing import parse_keys
