@@ -31,7 +31,7 @@ import redis
 from bench.gen_finelog import generate
 from shared.alerts import publish_alert
 from shared.settings import Settings
-from shared.streams import StreamNames, entry_from_fields
+from shared.streams import StreamNames, read_entry
 from tests.integration.bundles import write_job_bundle
 from tests.integration.services import (
     RL_HEALTH,
@@ -99,7 +99,8 @@ class Watcher:
             reply = self.stack.redis.xread({stream: last}, count=500, block=200)
             for _stream, items in reply or ():
                 for entry_id, fields in items:
-                    last, entry = entry_id, entry_from_fields(fields)
+                    last = entry_id
+                    entry = read_entry(fields, self.stack.settings.verdict_keys())
                     self.entries.append(entry)
                     now = time.perf_counter()
                     for event_id in entry.event_ids:

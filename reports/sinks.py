@@ -3,11 +3,13 @@
 The order is the contract's: the report is in S3 before its verdict entry is announced, so every
 `report_uri` a supervisor reads can be fetched. Both renderings are bounded and redacted
 (`reports.bounds`); the verdict entry's job id is cleaned, and S3 key segments made from bundle
-values keep only `[A-Za-z0-9._-]`.
+values keep only `[A-Za-z0-9._-]`. The JSON report in S3 and the verdict entry are signed
+(`shared.signing`): the JSON report carries `key_id` and `signature` after its fields.
 """
 
 from __future__ import annotations
 
+import json
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -17,12 +19,13 @@ from reports.json_report import render_json
 from reports.text import render_text
 from shared.models import Report, VerdictEntry, iso_utc
 from shared.redact import clean, cut_bytes
+from shared.signing import KeyRing, sign
 
 if TYPE_CHECKING:
     from worker.pipeline.coalesce import Coalescer
     from worker.pipeline.store import ObjectStore
 
-__all__ = ["S3ReportSink", "StoredReport", "VerdictStreamSink", "report_key"]
+__all__ = ["S3ReportSink", "StoredReport", "VerdictStreamSink", "report_key", "signed_json"]
 
 _UNSAFE_KEY: Final = re.compile(r"[^A-Za-z0-9._-]+")
 
@@ -50,11 +53,19 @@ class StoredReport:
     uri: str  # s3:// URI of the JSON report
 
 
-class S3ReportSink:
-    """Writes both renderings once under `reports/...`; writing the same key again is a no-op."""
+def signed_json(report: Report, ring: KeyRing) -> str:
+    """The JSON report (`render_json`) with `key_id` and `signature` after its fields."""
+    document = sign(json.loads(render_json(report)), ring)
+    return json.dumps(document, indent=2, ensure_ascii=False) + "\n"
 
-    def __init__(self, store: ObjectStore) -> None:
+
+class S3ReportSink:
+    """Writes both renderings once under `reports/...`, the JSON one signed by `ring`; writing
+    the same key again is a no-op."""
+
+    def __init__(self, store: ObjectStore, ring: KeyRing) -> None:
         self.store = store
+        self.ring = ring
 
     def __call__(
         self, report: Report, *, cluster: str | None, user: str | None, job: str | None
@@ -62,7 +73,7 @@ class S3ReportSink:
         base = report_key(report, cluster, user, job)
         text_key, json_key = f"{base}.txt", f"{base}.json"
         self.store.put_once(text_key, render_text(report).encode(), "text/plain; charset=utf-8")
-        self.store.put_once(json_key, render_json(report).encode(), "application/json")
+        self.store.put_once(json_key, signed_json(report, self.ring).encode(), "application/json")
         return StoredReport(text_key, json_key, self.store.uri(json_key))
 
 
@@ -87,7 +98,11 @@ class VerdictStreamSink:
         )
 
     def __call__(self, entry: VerdictEntry, *, job: str) -> VerdictEntry:
-        """Publish once; returns the entry listing every event id answered so far."""
+        """Publish once, signed; returns the entry as published (by this call or an earlier
+        one), or, taken over by a newer lead, signed with every event id answered so far."""
         self.coalescer.publish(entry, job)
-        answers = self.coalescer.answers(entry.event_id)
-        return entry.model_copy(update={"event_ids": tuple(answers) or entry.event_ids})
+        published = self.coalescer.published(entry.event_id)
+        if published is not None:
+            return published
+        answers = tuple(self.coalescer.answers(entry.event_id)) or entry.event_ids
+        return entry.model_copy(update={"event_ids": answers}).signed(self.coalescer.keys)

@@ -22,6 +22,7 @@ from pydantic import (
 )
 
 from shared.redact import clean_cut
+from shared.signing import KEY_ID_FIELD, SIGNATURE_FIELD, KeyRing, sign, verify
 from shared.times import as_utc
 
 __all__ = [
@@ -375,7 +376,11 @@ class Event(Frozen):
 
 
 class VerdictEntry(Frozen):
-    """One verdict on the results stream, as supervisors read it."""
+    """One verdict on the results stream, as supervisors read it.
+
+    `key_id` and `signature` are the HMAC of the other fields (`shared.signing`): None until the
+    pipeline signs the entry (`signed`); a reader shows it as a verdict only once `verify` passed.
+    """
 
     event_id: str
     event_ids: tuple[str, ...]
@@ -384,7 +389,20 @@ class VerdictEntry(Frozen):
     confidence: Confidence
     report_uri: str
     captured_at: UtcDatetime
+    key_id: str | None = None
+    signature: str | None = None
 
     @field_serializer("captured_at")
     def _ts(self, value: datetime) -> str | None:
         return iso_utc(value)
+
+    def signed(self, ring: KeyRing) -> VerdictEntry:
+        """This entry signed by the ring's signing key (over its fields as they are now)."""
+        pair = sign(self.model_dump(mode="json"), ring)
+        return self.model_copy(
+            update={"key_id": pair[KEY_ID_FIELD], "signature": pair[SIGNATURE_FIELD]}
+        )
+
+    def verify(self, ring: KeyRing) -> None:
+        """Return when the signature verifies; raise `UnverifiedError` saying why not."""
+        verify(self.model_dump(mode="json"), ring)

@@ -14,10 +14,14 @@ import tomllib
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import Field, field_validator
+from pydantic import Field, SecretStr, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from shared.signing import KeyRing, VerdictKeyError, parse_keys
+
 __all__ = ["CampaignError", "Settings", "Thresholds", "load_thresholds", "user_cache_dir"]
+
+_KEY_SETTINGS = "RLHEALTH_VERDICT_KEY or RLHEALTH_VERDICT_KEY_FILE"
 
 
 class CampaignError(ValueError):
@@ -108,6 +112,12 @@ class Settings(BaseSettings):
     capture_budget_s: float = Field(120, gt=0)
     # The second look before a KILL that rests on stacks: wait this long, then look again (0: off).
     reobserve_s: float = Field(60, ge=0)
+    # The verdict key (shared/signing.py): hex, or `kid:hex,kid:hex` to rotate; the file holds the
+    # same text. Every pipeline role needs one; `diagnose` and `parse` do not.
+    verdict_key: SecretStr | None = None
+    verdict_key_file: Path | None = None
+    # where worker and ingest serve /metrics (0.0.0.0 only when a scraper elsewhere needs it)
+    metrics_addr: str = "127.0.0.1"
 
     @field_validator("backends")
     @classmethod
@@ -124,6 +134,25 @@ class Settings(BaseSettings):
     def cache_root(self) -> Path:
         """Where the worker keeps its caches: RLHEALTH_CACHE_DIR, else the user's own."""
         return self.cache_dir or user_cache_dir()
+    def verdict_keys(self) -> KeyRing:
+        """The verdict key ring; raises `VerdictKeyError` naming the setting that is missing or
+        unusable (never its value)."""
+        if self.verdict_key is not None and self.verdict_key_file is not None:
+            raise VerdictKeyError(f"set one of {_KEY_SETTINGS}, not both")
+        if self.verdict_key is not None:
+            return _ring("RLHEALTH_VERDICT_KEY", self.verdict_key.get_secret_value())
+        if self.verdict_key_file is not None:
+            path = self.verdict_key_file
+            try:
+                text = path.read_text(encoding="utf-8")
+            except (OSError, UnicodeDecodeError) as exc:
+                reason = getattr(exc, "strerror", None) or type(exc).__name__
+                raise VerdictKeyError(f"RLHEALTH_VERDICT_KEY_FILE {path}: {reason}") from None
+            return _ring(f"RLHEALTH_VERDICT_KEY_FILE {path}", text)
+        raise VerdictKeyError(
+            f"{_KEY_SETTINGS} is not set: every pipeline role signs or verifies verdicts with it "
+            "(hex, at least 32 bytes; e.g. python -c 'import secrets;print(secrets.token_hex(32))')"
+        )
 
     def enabled_backends(self) -> tuple[str, ...]:
         """The live backends an event may choose, in the operator's order."""
@@ -137,6 +166,11 @@ def user_cache_dir() -> Path:
     xdg = Path(os.environ.get("XDG_CACHE_HOME", ""))
     base = xdg if xdg.is_absolute() else Path.home() / ".cache"
     return base / "rl-job-health"
+def _ring(setting: str, text: str) -> KeyRing:
+    try:
+        return parse_keys(text)
+    except VerdictKeyError as exc:
+        raise VerdictKeyError(f"{setting} is unusable: {exc}") from None
 
 
 def _read_campaign(path: Path) -> dict[str, Any]:

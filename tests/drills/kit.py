@@ -38,6 +38,7 @@ from shared.models import Event
 from shared.settings import Settings
 from shared.streams import ALERT_FIELD, INGEST_GROUP, StreamNames
 from tests.integration.bundles import write_job_bundle
+from tests.keys import TEST_KEY
 
 ROOT = Path(__file__).resolve().parents[2]
 PYTHON = str(Path(sys.executable))
@@ -177,6 +178,7 @@ class Stack:
             "RLHEALTH_STREAM_PREFIX": PREFIX,
             "RLHEALTH_COALESCE_S": "300",
             "RLHEALTH_CACHE_DIR": str(workdir / "cache"),
+            "RLHEALTH_VERDICT_KEY": TEST_KEY,  # every pipeline role signs or verifies with it
             "AWS_ACCESS_KEY_ID": "test",
             "AWS_SECRET_ACCESS_KEY": "test",
             "AWS_DEFAULT_REGION": "us-east-1",

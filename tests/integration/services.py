@@ -12,7 +12,10 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+from pydantic import SecretStr
+
 from shared.settings import Settings
+from tests.keys import TEST_KEY
 
 PREFIX = "rlhtest"
 RL_HEALTH = str(Path(sys.executable).with_name("rl-health"))
@@ -60,6 +63,7 @@ def service_env(
         "RLHEALTH_STREAM_PREFIX": PREFIX,
         "RLHEALTH_COALESCE_S": str(coalesce_s),
         "RLHEALTH_CACHE_DIR": str(cache),
+        "RLHEALTH_VERDICT_KEY": TEST_KEY,  # every pipeline role signs or verifies with it
         # these services judge recorded bundles without a live backend, as `diagnose` does: no
         # second look before a stall KILL (tests/integration/test_second_look.py takes them)
         "RLHEALTH_REOBSERVE_S": "0",
@@ -80,6 +84,7 @@ def settings_from(env: dict[str, str]) -> Settings:
         stream_prefix=PREFIX,
         coalesce_s=float(env["RLHEALTH_COALESCE_S"]),
         cache_dir=Path(env["RLHEALTH_CACHE_DIR"]),
+        verdict_key=SecretStr(env["RLHEALTH_VERDICT_KEY"]),
     )
 
 

@@ -45,9 +45,11 @@ def _bytes(before: Samples, after: Samples, kind: str) -> float:
 
 
 def _diagnose(services: Services, job: str) -> tuple[str, Samples]:
-    """One alert answered (the job's cooldown lifted first, as if it had run out); the worker's
+    """One alert answered (the job's cooldowns lifted first, as if they had run out: the one of
+    its live alerts and those of alerts asking their own question, `now` here); the worker's
     metrics after it."""
-    services.redis.delete(services.names.cooldown(job))
+    for key in services.redis.scan_iter(match=services.names.cooldown(job) + "*"):
+        services.redis.delete(key)
     event_id = publish_alert(services.redis, job, now=NOW)
     _verdicts_for(services, {event_id})
     return event_id, _scrape(services.metrics["worker"])

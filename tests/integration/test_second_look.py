@@ -27,6 +27,7 @@ from typing import Any
 
 import pytest
 import redis
+from pydantic import SecretStr
 
 from shared.alerts import publish_alert
 from shared.models import VerdictEntry
@@ -90,6 +91,7 @@ def looking(
         redis_url=redis_url, s3_endpoint_url=s3_endpoint, s3_bucket=env["RLHEALTH_S3_BUCKET"],
         s3_prefix="look", bundle_root=base / "bundles", stream_prefix=PREFIX, coalesce_s=0,
         cache_dir=base / "cache", backend="local", reobserve_s=REOBSERVE_S, lease_s=LEASE_S,
+        verdict_key=SecretStr(env["RLHEALTH_VERDICT_KEY"]),  # built before any test's own env
     )  # fmt: skip
     with pytest.MonkeyPatch.context() as patch:
         for name in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_DEFAULT_REGION"):

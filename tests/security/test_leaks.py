@@ -23,6 +23,7 @@ import pytest
 from click.testing import CliRunner
 
 from reports.sinks import S3ReportSink, VerdictStreamSink
+from tests.keys import TEST_KEY, TEST_KEYS
 from tests.security.bundles import NOW, crafted_bundle
 from tests.security.corpus import SAMPLES, corpus_lines, leaks
 from tests.security.spies import Spies, make_spybin
@@ -113,6 +114,7 @@ def outputs(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Outputs]:
     """Every output of every path the corpus can take, read back whole."""
     root = tmp_path_factory.mktemp("leaks")
     with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("RLHEALTH_VERDICT_KEY", TEST_KEY)  # set up before any test's own env
         yield Outputs(_collect(root, patch))
 
 
@@ -184,7 +186,7 @@ def _collect(root: Path, patch: pytest.MonkeyPatch) -> dict[str, str]:
     freeze(evidence, root / "frozen")
     texts["frozen evidence"] = _files(root / "frozen")
     report = judge(evidence, event_id="evt-1")
-    stored = S3ReportSink(MemoryStore())(report, cluster="cw", user="ops", job="rl-job")
+    stored = S3ReportSink(MemoryStore(), TEST_KEYS)(report, cluster="cw", user="ops", job="rl-job")
     texts["verdict entry"] = VerdictStreamSink.entry(report, stored).model_dump_json()
     texts.update(_pipeline(job, root / "bundles", probes))
     texts["live probe files"] = _live_probes(root, job, patch)

@@ -16,6 +16,8 @@ with warnings.catch_warnings():  # starlette asks for httpx2 over httpx; both dr
 
 from reports.board import Board, make_board, mechanism_of, report_key_of
 from reports.html import CSP
+from shared.signing import sign
+from tests.keys import TEST_KEYS, signed_fields
 from worker.pipeline.store import MemoryStore
 
 STREAM = "rlhtest:verdicts"
@@ -42,19 +44,21 @@ def _publish(
 ) -> str:
     key = f"reports/{cluster}/ops/{job}/2026-07-30T21:15:00Z-{lead}.json"
     body = document or {"verdict": verdict, "gates": _gates(), "kill_proof": None}
-    store.put_once(key, json.dumps(body).encode())
+    store.put_once(key, json.dumps(sign(body, TEST_KEYS)).encode())
     store.put_once(key.removesuffix(".json") + ".html", b"<!DOCTYPE html><p>report</p>")
     client.xadd(
         STREAM,
-        {
-            "event_id": lead,
-            "event_ids": json.dumps(ids),
-            "job_id": f"/ops/{job}",
-            "verdict": verdict,
-            "confidence": "high",
-            "report_uri": store.uri(key),
-            "captured_at": "2026-07-30T21:15:00Z",
-        },
+        signed_fields(
+            {
+                "event_id": lead,
+                "event_ids": ids,
+                "job_id": f"/ops/{job}",
+                "verdict": verdict,
+                "confidence": "high",
+                "report_uri": store.uri(key),
+                "captured_at": "2026-07-30T21:15:00Z",
+            }
+        ),
     )
     return key
 
@@ -63,7 +67,7 @@ def _publish(
 def setup() -> tuple[TestClient, Any, MemoryStore]:
     client = fakeredis.FakeRedis()
     store = MemoryStore()
-    board = Board(client, store, STREAM, limit=50, refresh_s=15)
+    board = Board(client, store, STREAM, keys=TEST_KEYS, limit=50, refresh_s=15)
     return TestClient(make_board(board)), client, store
 
 
@@ -161,7 +165,8 @@ def test_the_page_offers_no_action_and_escapes_what_it_shows(
     hostile = "<script>alert(1)</script>"
     document = {"verdict": "ERROR", "gates": _gates(liveness=("ERROR", hostile))}
     _publish(redis, store, lead="e1", ids=["e1"], verdict="ERROR", job="x", document=document)
-    redis.xadd(STREAM, {**_fields(redis), "job_id": hostile, "event_id": "e2"})
+    fields = {**_fields(redis), "job_id": hostile, "event_id": "e2"}
+    redis.xadd(STREAM, signed_fields({**fields, "event_ids": json.loads(fields["event_ids"])}))
     page = http.get("/").text.lower()
     assert "<form" not in page and "<button" not in page and "<script" not in page
     assert "&lt;script&gt;alert(1)&lt;/script&gt;" in page
@@ -180,7 +185,7 @@ def test_the_stream_unavailable_is_a_503_page(setup: tuple[TestClient, Any, Memo
         def xrevrange(self, *args: Any, **kwargs: Any) -> Any:
             raise ConnectionError("Connection refused")
 
-    http = TestClient(make_board(Board(Down(), store, STREAM)))
+    http = TestClient(make_board(Board(Down(), store, STREAM, keys=TEST_KEYS)))
     response = http.get("/")
     assert response.status_code == 503 and "verdict stream is unavailable" in response.text
     assert http.get("/healthz").text == "ok"

@@ -14,7 +14,8 @@ import redis
 from shared.alerts import publish_alert
 from shared.models import Confidence, Verdict, VerdictEntry
 from shared.settings import Settings
-from shared.streams import ALERT_FIELD, INGEST_GROUP, StreamNames, entry_from_fields
+from shared.streams import ALERT_FIELD, INGEST_GROUP, StreamNames, read_entry, read_message
+from tests.keys import TEST_KEYS
 from worker.pipeline.coalesce import Coalescer
 from worker.pipeline.ingest import Entry, Ingest
 from worker.pipeline.steps import Pipeline
@@ -75,7 +76,7 @@ def _entry(verdict: Verdict = Verdict.NO_KILL, lead: str = "e1") -> VerdictEntry
 
 
 def _verdicts(client: Any, names: StreamNames) -> list[VerdictEntry]:
-    return [entry_from_fields(fields) for _id, fields in client.xrange(names.verdicts)]
+    return [read_entry(fields, TEST_KEYS) for _id, fields in client.xrange(names.verdicts)]
 
 
 def _alert(client: Any, settings: Settings, job: str = JOB) -> str:
@@ -128,7 +129,7 @@ def test_alert_after_the_verdict_is_answered_by_it(pipeline: Pipeline, client: A
 
 def test_cooldown_expiry_starts_a_new_diagnosis(settings: Settings, client: Any) -> None:
     """With no cooldown, an alert after the verdict leads a new diagnosis."""
-    c = Coalescer(client, StreamNames("t"), coalesce_s=0)
+    c = Coalescer(client, StreamNames("t"), keys=TEST_KEYS, coalesce_s=0)
     c.admit("e1", JOB)
     c.publish(_entry(), JOB)
     assert c.admit("e2", JOB).outcome == "started"
@@ -152,14 +153,14 @@ def test_late_publish_does_not_release_a_newer_diagnosis(pipeline: Pipeline) -> 
 
 
 def test_channel_carries_the_entry(pipeline: Pipeline, client: Any) -> None:
-    """The pub/sub channel gets the same verdict entry as JSON."""
+    """The pub/sub channel gets the same verdict entry as JSON, signed."""
     pubsub = client.pubsub(ignore_subscribe_messages=True)
     pubsub.subscribe(pipeline.names.verdict_channel)
     pipeline.coalescer.admit("e1", JOB)
     pipeline.coalescer.publish(_entry(), JOB)
     messages = (pubsub.get_message(timeout=0.2) for _ in range(5))
     message = next(m for m in messages if m)
-    assert VerdictEntry.model_validate(json.loads(message["data"])) == _entry()
+    assert read_message(message["data"], TEST_KEYS) == _entry().signed(TEST_KEYS)
 
 
 # --- ingest ------------------------------------------------------------------------------------

@@ -13,7 +13,7 @@ import redis
 
 from shared.models import Confidence, Event, Verdict, VerdictEntry
 from shared.settings import Settings
-from shared.streams import entry_from_fields
+from shared.streams import read_entry
 from tests.integration.bundles import write_job_bundle
 from worker.pipeline.steps import Pipeline
 from worker.pipeline.store import MemoryStore
@@ -56,7 +56,8 @@ def _entry(lead: str = "e1", verdict: Verdict = Verdict.NO_KILL) -> VerdictEntry
 
 
 def _verdicts(pipeline: Pipeline) -> list[VerdictEntry]:
-    return [entry_from_fields(f) for _id, f in pipeline.redis.xrange(pipeline.names.verdicts)]
+    verdicts = pipeline.redis.xrange(pipeline.names.verdicts)
+    return [read_entry(fields, pipeline.keys) for _id, fields in verdicts]
 
 
 class Resends:
@@ -237,7 +238,8 @@ def test_fail_publishes_a_verdict_already_decided(pipeline: Pipeline) -> None:
     """A diagnosis whose verdict was decided but not published is answered with that verdict,
     not with an ERROR, and nothing is dead-lettered."""
     _start(pipeline)
-    pipeline.redis.set(pipeline.names.entry("e1"), _entry().model_dump_json())
+    decided = _entry().signed(pipeline.keys)  # the verdict step keeps it signed
+    pipeline.redis.set(pipeline.names.entry("e1"), decided.model_dump_json())
     entry = pipeline.fail("e1", JOB, "publish failed: ConnectionError")
     assert entry is not None and entry.verdict is Verdict.NO_KILL
     assert [e.verdict for e in _verdicts(pipeline)] == [Verdict.NO_KILL]

@@ -12,8 +12,9 @@ import pytest
 from shared.alerts import OutsideBundleRootError, confine, publish_alert
 from shared.models import Confidence, Event, Verdict, VerdictEntry
 from shared.settings import Settings
-from shared.streams import ALERT_FIELD, StreamNames, entry_fields, entry_from_fields
+from shared.streams import ALERT_FIELD, StreamNames, entry_fields, read_entry
 from shared.supervisor import VerdictReader
+from tests.keys import TEST_KEYS, signed_fields
 
 
 def test_contract_names_follow_the_prefix() -> None:
@@ -29,7 +30,7 @@ def test_contract_names_follow_the_prefix() -> None:
 
 
 def test_verdict_entry_survives_the_stream_encoding() -> None:
-    """A verdict entry written as stream fields reads back equal."""
+    """A signed verdict entry written as stream fields reads back equal."""
     entry = VerdictEntry(
         event_id="e1",
         event_ids=("e1", "e2"),
@@ -38,10 +39,11 @@ def test_verdict_entry_survives_the_stream_encoding() -> None:
         confidence=Confidence.MEDIUM,
         report_uri="s3://b/reports/cw/ops/rl-job/2026-07-30T21:15:00Z-e1.json",
         captured_at=datetime(2026, 7, 30, 21, 15, tzinfo=UTC),
-    )
-    fields = entry_fields(entry) | {"event_ids": json.dumps(["e1", "e2"])}
+    ).signed(TEST_KEYS)
+    fields = entry_fields(entry)
+    assert json.loads(fields["event_ids"]) == ["e1", "e2"]
     encoded = {k.encode(): v.encode() for k, v in fields.items()}
-    assert entry_from_fields(encoded) == entry
+    assert read_entry(encoded, TEST_KEYS) == entry
 
 
 def test_confine_keeps_paths_inside_the_root(tmp_path: Path) -> None:
@@ -86,14 +88,14 @@ def test_reader_group_delivers_each_verdict_once() -> None:
     settings = Settings(stream_prefix="t")
     entry = {
         "event_id": "e1",
-        "event_ids": '["e1"]',
+        "event_ids": ["e1"],
         "job_id": "/u/j",
         "verdict": "KILL",
         "confidence": "high",
         "report_uri": "s3://b/r.json",
         "captured_at": "2026-07-30T21:15:00Z",
     }
-    client.xadd("t:verdicts", entry)
+    client.xadd("t:verdicts", signed_fields(entry))
     reader = VerdictReader(client, settings, group="sup")
     assert [e.event_id for e in reader.follow(timeout_s=0.2)] == ["e1"]
     assert list(reader.follow(timeout_s=0.2)) == []
@@ -117,7 +119,7 @@ def test_follow_channel_yields_published_entries_until_count() -> None:
         confidence=Confidence.HIGH,
         report_uri="s3://b/r.json",
         captured_at=datetime(2026, 7, 30, 21, 15, tzinfo=UTC),
-    )
+    ).signed(TEST_KEYS)
     stop = threading.Event()
 
     def publish() -> None:  # until the listener has subscribed and read one

@@ -16,6 +16,7 @@ def test_shell_thresholds_are_cleared(monkeypatch: pytest.MonkeyPatch) -> None:
     assert sorted(clear_rlhealth(monkeypatch)) == [
         "RLHEALTH_MIN_WINDOW_STEPS",
         "RLHEALTH_STALL_FLOOR_S",
+        "RLHEALTH_VERDICT_KEY",  # the tests' own key, which the conftest sets
     ]
     assert Thresholds() == Thresholds.model_validate({})
     assert (Thresholds().min_window_steps, Thresholds().stall_floor_s) == (10, 600)

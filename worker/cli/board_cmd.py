@@ -1,14 +1,14 @@
 """`rl-health board`: serve the read-only board of recent verdicts (reports/board.py).
 
 Connections come from settings (RLHEALTH_REDIS_URL, RLHEALTH_S3_*, RLHEALTH_STREAM_PREFIX), like
-every pipeline command.
+every pipeline command; the verdict key (RLHEALTH_VERDICT_KEY or _FILE) verifies what it shows.
 """
 
 from __future__ import annotations
 
 import click
 
-from worker.cli.options import load_settings
+from worker.cli.options import load_settings, load_verdict_keys
 
 __all__ = ["board_command"]
 
@@ -30,6 +30,8 @@ def board_command(host: str, port: int, limit: int, refresh: int) -> None:
     """Serve a read-only web page of recent verdicts, each linking to its HTML report.
 
     GET only: it lists verdicts and serves stored reports, and offers no action on any job.
+    Only verdicts signed with the verdict key are shown as verdicts; other entries are marked
+    REFUSED.
     """
     import redis
     import uvicorn
@@ -39,8 +41,10 @@ def board_command(host: str, port: int, limit: int, refresh: int) -> None:
     from worker.pipeline.store import store_from_settings
 
     settings = load_settings()  # exit 2 with one line for an unusable setting
+    keys = load_verdict_keys(settings)
     client = redis.Redis.from_url(settings.redis_url, health_check_interval=30)
     stream = StreamNames(settings.stream_prefix).verdicts
-    board = Board(client, store_from_settings(settings), stream, limit=limit, refresh_s=refresh)
+    store = store_from_settings(settings)
+    board = Board(client, store, stream, keys=keys, limit=limit, refresh_s=refresh)
     click.echo(f"rl-health board on http://{host}:{port}/ (read-only)", err=True)
     uvicorn.run(make_board(board), host=host, port=port, log_level="warning", access_log=False)

@@ -14,12 +14,14 @@ from pydantic import ValidationError
 
 from shared.safefs import OUTPUT_MODE, UnsafeDirectoryError, owned_directory
 from shared.settings import CampaignError, Settings, Thresholds, load_thresholds
+from shared.signing import KeyRing, VerdictKeyError
 
 __all__ = [
     "ISO_DATETIME",
     "UnusableError",
     "load_campaign_thresholds",
     "load_settings",
+    "load_verdict_keys",
     "own_directory",
     "writable_directory",
 ]
@@ -74,6 +76,14 @@ def load_settings() -> Settings:
         return Settings()
     except ValidationError as exc:
         raise UnusableError(f"unusable setting {_problems(exc, _env_name)}") from exc
+
+
+def load_verdict_keys(settings: Settings) -> KeyRing:
+    """The verdict keys every pipeline role needs, or exit 2 with one line naming the setting."""
+    try:
+        return settings.verdict_keys()
+    except VerdictKeyError as exc:
+        raise UnusableError(str(exc)) from exc
 
 
 def load_campaign_thresholds(campaign: Path | None) -> Thresholds:

@@ -1,14 +1,18 @@
 """`rl-health alert | ingest | worker | verdicts | replay`: the pipeline's commands (CONTRACT.md).
 
 Connections come from settings: RLHEALTH_REDIS_URL, RLHEALTH_S3_ENDPOINT_URL, RLHEALTH_S3_BUCKET,
-RLHEALTH_S3_PREFIX, RLHEALTH_BUNDLE_ROOT, RLHEALTH_STREAM_PREFIX, RLHEALTH_COALESCE_S.
+RLHEALTH_S3_PREFIX, RLHEALTH_BUNDLE_ROOT, RLHEALTH_STREAM_PREFIX, RLHEALTH_COALESCE_S. Every role
+that signs or reads verdicts (ingest, worker, verdicts, replay) needs the verdict key
+(RLHEALTH_VERDICT_KEY or RLHEALTH_VERDICT_KEY_FILE) and exits 2 naming it when it is missing;
+`alert` only publishes an event and needs none. Metrics are served on RLHEALTH_METRICS_ADDR.
 """
 
 from __future__ import annotations
 
+import json
 import logging
 import os
-import shutil
+import re
 import signal
 import sys
 import tempfile
@@ -21,8 +25,9 @@ from typing import TYPE_CHECKING, Any, TypeVar
 import click
 
 from shared.models import Event, Mode, VerdictEntry
+from shared.redact import escape_controls
 from shared.settings import Settings
-from worker.cli.options import ISO_DATETIME, load_settings
+from worker.cli.options import ISO_DATETIME, load_settings, load_verdict_keys
 
 if TYPE_CHECKING:
     from worker.pipeline.steps import Pipeline
@@ -37,6 +42,8 @@ __all__ = [
 
 MODES = [m.value for m in Mode if m is not Mode.UNDECLARED]
 FC = TypeVar("FC", bound=Callable[..., Any] | click.Command)
+# the names prometheus-client's multiprocess mode gives its files: `<type>_<pid>.db`
+_METRIC_FILE = re.compile(r"^(?:counter|histogram|summary|gauge_[a-z]+)_\d+\.db$")
 
 
 def _redis(settings: Settings) -> Any:
@@ -61,13 +68,22 @@ def _fail(message: str, code: int = 2) -> None:
 
 
 def _entry_line(entry: VerdictEntry, as_json: bool) -> str:
+    """One verdict as a line; no value can carry a terminal escape (JSON: every non-ASCII and
+    control character escaped; text: controls written as visible escapes)."""
+    data = entry.model_dump(mode="json")
     if as_json:
-        return entry.model_dump_json()
+        return json.dumps(data, ensure_ascii=True, separators=(",", ":"))
     more = f" (+{len(entry.event_ids) - 1} coalesced)" if len(entry.event_ids) > 1 else ""
+    job, event, uri = (escape_controls(data[k]) for k in ("job_id", "event_id", "report_uri"))
     return (
-        f"{entry.model_dump(mode='json')['captured_at']}  {entry.verdict.value:<7} "
-        f"{entry.confidence.value:<6} {entry.job_id}  {entry.event_id}{more}  {entry.report_uri}"
+        f"{data['captured_at']}  {entry.verdict.value:<7} "
+        f"{entry.confidence.value:<6} {job}  {event}{more}  {uri}"
     )
+
+
+def _refused(refusal: object) -> None:
+    """A refused entry on stderr, one line (`REFUSED <entry id>: <reason>`, escaped)."""
+    click.echo(str(refusal), err=True)
 
 
 def _metrics_port_option(what: str) -> Callable[[FC], FC]:
@@ -79,14 +95,21 @@ def _metrics_port_option(what: str) -> Callable[[FC], FC]:
 
 
 def _prepare_metrics_dir(directory: Path | None) -> Path:
-    """Empty the pool's metric directory and name it in PROMETHEUS_MULTIPROC_DIR, before
-    prometheus-client is imported (it reads the variable once, at its import)."""
+    """Empty the pool's metric directory of the files prometheus-client writes there (counts of
+    an earlier run must not be added to this one's) — nothing else in it, never through a
+    symlink — and name it in PROMETHEUS_MULTIPROC_DIR, before prometheus-client is imported (it
+    reads the variable once, at its import)."""
     if "prometheus_client" in sys.modules:
         _fail("prometheus-client was imported before its multiprocess directory was set", 1)
     target = directory or Path(tempfile.mkdtemp(prefix="rlhealth-metrics-"))
-    if target.exists():
-        shutil.rmtree(target)  # counts of an earlier run must not be added to this one's
-    target.mkdir(parents=True)
+    try:
+        target.mkdir(parents=True, exist_ok=True)
+        with os.scandir(target) as entries:
+            for entry in entries:
+                if _METRIC_FILE.match(entry.name) and entry.is_file(follow_symlinks=False):
+                    Path(entry.path).unlink()
+    except OSError as exc:
+        _fail(f"--metrics-dir {target} is not a usable directory: {exc.strerror or exc}")
     os.environ["PROMETHEUS_MULTIPROC_DIR"] = str(target)
     return target
 
@@ -139,6 +162,7 @@ def ingest_command(
     from functools import partial
 
     settings = load_settings()  # before the app module reads them
+    load_verdict_keys(settings)  # ingest signs re-announced verdicts and ERROR answers
     from worker.pipeline.ingest import Ingest
     from worker.pipeline.tasks import dispatch, draw_later, resend
     from worker.pipeline.watchdog import Watchdog
@@ -146,7 +170,7 @@ def ingest_command(
     if metrics_port is not None:
         from worker.pipeline.metrics import serve
 
-        serve(metrics_port)
+        serve(metrics_port, settings.metrics_addr)
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
     stopping: list[int] = []
@@ -180,8 +204,8 @@ def ingest_command(
 @click.option(
     "--metrics-dir",
     type=click.Path(path_type=Path, file_okay=False),
-    help="Where pool processes keep their metric files (emptied at start; default: a new "
-    "temporary directory).",
+    help="Where pool processes keep their metric files (the files they wrote there are removed "
+    "at start, nothing else; default: a new temporary directory).",
 )
 def worker_command(
     concurrency: int,
@@ -193,6 +217,7 @@ def worker_command(
 ) -> None:
     """Start a Celery worker running the diagnosis tasks."""
     settings = load_settings()  # before the app module reads them
+    load_verdict_keys(settings)  # the worker signs every verdict and stored report
     if metrics_port is not None:
         _prepare_metrics_dir(metrics_dir)  # before the tasks import prometheus-client
     import worker.pipeline.tasks  # noqa: F401 - registers the tasks
@@ -205,7 +230,7 @@ def worker_command(
     if metrics_port is not None:
         from worker.pipeline.metrics import serve
 
-        serve(metrics_port)  # in this main process, summing every pool child's files
+        serve(metrics_port, settings.metrics_addr)  # in this main process: every child's sum
 
     if settings.s3_endpoint_url:
         _pipeline(settings)  # makes the bucket of a local S3 before the first task
@@ -270,7 +295,9 @@ def verdicts_command(
 ) -> None:
     """Read verdicts (the supervisor side): the latest ones, or new ones with --follow.
 
-    On a terminal, --follow without --json shows a live table; piped, one line per verdict.
+    Only verdicts signed with the verdict key are printed; any other entry is reported on
+    stderr as `REFUSED <entry id>: <reason>` (and acked, in a --group). On a terminal,
+    --follow without --json shows a live table; piped, one line per verdict.
     """
     from worker.cli.terminal import is_terminal, live_verdicts
 
@@ -296,9 +323,16 @@ def _verdict_entries(
     """The entries `verdicts` prints: from the channel, the stream (alone or as a group)."""
     from shared.supervisor import VerdictReader, follow_channel
 
+    keys = load_verdict_keys(settings)
     if channel:
-        return islice(follow_channel(_redis(settings), settings, timeout_s=timeout), count)
-    reader = VerdictReader(_redis(settings), settings, group=group)
+        messages = follow_channel(
+            _redis(settings), settings, keys=keys, timeout_s=timeout, on_refused=_refused,
+            reader="cli",
+        )  # fmt: skip
+        return islice(messages, count)
+    reader = VerdictReader(
+        _redis(settings), settings, keys=keys, group=group, on_refused=_refused, reader="cli"
+    )
     if follow or group:
         if group and not follow and timeout is None:
             timeout = 1.0  # a group read without --follow takes what is waiting
@@ -358,6 +392,7 @@ def replay_command(event_id: str, fresh: bool, timeout: float, as_json: bool) ->
     stream like any other, but never coalesced with the job's live alerts.
     """
     settings = load_settings()  # before the app module reads them
+    keys = load_verdict_keys(settings)
     from shared.alerts import confine
     from shared.supervisor import VerdictReader
     from worker.pipeline.failures import EvidenceLostError
@@ -370,8 +405,8 @@ def replay_command(event_id: str, fresh: bool, timeout: float, as_json: bool) ->
     except (ObjectMissingError, EvidenceLostError, UnsafeKeyError):
         _fail(f"no archived event {event_id}")
     replay, evidence_id = _replay_event(pipeline, original, fresh)
-    reader = VerdictReader(pipeline.redis, settings)
-    reader.recent(1)  # follow from the newest entry on
+    reader = VerdictReader(pipeline.redis, settings, keys=keys, on_refused=_refused, reader="cli")
+    reader.anchor()  # follow from the newest entry on
     pipeline.archive(replay)
     dispatch(
         replay.event_id, confine(settings.bundle_root, replay.job_dir), evidence_id=evidence_id

@@ -28,6 +28,7 @@ from rich.table import Table
 from rich.text import Text
 
 from shared.models import VerdictEntry, iso_utc
+from shared.redact import escape_controls
 
 __all__ = [
     "LogProgress",
@@ -126,13 +127,13 @@ def _table(entries: list[VerdictEntry]) -> Table:
         table.add_column(column, overflow="fold")
     for entry in reversed(entries[-_TABLE_ROWS:]):
         verdict = Text(entry.verdict.value, style=VERDICT_STYLES.get(entry.verdict.value, ""))
-        table.add_row(
+        table.add_row(  # Text, never markup; controls escaped: no cell can move the cursor
             iso_utc(entry.captured_at),
             verdict,
             entry.confidence.value,
-            entry.job_id,
-            "\n".join(entry.event_ids),
-            entry.report_uri,
+            Text(escape_controls(entry.job_id)),
+            Text("\n".join(escape_controls(i) for i in entry.event_ids)),
+            Text(escape_controls(entry.report_uri)),
         )
     return table
 

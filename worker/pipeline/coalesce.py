@@ -12,6 +12,18 @@ step, so between them there is no window:
   answer list, releases the job's in-flight mark and opens its cooldown (not for a failed
   diagnosis), once per lead, and ends the lead's lease.
 
+Every entry announced is signed (`shared.signing`) over the answer list it announces, and the key
+never goes to Redis: Python signs for the answer list it read, and the script announces only if
+the list is still that one (else it answers `sign` and Python signs again for the new list). A
+re-announcement first verifies the job's cooldown entry, so Redis alone cannot make the pipeline
+sign a verdict it never reached; a cooldown entry that does not verify is dropped and the alert
+starts a diagnosis of its own.
+
+Alerts coalesce under a key (`coalescing_key`): the job directory for a live alert, and the job
+with a digest of the question for an alert that asks its own (`now`, `probes`, `mode`,
+`backend`). An alert judged as of another time, on other probes or in another mode is another
+question, never answered by this one's verdict.
+
 A started lead is registered with a lease (`worker.pipeline.lease`). If the job's in-flight mark
 ever expires without a publish (every worker gone for half an hour), the next alert's lead takes
 over the old lead's answer list, and the old lead, should it come back, stays silent.
@@ -26,35 +38,50 @@ names are built in the script from a prefix: this needs a single Redis node, not
 
 from __future__ import annotations
 
+import hashlib
+import json
+import logging
 from dataclasses import dataclass
 from typing import Any, Final, Literal, cast
 
-from shared.models import VerdictEntry
-from shared.streams import StreamNames, entry_fields
+from shared.models import Event, VerdictEntry
+from shared.signing import KeyRing
+from shared.streams import RefusedEntryError, StreamNames, entry_fields, read_entry
 
-__all__ = ["Admission", "Coalescer", "Outcome"]
+__all__ = [
+    "Admission",
+    "Coalescer",
+    "CoalescingContentionError",
+    "Outcome",
+    "coalescing_key",
+    "job_dir_of",
+    "question",
+]
+
+log = logging.getLogger(__name__)
 
 Outcome = Literal["started", "attached", "reannounced", "duplicate"]
+QUESTION_MARK: Final = "#q-"  # between the job directory and a question's digest in a key
+_SIGN_TRIES: Final = 10  # the answer list changed under us this often: give up (it never does)
+_DROP: Final = "drop"  # tells the admit script the cooldown entry did not verify
 
 _ANNOUNCE: Final = """
-local function announce(fields, answers, stream, channel, maxlen)
-  local ids = redis.call('LRANGE', answers, 0, -1)
-  local ids_json = cjson.encode(ids)
-  redis.call('XADD', stream, 'MAXLEN', '~', maxlen, '*',
-    'event_id', fields.event_id, 'event_ids', ids_json, 'job_id', fields.job_id,
-    'verdict', fields.verdict, 'confidence', fields.confidence,
-    'report_uri', fields.report_uri, 'captured_at', fields.captured_at)
-  local entry = {event_id = fields.event_id, event_ids = ids, job_id = fields.job_id,
-    verdict = fields.verdict, confidence = fields.confidence,
-    report_uri = fields.report_uri, captured_at = fields.captured_at}
-  redis.call('PUBLISH', channel, cjson.encode(entry))
+local function expected(lead, ids)
+  return lead .. '\\n' .. table.concat(ids, '\\n')
+end
+local function announce(stream, channel, maxlen, first, message)
+  local fields = {}
+  for i = first, #ARGV do fields[#fields + 1] = ARGV[i] end
+  redis.call('XADD', stream, 'MAXLEN', '~', maxlen, '*', unpack(fields))
+  redis.call('PUBLISH', channel, message)
 end
 """
 
 # KEYS: event marker, inflight(job), cooldown(job), verdict stream, diagnoses stream, leases,
 #       lastlead(job), lead record(event_id)
 # ARGV: event_id, answers prefix, inflight ttl, retention, channel, maxlen, job, key prefix,
-#       lease ms, event JSON, evidence id
+#       lease ms, event JSON, evidence id, the cooldown answer ('' first, 'drop', or the
+#       lead and answer list signed for), the signed entry's JSON, then its stream fields
 _ADMIT: Final = (
     _ANNOUNCE
     + """
@@ -67,14 +94,18 @@ if lead then
   redis.call('SET', KEYS[1], lead, 'EX', retention)
   return {'attached', lead}
 end
+if ARGV[12] == 'drop' then redis.call('DEL', KEYS[3]) end
 local flat = redis.call('HGETALL', KEYS[3])
 if #flat > 0 then
   local fields = {}
   for i = 1, #flat, 2 do fields[flat[i]] = flat[i + 1] end
-  redis.call('RPUSH', prefix .. fields.event_id, event_id)
-  redis.call('SET', KEYS[1], fields.event_id, 'EX', retention)
-  announce(fields, prefix .. fields.event_id, KEYS[4], ARGV[5], ARGV[6])
-  return {'reannounced', fields.event_id}
+  local known = fields.event_id or ''
+  local ids = redis.call('LRANGE', prefix .. known, 0, -1)
+  if ARGV[12] ~= expected(known, ids) then return {'sign', known, flat, ids} end
+  redis.call('RPUSH', prefix .. known, event_id)
+  redis.call('SET', KEYS[1], known, 'EX', retention)
+  announce(KEYS[4], ARGV[5], ARGV[6], 14, ARGV[13])
+  return {'reannounced', known}
 end
 local answers = prefix .. event_id
 redis.call('SET', KEYS[2], event_id, 'EX', ARGV[3])
@@ -107,31 +138,36 @@ return {'started', event_id}
 
 # KEYS: published(lead), inflight(job), cooldown(job), answers(lead), verdict stream, diagnoses,
 #       leases, superseded(lead)
-# ARGV: channel, maxlen, coalesce_s, retention, job, cooldown (1/0), entry JSON, then the entry's
-#       field/value pairs
+# ARGV: channel, maxlen, coalesce_s, retention, job, cooldown (1/0), the lead and answer list the
+#       entry was signed for, the signed entry's JSON, then its stream fields
+# Returns 1 (announced), 0 (announced before, or taken over), -1 (the answer list changed: sign
+# again).
 _PUBLISH: Final = (
     _ANNOUNCE
     + """
 if redis.call('EXISTS', KEYS[1]) == 1 then return 0 end
 local fields = {}
-for i = 8, #ARGV, 2 do fields[ARGV[i]] = ARGV[i + 1] end
+for i = 9, #ARGV, 2 do fields[ARGV[i]] = ARGV[i + 1] end
 if redis.call('EXISTS', KEYS[8]) == 1 then
   -- a newer lead took over this one's alerts: it answers them, this one stays silent
   redis.call('ZREM', KEYS[7], fields.event_id)
   return 0
 end
+local ids = redis.call('LRANGE', KEYS[4], 0, -1)
+if #ids == 0 then ids = {fields.event_id} end
+if ARGV[7] ~= expected(fields.event_id, ids) then return -1 end
 if redis.call('LLEN', KEYS[4]) == 0 then redis.call('RPUSH', KEYS[4], fields.event_id) end
 redis.call('EXPIRE', KEYS[4], ARGV[4])
-announce(fields, KEYS[4], KEYS[5], ARGV[1], ARGV[2])
+announce(KEYS[5], ARGV[1], ARGV[2], 9, ARGV[8])
 if redis.call('GET', KEYS[2]) == fields.event_id then
   redis.call('DEL', KEYS[2])
   if tonumber(ARGV[3]) > 0 and ARGV[6] == '1' then
     redis.call('DEL', KEYS[3])
-    for i = 8, #ARGV, 2 do redis.call('HSET', KEYS[3], ARGV[i], ARGV[i + 1]) end
+    for i = 9, #ARGV, 2 do redis.call('HSET', KEYS[3], ARGV[i], ARGV[i + 1]) end
     redis.call('PEXPIRE', KEYS[3], math.floor(tonumber(ARGV[3]) * 1000))
   end
 end
-redis.call('SET', KEYS[1], ARGV[7], 'EX', ARGV[4])
+redis.call('SET', KEYS[1], ARGV[8], 'EX', ARGV[4])
 redis.call('ZREM', KEYS[7], fields.event_id)
 redis.call('XADD', KEYS[6], 'MAXLEN', '~', ARGV[2], '*',
   'phase', 'published', 'event_id', fields.event_id, 'job', ARGV[5])
@@ -140,8 +176,56 @@ return 1
 )
 
 
+class CoalescingContentionError(RuntimeError):
+    """The answer list of a verdict kept changing while it was signed (never seen in practice)."""
+
+
 def _text(value: Any) -> str:
     return value.decode() if isinstance(value, bytes) else str(value)
+
+
+def question(event: Event) -> dict[str, str | None]:
+    """What an alert asks beyond its job: judged as of `now`, on `probes`, in `mode`, through
+    `backend` (all None: the live job, now, as the operator's settings say)."""
+    return {
+        "now": event.model_dump(mode="json")["now"],
+        "probes": event.probes,
+        "mode": event.mode.value if event.mode else None,
+        "backend": event.backend,
+    }
+
+
+def coalescing_key(job: str, event: Event) -> str:
+    """The key alerts of `job` (its directory under the bundle root) coalesce under: the job for
+    a live alert; for one that asks its own question (its `now`, `probes`, `mode` or `backend`),
+    the job and that question's digest. Hypothesis: alerts share a verdict only when the same
+    judgement answers both; an early `now` or missing probes would answer another question."""
+    asked = question(event)
+    if not any(asked.values()):
+        return job
+    text = json.dumps(asked, sort_keys=True, separators=(",", ":"))
+    return f"{job}{QUESTION_MARK}{hashlib.sha256(text.encode()).hexdigest()[:16]}"
+
+
+def job_dir_of(key: str) -> str:
+    """The job directory of a coalescing key."""
+    job, mark, digest = key.rpartition(QUESTION_MARK)
+    return job if mark and len(digest) == 16 else key
+
+
+def _listed(lead: str, ids: list[str]) -> str:
+    """A lead and its answer list as the scripts compare them (event ids hold no line break)."""
+    return "\n".join([lead, *ids])
+
+
+def _announcement(entry: VerdictEntry, ids: list[str], ring: KeyRing) -> list[Any]:
+    """The script arguments that announce `entry` for the answer list `ids`, signed: its JSON
+    (for the channel), then its stream fields as name, value pairs."""
+    signed = entry.model_copy(update={"event_ids": tuple(ids)}).signed(ring)
+    args: list[Any] = [signed.model_dump_json()]
+    for name, value in entry_fields(signed).items():
+        args += [name, value]
+    return args
 
 
 @dataclass(frozen=True)
@@ -151,13 +235,14 @@ class Admission:
 
 
 class Coalescer:
-    """The coalescing state of one pipeline instance."""
+    """The coalescing state of one pipeline instance; `keys` signs every entry it announces."""
 
     def __init__(
         self,
         redis: Any,
         names: StreamNames,
         *,
+        keys: KeyRing,
         coalesce_s: float,
         lease_s: float = 120,
         inflight_ttl_s: int = 1800,
@@ -166,6 +251,7 @@ class Coalescer:
     ) -> None:
         self.redis = redis
         self.names = names
+        self.keys = keys
         self.coalesce_s = coalesce_s
         self.lease_ms = int(lease_s * 1000)
         self.inflight_ttl_s = inflight_ttl_s
@@ -175,7 +261,7 @@ class Coalescer:
         self._publish = redis.register_script(_PUBLISH)
 
     def admit(self, event_id: str, job: str, *, event_json: str = "") -> Admission:
-        """Admit one alert for `job` (its directory relative to the bundle root).
+        """Admit one alert under `job` (its coalescing key, `coalescing_key`).
 
         A `started` lead is registered with its lease and its event (`event_json`), so the
         watchdog can send it again, and capture can archive the event again if S3 lost it.
@@ -191,7 +277,7 @@ class Coalescer:
             n.last_lead(job),
             n.lead(event_id),
         ]
-        args = [
+        base = [
             event_id,
             n.answers(""),
             self.inflight_ttl_s,
@@ -204,13 +290,35 @@ class Coalescer:
             event_json,
             event_id,
         ]
-        outcome, lead = (_text(part) for part in self._admit(keys=keys, args=args))
-        return Admission(cast(Outcome, outcome), lead)
+        cooldown: list[Any] = [""]
+        for _ in range(_SIGN_TRIES):
+            reply = self._admit(keys=keys, args=base + cooldown)
+            if _text(reply[0]) != "sign":
+                return Admission(cast(Outcome, _text(reply[0])), _text(reply[1]))
+            cooldown = self._reannouncement(event_id, job, reply)
+        raise CoalescingContentionError(f"the answer list of {job}'s verdict kept changing")
+
+    def _reannouncement(self, event_id: str, job: str, reply: list[Any]) -> list[Any]:
+        """The admit script's arguments to announce the job's cooldown verdict again, listing
+        `event_id` too: the stored entry verified, then signed for the longer answer list; or
+        `drop` when the stored entry does not verify."""
+        lead, flat, ids = _text(reply[1]), reply[2], [_text(item) for item in reply[3]]
+        fields = {_text(flat[i]): flat[i + 1] for i in range(0, len(flat), 2)}
+        try:
+            stored = read_entry(fields, self.keys)
+            if stored.event_id != lead:
+                raise RefusedEntryError("names another lead", "malformed")
+        except RefusedEntryError as exc:
+            log.warning("the cooldown verdict of %s is refused (%s): dropped", job, exc.reason)
+            return [_DROP]
+        # the script checks the list as read here, before it adds this alert's id
+        return [_listed(lead, ids), *_announcement(stored, [*ids, event_id], self.keys)]
 
     def publish(self, entry: VerdictEntry, job: str, *, cooldown: bool = True) -> bool:
-        """Announce a diagnosis's verdict with every id it answers; False if already announced
-        (or taken over by a newer lead). `cooldown=False` (a failed diagnosis) releases the job
-        without re-announcing this verdict to later alerts: the next alert starts afresh."""
+        """Announce a diagnosis's verdict, signed, with every id it answers; False if already
+        announced (or taken over by a newer lead). `cooldown=False` (a failed diagnosis)
+        releases the job without re-announcing this verdict to later alerts: the next alert
+        starts afresh."""
         n, lead = self.names, entry.event_id
         keys = [
             n.published(lead),
@@ -222,18 +330,21 @@ class Coalescer:
             n.leases,
             n.superseded(lead),
         ]
-        args: list[Any] = [
+        base: list[Any] = [
             n.verdict_channel,
             self.maxlen,
             self.coalesce_s,
             self.retention_s,
             job,
             "1" if cooldown else "0",
-            entry.model_dump_json(),
         ]
-        for name, value in entry_fields(entry).items():
-            args += [name, value]
-        return bool(self._publish(keys=keys, args=args))
+        for _ in range(_SIGN_TRIES):
+            ids = self.answers(lead) or [lead]
+            args = [*base, _listed(lead, ids), *_announcement(entry, ids, self.keys)]
+            result = int(self._publish(keys=keys, args=args))
+            if result >= 0:
+                return result == 1
+        raise CoalescingContentionError(f"the answer list of {lead} kept changing")
 
     def answers(self, lead: str) -> list[str]:
         """Every event id the diagnosis led by `lead` answers so far."""
@@ -245,8 +356,15 @@ class Coalescer:
         return None if lead is None else _text(lead)
 
     def published(self, lead: str) -> VerdictEntry | None:
-        """The verdict entry a lead published, None while it has not."""
+        """The verdict entry a lead published (as signed), None while it has not; one that
+        does not verify (written by another hand) is None, with a warning."""
         raw = self.redis.get(self.names.published(lead))
         if raw is None or raw in (b"1", "1"):  # "1": the mark of an older version
             return None
-        return VerdictEntry.model_validate_json(raw)
+        try:
+            entry = VerdictEntry.model_validate_json(raw)
+            entry.verify(self.keys)
+        except ValueError as exc:  # not an entry (ValidationError), or UnverifiedError
+            log.warning("the published entry of %s is refused: %s", lead, exc)
+            return None
+        return entry

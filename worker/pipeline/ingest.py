@@ -1,7 +1,8 @@
 """Read the alert stream with a consumer group and start one diagnosis per job in need.
 
 For each alert entry: validate it (a bad one goes to the dead-letter stream with the reason and the
-raw payload, then is acknowledged), archive the event in S3 `events/<event_id>.json`, admit it
+raw payload, then is acknowledged), archive the event in S3 `events/<event_id>.json` (an event id
+archived already for another job or question is a bad one), admit it under its coalescing key
 (`worker.pipeline.coalesce`: start, attach, re-announce or duplicate), start the workflow when it
 leads a new diagnosis, and only then acknowledge. An infrastructure fault leaves the entry pending;
 the loop backs off and reads its pending entries again, so nothing is lost and the process does not
@@ -32,7 +33,7 @@ from shared.models import Event
 from shared.redact import redact_data, redact_text
 from shared.settings import Settings
 from shared.streams import ALERT_FIELD, INGEST_GROUP, StreamNames
-from worker.pipeline.coalesce import Admission, Coalescer
+from worker.pipeline.coalesce import Admission, Coalescer, coalescing_key
 from worker.pipeline.failures import BadEventError, describe, is_infrastructure
 from worker.pipeline.metrics import alert_handled, dead_lettered
 from worker.pipeline.steps import Pipeline
@@ -42,7 +43,7 @@ __all__ = ["Dispatch", "Ingest", "validate_alert"]
 
 log = logging.getLogger(__name__)
 
-Dispatch = Callable[[str, str], None]  # (lead event id, job key)
+Dispatch = Callable[[str, str], None]  # (lead event id, coalescing key of the job)
 _BATCH: Final = 32
 _CLAIM_IDLE_MS: Final = 60_000
 _CLAIM_EVERY_S: Final = 30.0
@@ -172,11 +173,14 @@ class Ingest:
         return "dead-letter"
 
     def admit(self, event: Event, job: str, *, redelivered: bool) -> str:
-        self.pipeline.archive(event)
+        """Archive the event (an id archived for another question is refused), admit it under
+        its coalescing key, and start the workflow of a new lead (or of an orphaned one)."""
+        self.pipeline.archive_new(event, job)
         event_json = event.model_dump_json(exclude_none=True)
-        admission = self.coalescer.admit(event.event_id, job, event_json=event_json)
-        if admission.outcome == "started" or (redelivered and self._orphaned(admission, job)):
-            self._start(admission.lead, job)
+        key = coalescing_key(job, event)
+        admission = self.coalescer.admit(event.event_id, key, event_json=event_json)
+        if admission.outcome == "started" or (redelivered and self._orphaned(admission, key)):
+            self._start(admission.lead, key)
         return admission.outcome
 
     def _orphaned(self, admission: Admission, job: str) -> bool:

@@ -138,6 +138,7 @@ _DEAD_LETTER_KINDS: Final = (
     ("outside_bundle_root", re.compile(r"escapes the bundle root")),
     ("missing_directory", re.compile(r"does not exist under the bundle root")),
     ("invalid_event", re.compile(r"^invalid event")),
+    ("id_archived_already", re.compile(r"is archived already")),
     ("ingest_failed", re.compile(r"^ingest failed")),
 )
 _started: dict[str, float] = {}  # task id -> monotonic start, in the process that runs it
@@ -263,8 +264,9 @@ def _multiprocess_values() -> bool:
     return values.ValueClass is not values.MutexValue
 
 
-def serve(port: int, addr: str = "0.0.0.0") -> None:
-    """Serve /metrics on `port` in a background thread: the sum over every process sharing the
+def serve(port: int, addr: str = "127.0.0.1") -> None:
+    """Serve /metrics on `addr:port` in a background thread (RLHEALTH_METRICS_ADDR; loopback
+    unless the operator opens it to a scraper elsewhere): the sum over every process sharing the
     multiprocess directory when there is one, else this process's own values."""
     if os.environ.get(MULTIPROC_ENV):
         if not _multiprocess_values():

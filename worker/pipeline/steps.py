@@ -44,6 +44,7 @@ from pydantic import ValidationError
 
 from reports.html import html_key, store_html
 from reports.sinks import S3ReportSink, StoredReport, VerdictStreamSink
+from shared.alerts import OutsideBundleRootError, confine
 from shared.models import (
     Event,
     GateName,
@@ -55,6 +56,7 @@ from shared.models import (
 from shared.redact import redact_data, redact_text
 from shared.safefs import Folder, owned_directory, remove_tree
 from shared.settings import Settings
+from shared.signing import KeyRing, UnverifiedError
 from shared.streams import StreamNames
 from worker.diagnosis import GATE_NAMES, collect_evidence, run_gate
 from worker.evidence.frozen import (
@@ -69,7 +71,7 @@ from worker.evidence.frozen import (
 from worker.evidence.model import Evidence
 from worker.pipeline.capture import BackendChoiceError, LiveCapture, LiveProbes, choose_backend
 from worker.pipeline.claim import CaptureClaim
-from worker.pipeline.coalesce import Coalescer
+from worker.pipeline.coalesce import Coalescer, job_dir_of, question
 from worker.pipeline.failed import (
     FAILED_NOTE,
     failure_evidence,
@@ -77,6 +79,7 @@ from worker.pipeline.failed import (
     unreadable_result,
 )
 from worker.pipeline.failures import (
+    BadEventError,
     EvidenceLostError,
     PipelineError,
     describe,
@@ -161,9 +164,16 @@ class Pipeline:
         self._thawed: OrderedDict[str, Evidence] = OrderedDict()
 
     @cached_property
+    def keys(self) -> KeyRing:
+        """The verdict keys (RLHEALTH_VERDICT_KEY or _FILE): the first signs, all verify."""
+        return self.settings.verdict_keys()
+
+    @cached_property
     def coalescer(self) -> Coalescer:
         s = self.settings
-        return Coalescer(self.redis, self.names, coalesce_s=s.coalesce_s, lease_s=s.lease_s)
+        return Coalescer(
+            self.redis, self.names, keys=self.keys, coalesce_s=s.coalesce_s, lease_s=s.lease_s
+        )
 
     @cached_property
     def leases(self) -> Leases:
@@ -175,6 +185,54 @@ class Pipeline:
         """Store the event at `events/<event_id>.json` once."""
         body = event.model_dump_json(exclude_none=True).encode()
         return self.store.put_once(event_key(event.event_id), body, "application/json")
+
+    def archive_new(self, event: Event, job: str) -> None:
+        """Archive the event once; raise `BadEventError` when its id is archived already for
+        another question: another job (`job`, its directory under the bundle root), or the same
+        job asked as of another `now`, on other probes, in another mode or through another
+        backend — or archived so long ago that Redis may have forgotten it. Its id names that
+        event's frozen evidence and verdict, which must never answer this one (Redis forgets an
+        id after its retention; S3 does not). The same event again (a redelivery, a watcher's
+        retry) is fine."""
+        if self.archive(event):
+            return
+        try:
+            archived = Event.model_validate_json(self.store.get(event_key(event.event_id)))
+        except ObjectMissingError:
+            return  # deleted meanwhile: the capture archives it again from the lead's record
+        except ValidationError:
+            raise BadEventError(
+                f"event id {event.event_id} is archived already, unreadable: use a new id"
+            ) from None
+        if self._job_of(archived) != job:
+            raise BadEventError(
+                f"event id {event.event_id} is archived already for another job: use a new id"
+            )
+        if (question(archived), archived.replay_of) != (question(event), event.replay_of):
+            raise BadEventError(
+                f"event id {event.event_id} is archived already with another now, probes, mode "
+                "or backend: use a new id"
+            )
+        self._check_remembered(event.event_id)
+
+    def _check_remembered(self, event_id: str) -> None:
+        """An id archived longer ago than Redis keeps ids (the coalescer's retention) is one
+        Redis may have forgotten: started afresh it would announce that old diagnosis again, as
+        new, and open a cooldown that answers the job's next genuine alert with it (a job
+        directory reused by a new run of the same name gets the old run's KILL)."""
+        with suppress(ObjectMissingError):
+            age_s = time.time() - self.store.modified(event_key(event_id))
+            if age_s > self.coalescer.retention_s:
+                raise BadEventError(
+                    f"event id {event_id} is archived already, {age_s / 86400:.1f} days ago, "
+                    "longer than ids are remembered: use a new id"
+                )
+
+    def _job_of(self, event: Event) -> str | None:
+        try:
+            return confine(self.settings.bundle_root, event.job_dir)
+        except (OutsideBundleRootError, OSError, ValueError):
+            return None
 
     def load_event(self, event_id: str) -> Event:
         """The archived event; archived again from the copy its lead keeps in Redis if S3 lost
@@ -463,7 +521,7 @@ class Pipeline:
     def _store_report(self, report: Report, evidence: Evidence) -> StoredReport:
         """The text and JSON renderings, written once under the report's key; the report itself
         is kept in Redis (by its URI) for the HTML page drawn after publish (`html`)."""
-        stored = S3ReportSink(self.store)(report, **_place(evidence))
+        stored = S3ReportSink(self.store, self.keys)(report, **_place(evidence))
         key, fields = self._kept_report(stored.uri), {"json_key": stored.json_key}
         with self.redis.pipeline() as batch:
             batch.hset(key, mapping={**fields, "report": report.model_dump_json()})
@@ -510,20 +568,38 @@ class Pipeline:
             return None
 
     def decided(self, lead: str) -> VerdictEntry | None:
-        """The verdict entry decided for `lead`, before or after it was published."""
+        """The verdict entry decided for `lead` (signed), before or after it was published;
+        one that does not verify (written by another hand) is None, with a warning."""
         raw = self.redis.get(self.names.entry(lead))
-        return None if raw is None else VerdictEntry.model_validate_json(raw)
+        if raw is None:
+            return None
+        try:
+            entry = VerdictEntry.model_validate_json(raw)
+            entry.verify(self.keys)
+        except ValueError as exc:  # not an entry (ValidationError), or UnverifiedError
+            log.warning("the decision kept for %s is refused: %s", lead, exc)
+            return None
+        return entry
 
     def _decide(self, entry: VerdictEntry) -> VerdictEntry:
-        """Keep `entry` as the lead's decision unless one was kept first; returns the kept one."""
+        """Keep `entry`, signed, as the lead's decision unless one was kept first; returns the
+        kept one. Signed here, so what travels to `publish` through the broker can be checked."""
+        signed = entry.signed(self.keys)
         key, retention = self.names.entry(entry.event_id), self.coalescer.retention_s
-        if self.redis.set(key, entry.model_dump_json(), nx=True, ex=retention):
-            return entry
-        return self.decided(entry.event_id) or entry
+        if self.redis.set(key, signed.model_dump_json(), nx=True, ex=retention):
+            return signed
+        return self.decided(entry.event_id) or signed
 
     def publish(self, entry: dict[str, Any], job: str) -> dict[str, Any]:
-        """Announce the verdict (once); returns the entry with every event id it answers."""
-        published = VerdictStreamSink(self.coalescer)(VerdictEntry.model_validate(entry), job=job)
+        """Announce the verdict (once); returns the entry as published. The entry handed over
+        (through the broker, which more hands than the pipeline's may write) must verify: the
+        worker signs nothing it did not decide."""
+        decided = VerdictEntry.model_validate(entry)
+        try:
+            decided.verify(self.keys)
+        except UnverifiedError as exc:
+            raise PipelineError(f"the verdict entry to publish is refused: {exc.reason}") from None
+        published = VerdictStreamSink(self.coalescer)(decided, job=job)
         return published.model_dump(mode="json")
 
     # --- the second look before a stall KILL (worker.second_look) ----------------------------
@@ -650,7 +726,7 @@ class Pipeline:
         try:
             return self.load_event(lead)
         except (EvidenceLostError, ValidationError):
-            return Event(event_id=lead, job_dir=job, published_at=datetime.now(UTC))
+            return Event(event_id=lead, job_dir=job_dir_of(job), published_at=datetime.now(UTC))
 
     def _failure_entry(
         self, event: Event, lead: str, reason: str, read_frozen: bool
