@@ -14,13 +14,21 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Protocol
+from typing import Final, Protocol
 
 from worker.backends.connections import ClusterConnection
 from worker.backends.identifiers import checked
+from worker.backends.processes import TaskProcess
 from worker.backends.retry import with_retries
 from worker.backends.spawn import ProbeResult
-from worker.evidence.model import AttemptRecord, ControllerView, ProbeCommand, ProbeEvidence
+from worker.evidence.model import (
+    AttemptRecord,
+    ControllerView,
+    ProbeCommand,
+    ProbeEvidence,
+    ProcessRecord,
+)
+from worker.evidence.roles import Role, classify
 
 __all__ = [
     "Backend",
@@ -74,6 +82,7 @@ class Recorder:
     commands: list[ProbeCommand] = field(default_factory=list)
     outputs: dict[str, str] = field(default_factory=dict)
     failures: list[str] = field(default_factory=list)
+    processes: list[ProcessRecord] = field(default_factory=list)
 
     def run(self, argv: Sequence[str], output: str, *, tool: str = "") -> ProbeResult:
         """Run `argv`; its stdout goes to `output` on success, else to `failed/<output>`."""
@@ -117,6 +126,7 @@ class Recorder:
             commands=tuple(self.commands),
             controller=controller,
             attempts=attempts,
+            processes=tuple(self.processes),
             failures=tuple(self.failures),
         )
 
@@ -148,8 +158,8 @@ class Backend(Protocol):
         """The running tasks or pods whose processes can be probed."""
         ...
 
-    def pids(self, rec: Recorder, target: str) -> tuple[int, ...]:
-        """The Python processes of `target` worth a stack dump."""
+    def processes(self, rec: Recorder, target: str) -> tuple[TaskProcess, ...]:
+        """The Python processes of `target` worth a stack dump, with their command lines."""
         ...
 
     def stack(self, rec: Recorder, target: str, pid: int, n: int) -> None:
@@ -171,6 +181,46 @@ class ProbePlan:
     max_pids: int = 8
 
 
+_DUMP_FIRST: Final = (
+    Role.RANK, Role.DRIVER, Role.COORDINATOR, Role.ENGINE, Role.UNKNOWN, Role.HELPER, Role.NATIVE,
+)  # fmt: skip
+"""The order in which processes are chosen when a task holds more than `max_pids`."""
+ARGS_MAX_CHARS: Final = 4096
+"""A recorded command line is cut here (a launcher's may carry a whole environment)."""
+
+
+def _worth_dumping(found: Sequence[TaskProcess], limit: int) -> tuple[TaskProcess, ...]:
+    """At most `limit` processes, the load-bearing ones first as their command lines name them
+    (a Ray node's helpers never crowd its ranks out), in pid order."""
+
+    def order(process: TaskProcess) -> tuple[int, int]:
+        role = classify(process.args, pid=process.pid, parent_args=process.parent_args).role
+        return _DUMP_FIRST.index(role), process.pid
+
+    return tuple(sorted(sorted(found, key=order)[:limit], key=lambda p: p.pid))
+
+
+def _record(rec: Recorder, target: str, process: TaskProcess, dumps: int) -> ProcessRecord:
+    """The process and its role, decided from its command line and what its dumps returned."""
+    name = f"{safe_name(target)}-pid{process.pid}"
+    outputs = [f"stacks/{name}-{n}.txt" for n in range(1, dumps + 1)]
+    texts = [rec.outputs[path] for path in outputs if path in rec.outputs]
+    failures = [
+        rec.outputs[f"failed/{path}"] for path in outputs if f"failed/{path}" in rec.outputs
+    ]
+    found = classify(
+        process.args, texts, pid=process.pid, parent_args=process.parent_args, failures=failures
+    )
+    return ProcessRecord(
+        target=safe_name(target),
+        pid=process.pid,
+        ppid=process.ppid,
+        args=process.args[:ARGS_MAX_CHARS],
+        role=found.role.value,
+        why=found.why,
+    )
+
+
 def _dump_stacks(
     backend: Backend,
     rec: Recorder,
@@ -178,16 +228,18 @@ def _dump_stacks(
     plan: ProbePlan,
     sleep: Callable[[float], None],
 ) -> None:
-    pids = {target: backend.pids(rec, target)[: plan.max_pids] for target in targets}
-    for target, found in pids.items():
+    chosen = {t: _worth_dumping(backend.processes(rec, t), plan.max_pids) for t in targets}
+    for target, found in chosen.items():
         if not found:
             rec.note(f"no Python process found in {target}: no stacks")
     for n in range(1, plan.dumps + 1):
         if n > 1:
             sleep(plan.interval_s)
-        for target, found in pids.items():
-            for pid in found:
-                backend.stack(rec, target, pid, n)
+        for target, found in chosen.items():
+            for process in found:
+                backend.stack(rec, target, process.pid, n)
+    for target, found in chosen.items():
+        rec.processes.extend(_record(rec, target, process, plan.dumps) for process in found)
 
 
 def probe_job(
