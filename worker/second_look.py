@@ -264,10 +264,14 @@ def _probe_blind(evidence: Evidence, roles: Roles, collective: bool) -> tuple[li
 
 
 def _failed_keys(evidence: Evidence, stacks: Sequence[ProcessStack]) -> tuple[str, ...]:
-    """The processes whose dump failed: they are not gone."""
-    pids = {f.pid for f in evidence.facts.failed("stacks") if f.pid is not None}
+    """The processes whose dump failed (keyed like `ProcessStack.key`): they are not gone."""
     known = {p.pid: p.key for p in stacks}
-    return tuple(known.get(pid, f"pid {pid}") for pid in sorted(pids))
+    keys = [
+        f"{f.target} pid {f.pid}" if f.target else known.get(f.pid, f"pid {f.pid}")
+        for f in evidence.facts.failed("stacks")
+        if f.pid is not None
+    ]
+    return tuple(dict.fromkeys(keys))
 
 
 def _log_blind(evidence: Evidence) -> list[str]:

@@ -108,7 +108,7 @@ _HELPER_ARGS: Final = (
 )
 _ENGINE_ARGS: Final = re.compile(
     r"VLLMInferenceEngine|EngineCore|^VLLM::|RayWorkerWrapper|vllm\.entrypoints|"
-    r"vllm/entrypoints|\bsglang\b|SGLangInferenceEngine",
+    r"vllm/entrypoints|^sglang::|sglang\.launch_server|SGLangInferenceEngine",
     re.IGNORECASE,
 )
 _RANK_ARGS: Final = re.compile(
