@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from pathlib import PurePath
 from typing import Final
 
-__all__ = ["PS_ARGV", "PsRow", "TaskProcess", "parse_ps", "python_pids", "task_processes"]
+__all__ = ["PS_ARGV", "PsRow", "TaskProcess", "parse_ps", "task_processes"]
 
 PS_ARGV: Final = ("ps", "-ww", "-eo", "pid,ppid,args")  # -ww: never cut the command line
 _PROBE_TEXT: Final = " ".join(PS_ARGV)
@@ -86,8 +86,3 @@ def task_processes(text: str, match: str | None = None) -> tuple[TaskProcess, ..
         and _PROBE_TEXT not in r.args
         and (pattern is None or pattern.search(r.args))
     )
-
-
-def python_pids(text: str, match: str | None = None) -> tuple[int, ...]:
-    """The pids of `task_processes`."""
-    return tuple(process.pid for process in task_processes(text, match))

@@ -120,10 +120,11 @@ def _terminal(proof: KillProof, evidence: Evidence) -> str | None:
 
 
 RULES: Final = (
-    ProofRule("stall_stacks", "liveness", False, "two live dumps of each process parked in one "
-              "collective or queue frame, quiet beyond the stall limit", _stacks_live),
-    ProofRule("stall_still", "liveness", False, "every trainer process identical in two live "
-              "dumps outside any collective, corroborated by silence, idle engines and no "
+    ProofRule("stall_stacks", "liveness", False, "two live dumps of each load-bearing process "
+              "(ranks, driver, coordinator) parked in one collective or queue frame, no rank "
+              "moving, quiet beyond the stall limit", _stacks_live),
+    ProofRule("stall_still", "liveness", False, "every load-bearing process identical in two "
+              "live dumps outside any collective, corroborated by silence, idle engines and no "
               "finished trial", _stacks_live),
     ProofRule("process_death", "liveness", False, "a death line after the newest advancement, "
               "silence past the stall limit since", _death_after_progress),
