@@ -1,7 +1,8 @@
 """Alert → confirmed stall KILL through the pipeline, both looks, on a marin-iris LocalCluster.
 
     .venv/bin/python -m bench.bench_live_stall [--alerts 10] [--jobs 5] [--reobserve 60]
-                                               [--probe-interval 2] [--spacing 5] [--json]
+                                               [--probe-interval 2] [--spacing 5]
+                                               [--one-at-a-time] [--json]
 
 One redis-server, moto S3 server, `rl-health worker` (2 prefork) and `rl-health ingest`
 (RLHEALTH_BACKEND=iris, RLHEALTH_COALESCE_S=0, RLHEALTH_REOBSERVE_S=`--reobserve`); `--jobs` toy
@@ -9,8 +10,13 @@ trainers of `tests/integration/toys/ray_node_trainer.py` parked in `all_reduce` 
 each beside two helpers that look like Ray's (a log monitor whose stack changes every second, a
 dashboard agent's asyncio loop). `--alerts` alerts are published `--spacing` seconds apart, round
 robin over the jobs, so they overlap (an alert for a job whose diagnosis is running joins it, and
-its verdict answers both). Each alert's latency is publish → the signed verdict on the stream that
-names it; every verdict must be a KILL whose second look confirmed the stall.
+its verdict answers both); with `--one-at-a-time` each is published once the previous one is
+answered. Each alert's latency is publish → the signed verdict on the stream that names it; the
+outcomes say each verdict and its second look (all should be `KILL (confirmed)`).
+
+A LocalCluster's `ps` shows the whole machine: every look dumps the Python processes of every toy
+node that matches RLHEALTH_PROBE_PROCESS_MATCH (at most 8), not only its own job's three — with
+`--jobs 1` a look sees exactly one node, as in a container.
 
 The figures: p50 and p95 of those latencies, the slowest, and the verdicts seen.
 """
@@ -96,13 +102,16 @@ def _outcome(stack: Stack, watcher: Watcher, event_id: str) -> str:
     return f"{entry.verdict.value} ({look})"
 
 
-def measure(stack: Stack, jobs: list[str], alerts: int, spacing_s: float) -> dict[str, Any]:
-    """Publish `alerts` alerts `spacing_s` apart; publish → verdict for each."""
+def measure(stack: Stack, jobs: list[str], alerts: int, spacing_s: float | None) -> dict[str, Any]:
+    """Publish `alerts` alerts `spacing_s` apart (None: each once the previous one is answered);
+    publish → verdict for each."""
     published: dict[str, float] = {}
     with watching(stack) as watcher:
         for i in range(alerts):
-            if i:
+            if i and spacing_s is not None:
                 time.sleep(spacing_s)
+            elif i and not watcher.wait(set(published), WAIT_S):
+                break
             event_id = publish_alert(stack.redis, jobs[i % len(jobs)], settings=stack.settings)
             published[event_id] = time.perf_counter()
         if not watcher.wait(set(published), WAIT_S):
@@ -130,7 +139,8 @@ def run(args: argparse.Namespace, base: Path) -> dict[str, Any]:
         home = base / "pipeline"
         home.mkdir()
         with services(home, bundles, _env(cluster, args.reobserve, args.probe_interval)) as stack:
-            results = measure(stack, jobs, args.alerts, args.spacing)
+            spacing = None if args.one_at_a_time else args.spacing
+            results = measure(stack, jobs, args.alerts, spacing)
         results["reobserve_s"] = args.reobserve
         results["probe_interval_s"] = args.probe_interval
         return results
@@ -145,6 +155,12 @@ def main() -> None:
     parser.add_argument("--reobserve", type=float, default=60)
     parser.add_argument("--probe-interval", type=float, default=2)
     parser.add_argument("--spacing", type=float, default=5)
+    parser.add_argument(
+        "--one-at-a-time",
+        action="store_true",
+        help="publish each alert once the previous one "
+        "is answered (no queueing behind the two worker processes)",
+    )
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="rlhealth-bench-stall-") as tmp:

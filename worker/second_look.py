@@ -96,10 +96,6 @@ class ProcessStack(_Frozen):
         return f"{self.target} pid {self.pid}"
 
     @property
-    def label(self) -> str:
-        return f"{self.key} ({self.role.value})"
-
-    @property
     def newest(self) -> tuple[str, ...]:
         return self.frames[-1]
 

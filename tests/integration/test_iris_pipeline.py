@@ -303,10 +303,11 @@ def looking(
         yield started
 
 
-def _first_look_frozen(live: Live, event_id: str) -> None:
+def _first_look_frozen(live: Live, event_id: str, timeout: float = 120) -> None:
     """Wait until the capture froze the first look (evidence.json is written last)."""
     store = live.services.store
-    wait_for(lambda: store.exists(f"evidence/{event_id}/evidence.json"), 120, "the first look")
+    frozen = f"evidence/{event_id}/evidence.json"
+    wait_for(lambda: store.exists(frozen), timeout, "the first look")
 
 
 def _parked_job(live: Live, name: str, toy: list[str]) -> tuple[str, str]:
@@ -431,7 +432,7 @@ def test_a_trainer_beside_busy_helpers_that_resumes_during_the_wait_is_no_kill(
     job_id, job = _parked_job(looking, "look-node-resumes", toy)
     try:
         event_id = looking.alert(job)
-        _first_look_frozen(looking, event_id)
+        _first_look_frozen(looking, event_id, NODE_VERDICT_S)
         trigger.touch()  # the collective returns: the toy steps again
         _wait_for_log(looking.cluster, job_id, "Finished: 'policy_train'", 60)
         looking.bundle(job_id, [PY])  # the watcher syncs the bundle again

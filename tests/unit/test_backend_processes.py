@@ -4,6 +4,7 @@ before helpers, and each probed process lands in processes.json with its role.""
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -130,3 +131,22 @@ def test_ranks_and_the_driver_are_dumped_before_helpers_when_a_task_holds_too_ma
     assert sorted(p.pid for p in few.processes) == [7, 30, 31]
     every = _probe(found, tmp_path / "every", max_pids=5)
     assert sorted(p.pid for p in every.processes) == [5, 6, 7, 30, 31]
+
+
+def test_the_dumps_of_one_round_run_together_and_are_recorded_in_order(tmp_path: Path) -> None:
+    """Three dumps of a round are in flight at once (each waits for the other two) and
+    probes.json lists them by file name, whatever order they finished in."""
+    arrived = threading.Barrier(3, timeout=30)
+
+    def together(argv: Sequence[str], timeout_s: float) -> ProbeResult:
+        arrived.wait()  # raises BrokenBarrierError when the dumps run one after another
+        return _runner(argv, timeout_s)
+
+    found = [TaskProcess(pid, 21, RANK.args) for pid in (31, 30, 7)]
+    rec = Recorder(together, timeout_s=5, retry_wait_s=0)
+    plan = ProbePlan(stacks=True, interval_s=0)
+    probe_job(FakeNode(tuple(found)), rec, plan, job_id="/ops/rl-job", clock=lambda: NOW,
+              sleep=lambda _: None)  # fmt: skip
+    outputs = [(c.output or "").removeprefix("failed/") for c in rec.commands]
+    assert outputs[:3] == [f"stacks/rl-job-0-pid{pid}-1.txt" for pid in ("30", "31", "7")]
+    assert outputs[3:] == [f"stacks/rl-job-0-pid{pid}-2.txt" for pid in ("30", "31", "7")]

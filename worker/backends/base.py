@@ -12,6 +12,7 @@ from __future__ import annotations
 import re
 import time
 from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Final, Protocol
@@ -173,12 +174,17 @@ class Backend(Protocol):
 
 @dataclass(frozen=True)
 class ProbePlan:
-    """What to ask: stacks (two dumps `interval_s` apart) only when a stall must be judged."""
+    """What to ask: stacks (two dumps `interval_s` apart) only when a stall must be judged; the
+    log tail and GPU state unless `context` is off (the second look compares the stacks, the log
+    and the controller, and needs neither). The dumps of one round run `parallel` at a time, so
+    they show the task at nearly one instant and a round costs about one probe's time."""
 
     stacks: bool = False
     interval_s: float = 5.0
     dumps: int = 2
     max_pids: int = 8
+    context: bool = True
+    parallel: int = 8
 
 
 _DUMP_FIRST: Final = (
@@ -221,6 +227,25 @@ def _record(rec: Recorder, target: str, process: TaskProcess, dumps: int) -> Pro
     )
 
 
+def _by_file(command: ProbeCommand) -> str:
+    return (command.output or "").removeprefix("failed/")
+
+
+def _dump_round(
+    backend: Backend, rec: Recorder, pids: Sequence[tuple[str, int]], n: int, parallel: int
+) -> None:
+    """Dump `n` of every (target, pid), `parallel` at a time; recorded in (target, pid) order
+    whatever order they finish in."""
+    start = len(rec.commands)
+    if parallel <= 1 or len(pids) <= 1:
+        for target, pid in pids:
+            backend.stack(rec, target, pid, n)
+    else:
+        with ThreadPoolExecutor(max_workers=min(parallel, len(pids))) as pool:
+            list(pool.map(lambda key: backend.stack(rec, key[0], key[1], n), pids))
+    rec.commands[start:] = sorted(rec.commands[start:], key=_by_file)
+
+
 def _dump_stacks(
     backend: Backend,
     rec: Recorder,
@@ -232,12 +257,11 @@ def _dump_stacks(
     for target, found in chosen.items():
         if not found:
             rec.note(f"no Python process found in {target}: no stacks")
+    pids = [(target, process.pid) for target, found in chosen.items() for process in found]
     for n in range(1, plan.dumps + 1):
         if n > 1:
             sleep(plan.interval_s)
-        for target, found in chosen.items():
-            for process in found:
-                backend.stack(rec, target, process.pid, n)
+        _dump_round(backend, rec, pids, n, plan.parallel)
     for target, found in chosen.items():
         rec.processes.extend(_record(rec, target, process, plan.dumps) for process in found)
 
@@ -255,13 +279,14 @@ def probe_job(
     captured_at = clock()
     controller = backend.controller(rec)
     attempts = backend.attempts(rec, controller)
-    backend.logs_tail(rec, controller)
+    if plan.context:
+        backend.logs_tail(rec, controller)
     if plan.stacks:
         targets = backend.targets(controller)
         if not targets:
             rec.note("no running task or pod: stacks and GPU state cannot be captured")
         _dump_stacks(backend, rec, targets, plan, sleep)
-        for target in targets:
+        for target in targets if plan.context else ():
             backend.gpus(rec, target)
     return rec.evidence(
         backend=backend.name,
