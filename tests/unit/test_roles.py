@@ -113,7 +113,7 @@ def test_children_of_torchrun_are_ranks() -> None:
 
 def test_the_recorded_role_wins_over_the_dumps() -> None:
     """`processes.json`'s role is what the diagnosis that took the dumps decided: a replay uses it;
-    a process it does not list is classified from its dumps."""
+    a process it does not list is classified from its dumps, one with neither by its pid."""
     dumps = tuple(
         StackDump(target="rl-job-0", pid=pid, n=1, source=f"probes/stacks/rl-job-0-pid{pid}-1.txt",
                   captured_at=None, text=text)
@@ -128,3 +128,4 @@ def test_the_recorded_role_wins_over_the_dumps() -> None:
     assert roles.of("rl-job-0", 42).role is Role.RANK
     assert roles.of(None, 42).role is Role.RANK  # a failed dump may not name its target
     assert roles.of("rl-job-0", 43).role is Role.UNKNOWN
+    assert roles.of("rl-job-0", 1).role is Role.DRIVER  # never dumped: its pid alone says it

@@ -273,9 +273,9 @@ class Roles:
         return same_pid[0] if len(same_pid) == 1 else None
 
     def of(self, target: str | None, pid: int) -> Classification:
-        """The process's role; unknown when nothing is known of it."""
-        found = self.get(target, pid)
-        return found or Classification(Role.UNKNOWN, "no dump or record of it")
+        """The process's role; when nothing is known of it, what its pid alone says (pid 1 is
+        the driver), else unknown."""
+        return self.get(target, pid) or classify(None, pid=pid)
 
 
 def _recorded(record: ProcessRecord) -> Classification | None:
