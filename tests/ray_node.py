@@ -2,14 +2,14 @@
 as templates: `{pid}` is the process id, `{line}` a line number that changes while a helper works.
 
 Sources. The idle Ray worker's frames (`main_loop (ray/_private/worker.py:1066)` under
-`<module> (ray/_private/workers/default_worker.py:323)`) and its threads are copied from a real
-`py-spy dump` in https://github.com/verl-project/verl/issues/7180; the idle-wait frames of a
-multiprocessing connection (`select (selectors.py:415)`, `wait (multiprocessing/connection.py:
-1136)`, `_poll`, `poll`) from https://github.com/ray-project/ray/issues/65100. The others follow the
-same format with the files of Ray 2.4x (the log monitor, the dashboard agent's asyncio loop, the
-driver's `ray.get`), SkyRL (`skyrl_train/...`) and vLLM, and the rank's collective is the one of
-`tests/scenarios/catalog.py`. Command lines are what `ps -ww -eo pid,ppid,args` shows on such a
-node (Ray renames its workers `ray::<Actor>.<method>` and idle ones `ray::IDLE`).
+`<module> (ray/_private/workers/default_worker.py:323)`) and its GC thread are copied from a real
+`py-spy dump` in https://github.com/verl-project/verl/issues/7180. The others follow the same
+format with the files of Ray 2.4x (the log monitor, the dashboard agent's asyncio loop as py-spy
+0.4 prints it on this machine, the driver's `ray.get`), SkyRL (`skyrl_train/...`) and vLLM
+(`vllm/v1/engine/core.py`), and the rank's collective is the one of `tests/scenarios/catalog.py`.
+Command lines are what `ps -ww -eo pid,ppid,args` shows on such a node (Ray renames its workers
+`ray::<Actor>.<method>` and idle ones `ray::IDLE`). `RAYLET_FAILED` is py-spy 0.4.3's own output
+for a process without a Python interpreter, captured here.
 """
 
 from __future__ import annotations

@@ -65,6 +65,7 @@ __all__ = [
     "Observation",
     "ProcessStack",
     "compare",
+    "first_look_at",
     "observe",
     "rests_on_stacks",
     "settle",
@@ -138,6 +139,14 @@ def rests_on_stacks(report: Report) -> bool:
         and proof is not None
         and any(_is_stack(q.source) for q in proof.evidence)
     )
+
+
+def first_look_at(report: Report) -> datetime | None:
+    """When the first look's newest dump that the proof quotes was taken (the second look is
+    due RLHEALTH_REOBSERVE_S after it)."""
+    proof = report.kill_proof
+    stamps = [q.timestamp for q in proof.evidence if _is_stack(q.source)] if proof else []
+    return max((s for s in stamps if s is not None), default=None)
 
 
 # --- one observation -----------------------------------------------------------------------------
