@@ -403,13 +403,18 @@ def test_a_driver_that_leaves_its_frame_blocks_the_proof() -> None:
 
 
 def test_a_failed_dump_of_a_native_process_is_noted_and_of_a_rank_is_a_hole() -> None:
-    """A raylet whose dump found no Python, or a log monitor whose second dump timed out, is
-    noted; a rank whose second dump failed blocks the proof."""
-    native = Roles({("rl-job-0", 55): classify("/opt/bin/sidecar", failures=[RAYLET_FAILED])})
+    """A raylet whose dump found no Python, a log monitor whose second dump timed out, or the
+    driver's failed dump is noted and not quoted; a rank whose second dump failed blocks the
+    proof."""
+    native = Roles({
+        ("rl-job-0", 55): classify("/opt/bin/sidecar", failures=[RAYLET_FAILED]),
+        ("rl-job-0", 1): classify(DRIVER.args),
+    })  # fmt: skip
     dumps = [*parked_ranks(100, 101), *node(301, LOG_MONITOR.dump(301, 520))]
-    failed = [failure(55, 1), failure(55, 2), failure(301, 2, "timed out")]
+    failed = [failure(55, 1), failure(55, 2), failure(301, 2, "timed out"), failure(1, 1)]
     finding = judge_stacks(dumps, roles=native, failed=failed)
     assert finding.proven, finding.summary
+    assert all("probes.json" not in q.source for q in finding.quotes)  # the proof quotes dumps
     assert (
         states(finding)[55] is ProcessState.FAILED and states(finding)[301] is ProcessState.FAILED
     )

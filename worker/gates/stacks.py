@@ -354,6 +354,14 @@ def _blocks(judgement: ProcessJudgement, collective: bool) -> bool:
     return not (collective and judgement.role in {Role.DRIVER, Role.COORDINATOR})
 
 
+def _quoted(judgement: ProcessJudgement, collective: bool) -> bool:
+    """Whether the judgement quotes the process: not a helper's or a native one's dumps, nor the
+    failed dump of a driver that is only context."""
+    if judgement.role in CONTEXT:
+        return False
+    return judgement.state not in MISSING or _blocks(judgement, collective)
+
+
 def _note(judgement: ProcessJudgement) -> str | None:
     """A process that neither proves nor blocks, but whose dumps say something worth noting."""
     if judgement.role in CONTEXT and judgement.state in {ProcessState.MOVING, *MISSING}:
@@ -428,7 +436,7 @@ def judge_stacks(
         proven=proven,
         mechanism=_mechanism(parked) if proven else None,
         processes=judgements,
-        quotes=tuple(q for j in judgements if j.role not in CONTEXT for q in j.quotes),
+        quotes=tuple(q for j in judgements if _quoted(j, collective) for q in j.quotes),
         summary=_describe(judgements),
         still=frame is not None,
         still_frame=frame,
