@@ -12,6 +12,7 @@ progress, which is what the gates judge.
 
 from __future__ import annotations
 
+import re
 import shlex
 from collections.abc import Iterable
 from dataclasses import dataclass, field
@@ -78,11 +79,15 @@ class Moment:
 
 @dataclass(frozen=True)
 class ProbeFailure:
-    """A probe that failed: what it was for (stacks, gpus, controller, attempts, logs, other)."""
+    """A probe that failed: what it was for (stacks, gpus, controller, attempts, logs, other);
+    for a failed `py-spy dump`, the process it was of (the target only when its output file
+    names it)."""
 
     kind: str
     text: str
     quote: Quote
+    pid: int | None = None
+    target: str | None = None
 
 
 @dataclass(frozen=True)
@@ -372,13 +377,27 @@ _PROBE_KINDS: Final = (
 )
 
 
+_FAILED_STACK: Final = re.compile(r"(^|/)stacks/(?P<target>.+)-pid(?P<pid>\d+)-\d+\.txt$")
+
+
+def _dumped(command: ProbeCommand) -> tuple[int | None, str | None]:
+    """The pid (`--pid N`) and target (from the output's name) of a py-spy command."""
+    argv = list(command.argv)
+    after = argv[argv.index("--pid") + 1] if "--pid" in argv[:-1] else ""
+    named = _FAILED_STACK.search(command.output or "")
+    pid = int(after) if after.isdigit() else (int(named["pid"]) if named else None)
+    return pid, named["target"] if named else None
+
+
 def _command_failure(command: ProbeCommand) -> ProbeFailure | None:
     if command.exit_code == 0:
         return None
     why = "timed out" if command.exit_code is None else f"exited {command.exit_code}"
     text = f"`{shlex.join(command.argv)}` {why}"
     cited = quote("probes/probes.json", text, timestamp=command.started_at)
-    return ProbeFailure(_probe_kind(command), text, cited)
+    kind = _probe_kind(command)
+    pid, target = _dumped(command) if kind == "stacks" else (None, None)
+    return ProbeFailure(kind, text, cited, pid, target)
 
 
 def _note_kind(note: str) -> str:

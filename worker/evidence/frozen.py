@@ -5,7 +5,8 @@ Layout of a frozen directory (format 2; uploaded to S3 `evidence/<event_id>/`):
 ```
 parts/<digest>-<sha256>.parquet   the table parts this freeze wrote (see below)
 probes/...               the probe files in CONTRACT.md's layout (probes.json, controller.json,
-                         attempts.json, stacks/, gpus/), readable by the `recorded` backend
+                         attempts.json, processes.json, stacks/, gpus/), readable by the
+                         `recorded` backend
 evidence.json            everything else as JSON, written last: its presence marks a whole freeze;
                          it lists the parts of every table in order
 ```

@@ -38,6 +38,7 @@ __all__ = [
     "ParseSummary",
     "ProbeCommand",
     "ProbeEvidence",
+    "ProcessRecord",
     "StackDump",
     "TrialTables",
 ]
@@ -165,6 +166,18 @@ class StackDump(_Frozen):
     text: str
 
 
+class ProcessRecord(_Frozen):
+    """One probed process of a task or pod as the `ps` listing showed it, and its role
+    (`worker.evidence.roles`) decided once its dumps were taken (`processes.json`)."""
+
+    target: str  # as in the stack file names (task id or pod, `/` -> `_`)
+    pid: int
+    ppid: int | None = None
+    args: str = ""
+    role: str | None = None  # rank | driver | coordinator | engine | helper | native | unknown
+    why: str = ""
+
+
 class ProbeEvidence(_Frozen):
     """What live probes returned, read back from (or written as) the probe directory."""
 
@@ -176,6 +189,7 @@ class ProbeEvidence(_Frozen):
     controller: ControllerView | None = None
     attempts: tuple[AttemptRecord, ...] | None = None
     stacks: tuple[StackDump, ...] = ()
+    processes: tuple[ProcessRecord, ...] = ()  # processes.json: who each probed process is
     gpus: dict[str, tuple[dict[str, float | None], ...]] = {}  # pod -> rows of the nvidia-smi csv
     failures: tuple[str, ...] = ()  # probes that failed or timed out, with why
 

@@ -7,6 +7,7 @@ Layout (every file optional):
     controller.json  the keys of `iris job summary --json`, states as lower-case names
     attempts.json    [{task_id, attempt_id, state, exit_code, error, started_at_ms, ...}]
     stacks/<task-or-pod>-pid<pid>-<n>.txt   `py-spy dump` output
+    processes.json   [{target, pid, ppid, args, role, why}]: each probed process and its role
     gpus/<pod>.csv   `nvidia-smi --query-gpu=index,utilization.gpu,memory.used,memory.total,
                       power.draw,power.limit --format=csv`
 
@@ -39,6 +40,7 @@ from worker.evidence.model import (
     ControllerView,
     ProbeCommand,
     ProbeEvidence,
+    ProcessRecord,
     StackDump,
 )
 from worker.evidence.paths import BundleFiles, resolve_inside
@@ -92,6 +94,7 @@ PROBE_TEXT_MAX_BYTES: Final = 8 * 2**20
 PROBES_JSON: Final = "probes.json"
 CONTROLLER_JSON: Final = "controller.json"
 ATTEMPTS_JSON: Final = "attempts.json"
+PROCESSES_JSON: Final = "processes.json"
 
 
 class ProbeFileError(ValueError):
@@ -288,6 +291,15 @@ def _attempts(files: BundleFiles) -> tuple[AttemptRecord, ...] | None:
     return tuple(_attempt(item) for item in data if isinstance(item, Mapping))
 
 
+def _processes(files: BundleFiles) -> tuple[ProcessRecord, ...]:
+    data = _load_json(files, PROCESSES_JSON)
+    if data is None:
+        return ()
+    if not isinstance(data, list):
+        raise ProbeFileError(f"{PROCESSES_JSON} is not a JSON list")
+    return tuple(ProcessRecord.model_validate(item) for item in data if isinstance(item, Mapping))
+
+
 def _stack(
     files: BundleFiles, path: Path, prefix: str, started: Mapping[str, datetime | None]
 ) -> StackDump:
@@ -376,6 +388,7 @@ def read_probes(probe_dir: Path, source_prefix: str = "probes") -> ProbeEvidence
         controller=_guarded(failures, _controller, files),
         attempts=_guarded(failures, _attempts, files),
         stacks=_stacks(files, commands, source_prefix, failures),
+        processes=_guarded(failures, _processes, files) or (),
         gpus=_guarded(failures, _gpus, files) or {},
     )
     return evidence.model_copy(update={"failures": (*failures, *files.refused)})
@@ -446,6 +459,9 @@ def write_probes(evidence: ProbeEvidence, outputs: dict[str, str], probe_dir: Pa
     if evidence.attempts is not None:
         attempts = [a.model_dump(mode="json") for a in evidence.attempts]
         _write(probe_dir, ATTEMPTS_JSON, _json_text(attempts))
+    if evidence.processes:
+        processes = [p.model_dump(mode="json") for p in evidence.processes]
+        _write(probe_dir, PROCESSES_JSON, _json_text(processes))
     for stack in evidence.stacks:
         _write_stack(probe_dir, stack, outputs)
     for pod, rows in evidence.gpus.items():

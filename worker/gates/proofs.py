@@ -18,7 +18,9 @@ from shared.models import KillProof, RestartsResult
 from worker.evidence.facts import CLOCK_TOLERANCE_S, PHASE, STEP
 from worker.evidence.jobstate import JobState
 from worker.evidence.model import Evidence
+from worker.evidence.roles import roles_of
 from worker.gates.restarts import is_specific_signature
+from worker.gates.stacks import rests_on_collective, stack_holes
 
 __all__ = ["PROOF_RULES", "ProofRule", "crash_loop_check", "restarts_proof", "validate"]
 
@@ -39,8 +41,9 @@ def _is_stack(source: str) -> bool:
 
 
 def _stacks_live(proof: KillProof, evidence: Evidence) -> str | None:
-    """Both dumps of each process after the newest progress, fresh, of the current attempt, and no
-    py-spy probe failed."""
+    """Both dumps of each quoted process after the newest progress, fresh, of the current
+    attempt, and no py-spy probe the proof needs failed (a failed dump of a helper or a native
+    process is not a hole, nor, beside ranks parked in a collective, one of the driver)."""
     facts, limit = evidence.facts, evidence.thresholds.max_evidence_age_s
     dumps = [q for q in proof.evidence if _is_stack(q.source)]
     stamps = {q.timestamp for q in dumps if q.timestamp is not None}
@@ -58,7 +61,9 @@ def _stacks_live(proof: KillProof, evidence: Evidence) -> str | None:
             return f"{q.source} is older than MAX_EVIDENCE_AGE_S"
         if facts.attempt_started_at is not None and at < facts.attempt_started_at:
             return f"{q.source} was taken before the current attempt began"
-    failed = facts.failed("stacks")
+    collective = proof.rule == "stall_stacks" and rests_on_collective(proof.mechanism)
+    roles = roles_of(evidence.probes)
+    failed = stack_holes(facts.failed("stacks"), roles, collective=collective)
     return f"a py-spy probe failed: {failed[0].text}" if failed else None
 
 
@@ -115,10 +120,11 @@ def _terminal(proof: KillProof, evidence: Evidence) -> str | None:
 
 
 RULES: Final = (
-    ProofRule("stall_stacks", "liveness", False, "two live dumps of each process parked in one "
-              "collective or queue frame, quiet beyond the stall limit", _stacks_live),
-    ProofRule("stall_still", "liveness", False, "every trainer process identical in two live "
-              "dumps outside any collective, corroborated by silence, idle engines and no "
+    ProofRule("stall_stacks", "liveness", False, "two live dumps of each load-bearing process "
+              "(ranks, driver, coordinator) parked in one collective or queue frame, no rank "
+              "moving, quiet beyond the stall limit", _stacks_live),
+    ProofRule("stall_still", "liveness", False, "every load-bearing process identical in two "
+              "live dumps outside any collective, corroborated by silence, idle engines and no "
               "finished trial", _stacks_live),
     ProofRule("process_death", "liveness", False, "a death line after the newest advancement, "
               "silence past the stall limit since", _death_after_progress),

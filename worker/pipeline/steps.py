@@ -100,7 +100,7 @@ from worker.pipeline.second_look import (
     thaw_look,
 )
 from worker.pipeline.store import ObjectMissingError, ObjectStore, download_prefix, key_segment
-from worker.second_look import compare, observe, rests_on_stacks, settle
+from worker.second_look import compare, first_look_at, observe, rests_on_stacks, settle
 from worker.verdict import decide
 
 __all__ = [
@@ -118,6 +118,9 @@ _THAWED_KEPT: Final = 4
 _UNCHECKED: Final = ".unchecked"  # a local copy the capture left, not yet checked against S3
 _CACHE_MAX_AGE_S: Final = 3600
 _CLAIM_TTL_S: Final = 60
+MIN_LOOK_WAIT_S: Final = 1.0
+"""The shortest countdown to a second look, when the first look's dumps are already older than
+RLHEALTH_REOBSERVE_S (a slow capture): the look is still taken by its own task."""
 
 
 def event_key(event_id: str) -> str:
@@ -162,6 +165,7 @@ class Pipeline:
         self.parts = SharedParts(store, root / "parts")
         self.part_cache = PartCache(THAW_CACHE_BYTES)
         self._thawed: OrderedDict[str, Evidence] = OrderedDict()
+        self.clock: Callable[[], float] = time.time  # epoch seconds: when the look is due
 
     @cached_property
     def keys(self) -> KeyRing:
@@ -637,7 +641,18 @@ class Pipeline:
             return None  # judged on recorded probes or as of a fixed time: not the live job
         if not can_probe(event, self.settings):
             return 0.0  # no backend to look through: waiting would not help, judge it (blind) now
-        return self.settings.reobserve_s
+        return self._countdown(report)
+
+    def _countdown(self, report: Report) -> float:
+        """RLHEALTH_REOBSERVE_S after the newest dump the proof quotes (what shows a wedge is the
+        time between the two looks' stacks, not between the first verdict and the second look),
+        never less than MIN_LOOK_WAIT_S from now."""
+        first = first_look_at(report)
+        reobserve = self.settings.reobserve_s
+        if first is None:
+            return reobserve
+        elapsed = max(0.0, self.clock() - first.timestamp())
+        return max(MIN_LOOK_WAIT_S, reobserve - elapsed)
 
     def second_look(
         self,
@@ -655,6 +670,9 @@ class Pipeline:
             return known.model_dump(mode="json")
         report = self.report(results, event_id, evidence_id)
         first = self.evidence(evidence_id)
+        since = first_look_at(report) if scheduled_at is not None else None
+        if since is not None:  # the look waited from the first look's dumps (`look_wait`)
+            scheduled_at = min(scheduled_at or since.timestamp(), since.timestamp())
         look_at = _LookAt(event_id, evidence_id, scheduled_at, claim or uuid.uuid4().hex)
         second, waited_s = self._second_observation(look_at, first)
         look = compare(observe(first), observe(second, prefix=LOOK_DIR), waited_s)
