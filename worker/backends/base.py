@@ -98,6 +98,7 @@ class Recorder:
                 started_at=result.started_at,
                 exit_code=result.exit_code,
                 output=path,
+                why=None if result.ok else result.why(),
             )
         )
         if not result.ok:

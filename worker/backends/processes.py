@@ -15,28 +15,14 @@ from __future__ import annotations
 import re
 from collections.abc import Iterable
 from dataclasses import dataclass
-from pathlib import PurePath
 from typing import Final
+
+from worker.evidence.pslist import PsRow, parse_ps
 
 __all__ = ["PS_ARGV", "PsRow", "TaskProcess", "parse_ps", "task_processes"]
 
 PS_ARGV: Final = ("ps", "-ww", "-eo", "pid,ppid,args")  # -ww: never cut the command line
 _PROBE_TEXT: Final = " ".join(PS_ARGV)
-_ROW: Final = re.compile(r"^\s*(\d+)\s+(\d+)\s+(.*)$")
-_PYTHON: Final = re.compile(r"^python[\d.]*$")
-_RENAMED_PYTHON: Final = re.compile(r"^(ray|VLLM)::")
-
-
-@dataclass(frozen=True)
-class PsRow:
-    pid: int
-    ppid: int
-    args: str
-
-    @property
-    def is_python(self) -> bool:
-        first = self.args.split(None, 1)[0] if self.args.strip() else ""
-        return bool(_PYTHON.match(PurePath(first).name) or _RENAMED_PYTHON.match(first))
 
 
 @dataclass(frozen=True)
@@ -48,12 +34,6 @@ class TaskProcess:
     ppid: int | None
     args: str
     parent_args: str | None = None
-
-
-def parse_ps(text: str) -> tuple[PsRow, ...]:
-    """Rows of `ps -eo pid,ppid,args` (the header and odd lines skipped)."""
-    rows = (_ROW.match(line) for line in text.splitlines())
-    return tuple(PsRow(int(m[1]), int(m[2]), m[3]) for m in rows if m)
 
 
 def _descendants(rows: Iterable[PsRow], root: int) -> set[int]:

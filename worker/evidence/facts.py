@@ -12,7 +12,6 @@ progress, which is what the gates judge.
 
 from __future__ import annotations
 
-import re
 import shlex
 from collections.abc import Iterable
 from dataclasses import dataclass, field
@@ -377,26 +376,16 @@ _PROBE_KINDS: Final = (
 )
 
 
-_FAILED_STACK: Final = re.compile(r"(^|/)stacks/(?P<target>.+)-pid(?P<pid>\d+)-\d+\.txt$")
-
-
-def _dumped(command: ProbeCommand) -> tuple[int | None, str | None]:
-    """The pid (`--pid N`) and target (from the output's name) of a py-spy command."""
-    argv = list(command.argv)
-    after = argv[argv.index("--pid") + 1] if "--pid" in argv[:-1] else ""
-    named = _FAILED_STACK.search(command.output or "")
-    pid = int(after) if after.isdigit() else (int(named["pid"]) if named else None)
-    return pid, named["target"] if named else None
-
-
 def _command_failure(command: ProbeCommand) -> ProbeFailure | None:
     if command.exit_code == 0:
         return None
-    why = "timed out" if command.exit_code is None else f"exited {command.exit_code}"
+    why = command.why or (
+        "timed out" if command.exit_code is None else f"exited {command.exit_code}"
+    )
     text = f"`{shlex.join(command.argv)}` {why}"
     cited = quote("probes/probes.json", text, timestamp=command.started_at)
     kind = _probe_kind(command)
-    pid, target = _dumped(command) if kind == "stacks" else (None, None)
+    pid, target = command.dumped() if kind == "stacks" else (None, None)
     return ProbeFailure(kind, text, cited, pid, target)
 
 

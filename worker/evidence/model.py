@@ -6,12 +6,13 @@ types, so a gate can be tested with an `Evidence` made by hand.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from datetime import datetime
 from enum import StrEnum
 from functools import cached_property
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Final
 
 from pydantic import BaseModel, ConfigDict
 
@@ -118,11 +119,24 @@ class BundleInfo(_Frozen):
 # --- live probes (the recorded layout of CONTRACT.md) ---------------------------------------------
 
 
+_STACK_OUTPUT: Final = re.compile(r"(^|/)stacks/(?P<target>.+)-pid(?P<pid>\d+)-\d+\.txt$")
+
+
 class ProbeCommand(_Frozen):
     argv: tuple[str, ...]
     started_at: UtcDatetime | None = None
     exit_code: int | None = None  # None: timed out
     output: str | None = None  # file relative to the probe directory
+    why: str | None = None  # a failed command's reason (its last error line), read back from
+    # its `failed/` output; not written to probes.json (the output file holds it)
+
+    def dumped(self) -> tuple[int | None, str | None]:
+        """The pid (`--pid N`) and target (from the output's name) of a py-spy command."""
+        argv = list(self.argv)
+        after = argv[argv.index("--pid") + 1] if "--pid" in argv[:-1] else ""
+        named = _STACK_OUTPUT.search(self.output or "")
+        pid = int(after) if after.isdigit() else (int(named["pid"]) if named else None)
+        return pid, named["target"] if named else None
 
 
 class AttemptRecord(_Frozen):

@@ -286,19 +286,33 @@ def _recorded(record: ProcessRecord) -> Classification | None:
     return Classification(role, record.why or "recorded") if role else None
 
 
+def _failure_texts(probes: ProbeEvidence) -> dict[tuple[str, int], list[str]]:
+    """Each process's failed dumps' reasons (py-spy's error, e.g. no Python interpreter)."""
+    found: dict[tuple[str, int], list[str]] = {}
+    for command in probes.commands:
+        pid, target = command.dumped()
+        if command.exit_code != 0 and command.why and pid is not None and target is not None:
+            found.setdefault((target, pid), []).append(command.why)
+    return found
+
+
 def roles_of(probes: ProbeEvidence | None) -> Roles:
     """Every dumped or recorded process's role: the probe directory's record first (what the
-    diagnosis that took it decided), else classified from its dumps."""
+    diagnosis that took it decided), else classified from its command line (`processes.json`
+    or the recorded `ps` listing), its dumps and its failed dumps' reasons."""
     if probes is None:
         return Roles()
     texts: dict[tuple[str, int], list[str]] = {}
     for dump in probes.stacks:
         texts.setdefault((dump.target, dump.pid), []).append(dump.text)
+    failures = _failure_texts(probes)
     known: dict[tuple[str, int], Classification] = {}
     records = {(r.target, r.pid): r for r in probes.processes}
-    for key in {*texts, *records}:
+    for key in {*texts, *records, *failures}:
         record = records.get(key)
         recorded = _recorded(record) if record is not None else None
         args = record.args if record is not None else None
-        known[key] = recorded or classify(args, texts.get(key, ()), pid=key[1])
+        known[key] = recorded or classify(
+            args, texts.get(key, ()), pid=key[1], failures=failures.get(key, ())
+        )
     return Roles(known)
