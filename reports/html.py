@@ -40,6 +40,7 @@ from shared.models import (
     Report,
     iso_utc,
 )
+from shared.times import duration_text
 
 if TYPE_CHECKING:
     from worker.evidence.model import Evidence
@@ -213,7 +214,7 @@ def _second_look(report: Report) -> str:
     facts = _facts(
         [
             ("outcome", look.outcome.value),
-            ("waited", f"{look.waited_s:g} s"),
+            ("waited", duration_text(look.waited_s)),
             ("first look", iso_utc(look.first_at)),
             ("second look", iso_utc(look.taken_at)),
             ("what it saw", look.summary),

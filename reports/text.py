@@ -46,6 +46,7 @@ from shared.models import (
     SecondLook,
     iso_utc,
 )
+from shared.times import duration_text
 
 __all__ = ["format_quote", "render_text"]
 
@@ -90,7 +91,7 @@ def _second_look_lines(look: SecondLook | None) -> list[str]:
     if look is None:
         return []
     head = (
-        f"{INDENT}second look — {look.outcome.value} after {look.waited_s:g} s "
+        f"{INDENT}second look — {look.outcome.value} after {duration_text(look.waited_s)} "
         f"(taken {iso_utc(look.taken_at)}): {look.summary}"
     )
     first, *rest = _with_quotes(head, look.evidence)

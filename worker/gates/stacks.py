@@ -53,6 +53,7 @@ from enum import StrEnum
 from typing import Final
 
 from shared.models import Quote
+from shared.times import duration_text
 from worker.evidence.model import StackDump
 from worker.evidence.quotes import quote
 
@@ -181,7 +182,7 @@ class DumpWindow:
 
 def _ago(reference: datetime, at: datetime) -> str:
     gap = (reference - at).total_seconds()
-    return "at" if gap == 0 else f"{gap:.0f}s before"
+    return "at" if gap == 0 else f"{duration_text(gap)} before"
 
 
 @dataclass(frozen=True)
@@ -345,15 +346,16 @@ def _judge_pair(first: StackDump, last: StackDump, gap: float) -> ProcessJudgeme
         _dump_quote(last, b, park_b.named if park_b else None),
     )
     if park_a and park_b and park_a.frame.text == park_b.frame.text:
-        detail = (
-            f"parked in {park_a.kind.value} `{park_a.named.text}` in both dumps {gap:.0f}s apart"
-        )
+        apart = duration_text(gap)
+        detail = f"parked in {park_a.kind.value} `{park_a.named.text}` in both dumps {apart} apart"
         return _judgement(first, ProcessState.PARKED, park_a, quotes, detail)
     if _signature(a) != _signature(b):
-        return _judgement(first, ProcessState.MOVING, None, quotes, f"stack changed in {gap:.0f}s")
+        return _judgement(
+            first, ProcessState.MOVING, None, quotes, f"stack changed in {duration_text(gap)}"
+        )
     state = ProcessState.ENGINE_IDLE if _is_engine(a) else ProcessState.STILL
     top = a.frames[0].text if a.frames else "no frame"
-    detail = f"unchanged for {gap:.0f}s at `{top}`, not in a collective"
+    detail = f"unchanged for {duration_text(gap)} at `{top}`, not in a collective"
     return ProcessJudgement(first.target, first.pid, state, None, quotes, detail, gap, top)
 
 
