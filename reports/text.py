@@ -25,6 +25,13 @@ same way. A handoff follows NEXT ACTION, indented; the second look before a stal
 taken, closes the LIVENESS section, indented, with its quotes;
 discrepancies, when there are any, close the report.
 
+No line is wider than `WIDTH` (120) characters, except for one word longer than that (a URI):
+a longer line continues on the next lines, indented to where its field's value begins (a field
+line: `LIVENESS:  ` is 11 characters, so its continuation lines start with 11 spaces) or four
+spaces deeper than itself (an indented line), so every field stays one logical line — join a
+line's continuation lines to it with one space to read it whole. A table wider than the page is
+laid out in blocks of columns, each repeating the row's key (`reports.tables`).
+
 Every value is rendered from `reports.bounds.bounded(report)`: redacted, control characters
 escaped (no evidence value can forge a line), lists capped with `… and N more`, the whole report
 under `MAX_REPORT_BYTES`.
@@ -32,6 +39,8 @@ under `MAX_REPORT_BYTES`.
 
 from __future__ import annotations
 
+import re
+import textwrap
 from collections.abc import Iterable
 
 from reports.bounds import OMITTED_SOURCE, bounded_rendering
@@ -48,9 +57,13 @@ from shared.models import (
 )
 from shared.times import duration_text
 
-__all__ = ["format_quote", "render_text"]
+__all__ = ["WIDTH", "format_quote", "logical_lines", "render_text", "wrap_line"]
 
 INDENT = "  "
+WIDTH = 120
+CONTINUED = "    "  # an indented line's continuation: four spaces deeper than the line itself
+# a field line of the template: its label, up to where the value begins
+_FIELD = re.compile(r"^(?:RL-JOB-HEALTH — |[A-Z][A-Z ]*[A-Z]: +)")
 _LABELS: dict[GateName, str] = {
     GateName.LIVENESS: "LIVENESS:  ",
     GateName.RESOURCES: "RESOURCES: ",
@@ -82,7 +95,8 @@ def _gate_lines(name: GateName, gate: GateResult) -> list[str]:
         return [f"{_LABELS[name]}N/A — {gate.summary}"]
     lines = _with_quotes(f"{_LABELS[name]}{gate.status.value} — {gate.summary}", gate.evidence)
     lines.extend(INDENT + detail for detail in gate.details)
-    lines.extend(INDENT + row for table in gate.tables for row in format_table(table))
+    width = WIDTH - len(INDENT)
+    lines.extend(INDENT + row for table in gate.tables for row in format_table(table, width))
     return lines
 
 
@@ -124,6 +138,43 @@ def _discrepancy_lines(items: Iterable[str]) -> list[str]:
     return ["", "DISCREPANCIES:", *(f"{INDENT}- {item}" for item in items)]
 
 
+def _hang(line: str) -> str:
+    """The indentation of `line`'s continuation lines."""
+    field = _FIELD.match(line)
+    own = len(line) - len(line.lstrip(" "))
+    return " " * len(field.group(0)) if field else " " * own + CONTINUED
+
+
+def wrap_line(line: str, width: int = WIDTH) -> list[str]:
+    """`line` as lines of at most `width` characters (a word longer than that stays whole),
+    each continuation indented to the field's value or four spaces deeper than the line."""
+    if len(line) <= width:
+        return [line]
+    hang = _hang(line)
+    return textwrap.wrap(
+        line,
+        width=width,
+        subsequent_indent=hang,
+        break_long_words=False,
+        break_on_hyphens=False,
+        replace_whitespace=False,
+    )
+
+
+def logical_lines(text: str) -> list[str]:
+    """The report's lines with every continuation joined back to its line (one space), as they
+    were before wrapping: what a program reading the text report should split on."""
+    joined: list[str] = []
+    hang: str | None = None
+    for line in text.splitlines():
+        if hang is not None and line.startswith(hang) and line[len(hang) : len(hang) + 1] != " ":
+            joined[-1] = f"{joined[-1]} {line[len(hang) :]}"
+            continue
+        joined.append(line)
+        hang = _hang(line) if line.strip() else None
+    return joined
+
+
 @bounded_rendering  # every value cleaned, every list capped, the whole under a byte ceiling
 def render_text(report: Report) -> str:
     """The full text report, ending with a newline."""
@@ -151,4 +202,4 @@ def render_text(report: Report) -> str:
             *_discrepancy_lines(report.discrepancies),
         ]
     )
-    return "\n".join(lines) + "\n"
+    return "\n".join(wrapped for line in lines for wrapped in wrap_line(line)) + "\n"

@@ -80,7 +80,7 @@ from shared.times import age_text, duration_text
 from worker.evidence.facts import CLOCK_TOLERANCE_S, LOG_LINE, PHASE, STEP, TRIAL, Moment
 from worker.evidence.jobstate import JobState
 from worker.evidence.model import ArtifactState, Evidence, LogTables
-from worker.evidence.quotes import quote, quote_rows
+from worker.evidence.quotes import log_head_quotes, quote, quote_rows
 from worker.gates import configuration, deaths
 from worker.gates.base import error, passed
 from worker.gates.engine_idle import engines_generated_since
@@ -822,8 +822,7 @@ def _judge_quiet(ctx: Context) -> GateResult:
         return error(
             "no `Started:`/`Finished:` timer line or train metrics in the trainer log",
             missing=("phase timer lines or train metrics in the trainer log",),
-            evidence=ctx.base_quotes()
-            + tuple(quote("finelog.log", h) for h in ctx.logs.summary.head[:2]),
+            evidence=ctx.base_quotes() + log_head_quotes(ctx.logs, limit=2),
         )
     cadence = _cadence(ctx.evidence, ctx.logs)
     quiet_s = (ctx.now - ctx.advancement.at).total_seconds()
