@@ -343,6 +343,13 @@ def _plots(plots: Sequence[Plot] | None) -> str:
     return f'<section id="plots"><h2>Plots</h2>{_legend()}{figures}</section>'
 
 
+def _inputs(items: Sequence[str]) -> str:
+    if not items:
+        return ""
+    rows = "".join(f"<li>{escape(item)}</li>" for item in items)
+    return f'<section id="inputs"><h2>Inputs</h2><ul>{rows}</ul></section>'
+
+
 def _discrepancies(items: Sequence[str]) -> str:
     if not items:
         return ""
@@ -380,6 +387,7 @@ def render_html(report: Report, evidence: Evidence | None = None) -> str:
             _restarts(report),
             f'<section id="gates"><h2>Gates</h2>{gates}</section>',
             _plots(plots),
+            _inputs(report.inputs),
             _discrepancies(report.discrepancies),
             f"<footer>rl-job-health {escape(_version())} · read-only: this report offers no "
             "action on the job</footer>",

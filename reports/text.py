@@ -23,7 +23,8 @@ Further quotes for a gate follow its line, indented by two spaces; then its deta
 tables (the DYNAMICS metric window and phase table, laid out by `reports.tables`), indented the
 same way. A handoff follows NEXT ACTION, indented; the second look before a stall KILL, when one was
 taken, closes the LIVENESS section, indented, with its quotes;
-discrepancies, when there are any, close the report.
+the inputs (what each file given was taken to be, what was skipped and why, where the dates of
+time-only lines came from), then the discrepancies, when there are any, close the report.
 
 No line is wider than `WIDTH` (120) characters, except for one word longer than that (a URI):
 a longer line continues on the next lines, indented to where its field's value begins (a field
@@ -131,6 +132,13 @@ def _handoff_lines(handoff: Handoff | None) -> list[str]:
     return lines
 
 
+def _input_lines(items: Iterable[str]) -> list[str]:
+    items = list(items)
+    if not items:
+        return []
+    return ["", "INPUTS:", *(f"{INDENT}- {item}" for item in items)]
+
+
 def _discrepancy_lines(items: Iterable[str]) -> list[str]:
     items = list(items)
     if not items:
@@ -199,6 +207,7 @@ def render_text(report: Report) -> str:
             f"NEXT ACTION: {report.next_action}",
             *_handoff_lines(report.handoff),
             f"FLIP SIGNAL: {report.flip_signal}",
+            *_input_lines(report.inputs),
             *_discrepancy_lines(report.discrepancies),
         ]
     )

@@ -452,4 +452,5 @@ def decide(
         handoff=decision.handoff,
         discrepancies=tuple(dict.fromkeys(discrepancies)),
         kill_proof=decision.proof if decision.verdict is Verdict.KILL else None,
+        inputs=evidence.inputs,
     )
