@@ -121,6 +121,10 @@ class Settings(BaseSettings):
     verdict_key_file: Path | None = None
     # where worker and ingest serve /metrics (0.0.0.0 only when a scraper elsewhere needs it)
     metrics_addr: str = "127.0.0.1"
+    # how worker and ingest write their logs: text lines, or one JSON object per line
+    # (worker.pipeline.logsetup); and whether error lines come with their traceback (--debug)
+    log_format: Literal["text", "json"] = "text"
+    debug: bool = False
 
     @field_validator("redis_url")
     @classmethod

@@ -21,6 +21,10 @@ COMMANDS: Final[dict[str, tuple[str, str]]] = {
         "worker.cli.eval_cmd",
         "Score the verdict rules on a folder of labelled bundles (case.json each).",
     ),
+    "check": (
+        "worker.cli.check_cmd",
+        "Check that Redis, S3 and the verdict key are usable (--wait: until they are).",
+    ),
     "alert": ("worker.cli.pipeline_cmd", "Publish a suspect-job event (the watcher side)."),
     "ingest": (
         "worker.cli.pipeline_cmd",

@@ -9,11 +9,16 @@ dependency that fails later, mid-command, is named the same way by `dependency_f
 traceback to that line.
 
 The timeouts add up to well under the 15 s an operator waits for the line: a connection attempt
-of `CONNECT_TIMEOUT_S`, an answer within `READ_TIMEOUT_S`, once.
+of `CONNECT_TIMEOUT_S`, an answer within `READ_TIMEOUT_S`, once. A service that *refuses* the
+connection is asked again for up to `STARTING_S`: it may be starting beside the command; a
+time-out, a refused credential or an unknown host is not asked again. A script that has just
+started Redis or S3 waits for them with `rl-health check --wait SECONDS`.
 """
 
 from __future__ import annotations
 
+import time
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Final
 from urllib.parse import urlsplit
 
@@ -27,6 +32,7 @@ if TYPE_CHECKING:
 __all__ = [
     "CONNECT_TIMEOUT_S",
     "READ_TIMEOUT_S",
+    "STARTING_S",
     "DependencyError",
     "dependency_failure",
     "reach_redis",
@@ -38,6 +44,8 @@ __all__ = [
 
 CONNECT_TIMEOUT_S: Final = 3.0
 READ_TIMEOUT_S: Final = 5.0
+STARTING_S: Final = 2.0  # how long a service refusing connections may be starting
+_AGAIN_S: Final = 0.25
 _REDIS_SETTING: Final = "RLHEALTH_REDIS_URL"
 _CREDENTIAL_WORDS: Final = ("NOAUTH", "WRONGPASS", "NOPERM", "invalid password", "invalid username")
 _REFUSED_S3: Final = frozenset(
@@ -103,12 +111,32 @@ def reach_redis(settings: Settings) -> Any:
         retry=Retry(NoBackoff(), 0),
     )
     try:
-        probe.ping()
+        _while_starting(probe.ping)
     except redis.RedisError as exc:
         raise DependencyError(_redis_message(exc, settings)) from exc
     finally:
         probe.close()
     return redis_client(settings)
+
+
+def _refused(exc: BaseException) -> bool:
+    """A connection refused: nothing listens there (yet)."""
+    return any(isinstance(e, ConnectionRefusedError) for e in _chain(exc)) or (
+        "connection refused" in str(exc).lower()
+    )
+
+
+def _while_starting(call: Callable[[], object]) -> None:
+    """`call()`, asked again while the service refuses connections, for up to STARTING_S."""
+    deadline = time.monotonic() + STARTING_S
+    while True:
+        try:
+            call()
+            return
+        except Exception as exc:
+            if not _refused(exc) or time.monotonic() + _AGAIN_S > deadline:
+                raise
+        time.sleep(_AGAIN_S)
 
 
 def _redis_message(exc: BaseException, settings: Settings) -> str:
@@ -147,8 +175,9 @@ def reach_s3(settings: Settings) -> S3Store:
     from worker.pipeline.store import store_from_settings
 
     store = store_from_settings(settings)
+    client, create = _quick_s3_client(settings), bool(settings.s3_endpoint_url)
     try:
-        store.check(_quick_s3_client(settings), create=bool(settings.s3_endpoint_url))
+        _while_starting(lambda: store.check(client, create=create))
     except (botocore.exceptions.BotoCoreError, botocore.exceptions.ClientError) as exc:
         raise DependencyError(_s3_message(exc, settings)) from exc
     return store

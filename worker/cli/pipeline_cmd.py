@@ -34,7 +34,7 @@ from shared.models import Event, Mode, VerdictEntry
 from shared.redact import escape_controls
 from shared.settings import Settings
 from worker.cli.dependencies import reach_redis, reach_s3, redis_address, s3_address
-from worker.cli.options import ISO_DATETIME, UnusableError, load_settings, load_verdict_keys
+from worker.cli.options import ISO_DATETIME, load_settings, load_verdict_keys
 
 if TYPE_CHECKING:
     from shared.supervisor import VerdictReader
@@ -63,16 +63,6 @@ def _pipeline(settings: Settings) -> Pipeline:
 
     redis = reach_redis(settings)
     return Pipeline(settings, reach_s3(settings), redis)
-
-
-def _log_format_checked() -> None:
-    """RLHEALTH_LOG_FORMAT must be one this process can write (exit 2 otherwise)."""
-    from worker.pipeline.logsetup import log_format
-
-    try:
-        log_format()
-    except ValueError as exc:
-        raise UnusableError(f"unusable setting {exc}") from None
 
 
 def _fail(message: str, code: int = 2) -> None:
@@ -245,7 +235,6 @@ def ingest_command(
 
     settings = load_settings()  # before the app module reads them
     load_verdict_keys(settings)  # ingest signs re-announced verdicts and ERROR answers
-    _log_format_checked()
     pipeline = _pipeline(settings)  # Redis and S3 reached first: exit 2 with one line if not
     from worker.pipeline.ingest import Ingest
     from worker.pipeline.logsetup import configure_logging
@@ -317,7 +306,6 @@ def worker_command(
     """Start a Celery worker running the diagnosis tasks."""
     settings = load_settings()  # before the app module reads them
     load_verdict_keys(settings)  # the worker signs every verdict and stored report
-    _log_format_checked()
     if metrics_port is not None:
         _prepare_metrics_dir(metrics_dir)  # before the tasks import prometheus-client
     reach_redis(settings)  # the broker: exit 2 with one line when it cannot be reached
