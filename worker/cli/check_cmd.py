@@ -1,9 +1,10 @@
 """`rl-health check`: are the pipeline's dependencies there? The on-call engineer's first command.
 
-One line per dependency on stdout — Redis (RLHEALTH_REDIS_URL), S3 (RLHEALTH_S3_ENDPOINT_URL and
-RLHEALTH_S3_BUCKET, with the AWS credentials) and the verdict key (RLHEALTH_VERDICT_KEY or
-RLHEALTH_VERDICT_KEY_FILE) — saying `ok` or what is wrong, each reached as every pipeline command
-reaches it (`worker.cli.dependencies`). Exit 0 when all are usable, 2 otherwise. `--wait SECONDS`
+One `ok` line on stdout per usable dependency — Redis (RLHEALTH_REDIS_URL), S3
+(RLHEALTH_S3_ENDPOINT_URL and RLHEALTH_S3_BUCKET, with the AWS credentials), the verdict key
+(RLHEALTH_VERDICT_KEY or RLHEALTH_VERDICT_KEY_FILE) — each reached as every pipeline command
+reaches it (`worker.cli.dependencies`); those that are not usable are named in one line on stderr,
+exit 2. `--wait SECONDS`
 asks again until all are usable or the time is up: what a script runs after starting Redis and
 S3, before the worker and ingest.
 """
@@ -63,15 +64,17 @@ def _round(settings: Settings) -> list[tuple[bool, str]]:
     help="Ask again until every dependency is usable, up to SECONDS.",
 )
 def check_command(wait_s: float) -> None:
-    """Check that Redis, S3 and the verdict key are usable; one line each, exit 2 if one is not."""
+    """Check that Redis, S3 and the verdict key are usable: `ok` lines on stdout; one line on
+    stderr naming what is not, exit 2."""
     settings = load_settings()
     deadline = time.monotonic() + wait_s
     found = _round(settings)
     while not all(ok for ok, _line in found) and time.monotonic() + _AGAIN_S < deadline:
         time.sleep(_AGAIN_S)
         found = _round(settings)
-    for _ok, line in found:
-        click.echo(line)
-    failed = sum(1 for ok, _line in found if not ok)
-    if failed:
-        raise UnusableError(f"{failed} dependency(ies) not usable (see above)")
+    for ok, line in found:
+        if ok:
+            click.echo(line)
+    failed = [line for ok, line in found if not ok]
+    if failed:  # one line on stderr, naming each dependency that is not usable
+        raise UnusableError("; ".join(failed))
