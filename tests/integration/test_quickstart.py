@@ -71,9 +71,11 @@ def _script(lines: list[str], pids: Path) -> str:
 
 
 def _stop(pids: Path) -> None:
+    """SIGTERM to each background job the script started, the last started first (ingest and
+    the worker before the services they use)."""
     if not pids.exists():
         return
-    for raw in pids.read_text().split():
+    for raw in reversed(pids.read_text().split()):
         try:
             os.kill(int(raw), signal.SIGTERM)
         except ProcessLookupError:
@@ -90,28 +92,31 @@ def test_the_readme_quick_start_prints_the_verdict_every_time(tmp_path: Path) ->
     env = {k: v for k, v in os.environ.items() if k in keep}
     env["PATH"] = f"{BIN}:{env.get('PATH', '')}"
     env["RLHEALTH_CACHE_DIR"] = str(tmp_path / "cache")
-    try:
-        done = subprocess.run(
-            ["bash", "-c", "set -o pipefail\n" + script],
-            cwd=tmp_path,
-            env=env,
-            capture_output=True,
-            text=True,
-            timeout=900,
-            check=False,
-        )
+    out, err = tmp_path / "script.out", tmp_path / "script.err"
+    try:  # into files: the background services keep a pipe open after the script ends
+        with out.open("w") as stdout, err.open("w") as stderr:
+            done = subprocess.run(
+                ["bash", "-c", "set -o pipefail\n" + script],
+                cwd=tmp_path,
+                env=env,
+                stdout=stdout,
+                stderr=stderr,
+                timeout=280,
+                check=False,
+            )
     finally:
         _stop(pids)
+    stdout_text, stderr_text = out.read_text(), err.read_text()
     logs = "".join(
         f"\n--- {name}\n{(tmp_path / name).read_text()[-3000:]}"
         for name in ("worker.log", "ingest.log")
         if (tmp_path / name).exists()
     )
-    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:] + logs
+    assert done.returncode == 0, stdout_text[-3000:] + stderr_text[-3000:] + logs
     answered = (tmp_path / "alerts.out").read_text()
     events = re.findall(r"^(evt-\S+)$", answered, re.MULTILINE)
     verdicts = VERDICT.findall(answered)
     assert len(events) == ALERTS and len(verdicts) == ALERTS, answered
-    again = VERDICT.findall(done.stdout.split("### again")[-1])
-    assert len(again) == ALERTS, done.stdout[-3000:]
+    again = VERDICT.findall(stdout_text.split("### again")[-1])
+    assert len(again) == ALERTS, stdout_text[-3000:]
     assert "verdict event=" in (tmp_path / "worker.log").read_text()

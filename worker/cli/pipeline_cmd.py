@@ -308,14 +308,14 @@ def worker_command(
     load_verdict_keys(settings)  # the worker signs every verdict and stored report
     if metrics_port is not None:
         _prepare_metrics_dir(metrics_dir)  # before the tasks import prometheus-client
+    _check_live_capture(settings)  # the settings first: a refused one names itself
+    _check_cache_dir(settings)
     reach_redis(settings)  # the broker: exit 2 with one line when it cannot be reached
     reach_s3(settings)  # and S3 (a local S3 gets its bucket before the first task)
     import worker.pipeline.tasks  # noqa: F401 - registers the tasks
     from shared.streams import StreamNames
     from worker.pipeline.app import app
 
-    _check_live_capture(settings)
-    _check_cache_dir(settings)
     _celery_logs_ours(loglevel, redis_address(settings.redis_url))
 
     if metrics_port is not None:
