@@ -146,10 +146,6 @@ class Layout:
             return BundleFiles(self.root)
         return LaidOutFiles(self.root, layout=self)
 
-    @property
-    def trainer_path(self) -> Path:
-        return self.root / (self.trainer or FINELOG)
-
     def skip(self, reason: str, path: str) -> None:
         self.skipped.setdefault(reason, []).append(path)
 
@@ -229,18 +225,30 @@ def _sniffed(files: BundleFiles, relative: str) -> Sniffed:
         return sniff(opened.read(SNIFF_BYTES))
 
 
-def _relative_files(files: BundleFiles) -> list[str]:
-    return [files.relative(p) for p in files.walk(".")]
-
-
 def _watcher(path: Path) -> Layout:
+    """The watcher layout as it is; every file no reader takes is named as skipped. The trials
+    directory is left to the trials reader (it names what it cannot read), so a job with
+    thousands of trials is not listed twice."""
     layout = Layout(root=path, kind="watcher job directory", trainer=FINELOG)
     files = layout.files
-    for name in _relative_files(files):
-        reason = _watcher_skip(name)
-        if reason is not None:
-            layout.skip(reason, name)
+    tops = sorted(os.scandir(path), key=lambda e: e.name) if path.is_dir() else []
+    for entry in tops:
+        if entry.name == "trace_jobs":
+            continue
+        names = (
+            _relative_files_under(files, entry.name)
+            if entry.is_dir(follow_symlinks=False)
+            else [entry.name]
+        )
+        for name in names:
+            reason = _watcher_skip(name)
+            if reason is not None:
+                layout.skip(reason, name)
     return layout
+
+
+def _relative_files_under(files: BundleFiles, top: str) -> list[str]:
+    return [files.relative(p) for p in files.walk(top)]
 
 
 def _watcher_skip(name: str) -> str | None:
@@ -276,7 +284,7 @@ def _common_parent(dirs: set[str]) -> str:
 def _folder(path: Path) -> Layout:
     layout = Layout(root=path, kind="folder of logs")
     files = layout.files
-    names = _relative_files(files)
+    names = _relative_files_under(files, ".")
     trial_dirs = _trial_dirs(names)
     if trial_dirs:
         layout.trials = _common_parent(trial_dirs)
