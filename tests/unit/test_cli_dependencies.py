@@ -251,18 +251,17 @@ def test_alert_wait_shows_no_forged_verdict_and_times_out(client: Any) -> None:
 
 
 def test_alert_wait_says_at_once_when_the_alert_was_dead_lettered(client: Any) -> None:
-    """Ingest refused the alert: `--wait` says so with the reason and exits 1 well before its
-    time-out."""
+    """Ingest refused the alert: `--wait` says so with the reason and exits 1, not waiting for
+    its time-out."""
 
     def refuse(c: Any, event_id: str) -> None:
         raw = json.dumps({ALERT_FIELD: json.dumps({"event_id": event_id})})
         c.xadd(NAMES.dead_letter, {"reason": "job_dir escapes the bundle root", "raw": raw})
 
     _answer(client, refuse)
-    started = time.monotonic()
-    result = _run("alert", JOB, "--wait", "60")
-    assert result.exit_code == 1 and "was refused (dead-letter stream): job_dir escapes" in result.stderr
-    assert time.monotonic() - started < 30
+    result = _run("alert", JOB, "--wait", "60")  # a time-out would say "no verdict for ..."
+    assert result.exit_code == 1
+    assert "was refused (dead-letter stream): job_dir escapes" in result.stderr
 
 
 def test_verdicts_event_prints_that_events_verdict_or_says_none(client: Any) -> None:
