@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import os
 import shutil
-from datetime import UTC, date, datetime
+from datetime import UTC, date, datetime, timedelta
 from pathlib import Path
 
 from click.testing import CliRunner, Result
@@ -166,7 +166,7 @@ def test_a_file_modified_at_the_time_judged_dates_the_lines_and_one_second_later
     now = datetime(2026, 7, 30, 10, 20, tzinfo=UTC)
     at = _dated(modified=now)
     assert at.day == date(2026, 7, 30) and "modification time" in at.source
-    later = _dated(modified=datetime(2026, 12, 5, 9, 0, tzinfo=UTC))
+    later = _dated(modified=now + timedelta(seconds=1))
     assert later.day == date(2026, 7, 30) and "modified after it" in later.source
 
 
