@@ -26,7 +26,7 @@ from collections.abc import Callable, Iterator
 from datetime import UTC, datetime
 from itertools import islice
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any, NoReturn, TypeVar
 
 import click
 
@@ -37,6 +37,8 @@ from worker.cli.dependencies import reach_redis, reach_s3, redis_address, s3_add
 from worker.cli.options import ISO_DATETIME, load_settings, load_verdict_keys
 
 if TYPE_CHECKING:
+    from shared.alerts import Refusals
+    from shared.signing import KeyRing
     from shared.supervisor import VerdictReader
     from worker.pipeline.steps import Pipeline
 
@@ -65,7 +67,7 @@ def _pipeline(settings: Settings) -> Pipeline:
     return Pipeline(settings, reach_s3(settings), redis)
 
 
-def _fail(message: str, code: int = 2) -> None:
+def _fail(message: str, code: int = 2) -> NoReturn:
     click.echo(f"rl-health: {message}", err=True)
     sys.exit(code)
 
@@ -159,15 +161,12 @@ def alert_command(
     _check_alert_paths(settings, job_dir, probes)
     keys = load_verdict_keys(settings) if wait_s is not None else None
     client = reach_redis(settings)
-    reader = refusals = None
-    if keys is not None:
-        reader, refusals = _answer_watch(client, settings, keys)
+    watch = _answer_watch(client, settings, keys) if keys is not None else None
     kwargs: dict[str, Any] = {"reason": reason, "mode": mode, "probes": probes, "now": now}
     event_id = publish_alert(client, job_dir, settings=settings, **kwargs)
     click.echo(event_id)
-    if reader is not None and refusals is not None and wait_s is not None:
-        entry = _await_verdict(reader, refusals, event_id, wait_s)
-        click.echo(_entry_line(entry, as_json))
+    if watch is not None and wait_s is not None:
+        click.echo(_entry_line(_await_verdict(*watch, event_id, wait_s), as_json))
 
 
 def _check_alert_paths(settings: Settings, job_dir: str, probes: str | None) -> None:
@@ -185,7 +184,7 @@ def _check_alert_paths(settings: Settings, job_dir: str, probes: str | None) -> 
         _fail(f"{job_dir!r} is not a usable path: {exc}")
 
 
-def _answer_watch(client: Any, settings: Settings, keys: Any) -> tuple[VerdictReader, Any]:
+def _answer_watch(client: Any, settings: Settings, keys: KeyRing) -> tuple[VerdictReader, Refusals]:
     """A verdict reader anchored at the newest entry and a watch on the dead-letter stream,
     both made before the alert is published: nothing said about it can come before them."""
     from shared.alerts import Refusals
@@ -197,7 +196,7 @@ def _answer_watch(client: Any, settings: Settings, keys: Any) -> tuple[VerdictRe
 
 
 def _await_verdict(
-    reader: VerdictReader, refusals: Any, event_id: str, wait_s: float
+    reader: VerdictReader, refusals: Refusals, event_id: str, wait_s: float
 ) -> VerdictEntry:
     """The first verified verdict answering `event_id` within `wait_s`; exit 1 (one line) on
     time-out or when ingest dead-lettered the alert."""
@@ -216,7 +215,6 @@ def _await_verdict(
         "`rl-health ingest` running? (`rl-health verdicts --event ID` asks again later)",
         1,
     )
-    raise AssertionError("unreachable")  # _fail exits
 
 
 # --- ingest ---------------------------------------------------------------------------------------
@@ -453,7 +451,6 @@ def _one_verdict(settings: Settings, event_id: str, wait_s: float | None, as_jso
     if found is None:
         waited = f" within {wait_s:g} s" if wait_s else " yet"
         _fail(f"no verdict for {escape_controls(event_id)}{waited}", 1)
-        return
     click.echo(_entry_line(found, as_json))
 
 
