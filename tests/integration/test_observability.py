@@ -52,9 +52,10 @@ def _job(services: Services, name: str) -> str:
 
 def test_metrics_endpoints_count_this_tests_alerts(pipeline_services: Services) -> None:
     """Three alerts for one job, one for another and a malformed one: the worker's endpoint
-    (summed over its prefork children) shows two diagnoses started and finished, two verdicts,
-    each stage (the HTML page after publish included) timed twice; ingest's shows two started,
-    two coalesced, one dead letter."""
+    (summed over its prefork children) shows two diagnoses started and finished, two verdicts
+    and two alert → verdict latencies, each stage (the HTML page after publish included) timed
+    twice; ingest's shows two started, two coalesced, one dead letter; neither shows the other's
+    counters."""
     services = pipeline_services
     before = {name: _scrape(url) for name, url in services.metrics.items()}
     busy, calm = _job(services, "metrics-busy"), _job(services, "metrics-calm")
@@ -103,6 +104,14 @@ def test_metrics_endpoints_count_this_tests_alerts(pipeline_services: Services) 
     assert _delta(i, ingest, "rlhealth_alerts_total", outcome="started") == 2
     assert _delta(i, ingest, "rlhealth_alerts_coalesced_total") == 2
     assert _delta(i, ingest, "rlhealth_dead_letters_total", reason="malformed_json") == 1
+    latency = sum(
+        _delta(w, worker, "rlhealth_alert_to_verdict_seconds_count", verdict=v)
+        for v in ("KILL", "NO-KILL", "ERROR")
+    )
+    assert latency == 2  # one alert → verdict latency per diagnosis, under its verdict
+    # each process serves only what it counts: no zeros of the other's counters
+    assert not {name for name, _labels in ingest if name.startswith("rlhealth_diagnoses")}
+    assert not {name for name, _labels in worker if name.startswith("rlhealth_alerts")}
 
 
 def test_the_html_report_is_stored_beside_the_json(pipeline_services: Services) -> None:

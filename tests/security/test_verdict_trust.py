@@ -441,9 +441,14 @@ def test_a_verdict_line_holds_no_control_character() -> None:
 
 
 def test_the_board_error_page_names_no_address(monkeypatch: pytest.MonkeyPatch) -> None:
-    """With Redis unreachable the board answers a generic 503: no host, port or exception."""
+    """With Redis gone after the board started (an unreachable one at start stops it with one
+    line, exit 2) the board answers a generic 503: no host, port or exception."""
+    import redis
+
     port = free_port()
     monkeypatch.setenv("RLHEALTH_REDIS_URL", f"redis://127.0.0.1:{port}/0")
+    gone = redis.Redis.from_url(f"redis://127.0.0.1:{port}/0", socket_connect_timeout=1)
+    monkeypatch.setattr("worker.cli.dependencies.reach_redis", lambda _settings: gone)
     response = _board(monkeypatch, MemoryStore()).get("/")
     assert response.status_code == 503 and "unavailable" in response.text
     assert str(port) not in response.text and "127.0.0.1" not in response.text

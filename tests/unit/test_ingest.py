@@ -375,3 +375,27 @@ def test_failed_diagnosis_dead_letter_is_redacted(pipeline: Pipeline, client: An
     text = b" ".join(fields.values()).decode()
     assert secret[3:] not in text and "<redacted:hf-token>" in text
     assert json.loads(fields[b"raw"])["event_id"] == "e1"
+
+
+def test_once_with_stop_on_fault_raises_the_outage_instead_of_waiting(
+    settings: Settings, client: Any, recorder: Recorder
+) -> None:
+    """`ingest --once` runs with `stop_on_fault`: Redis failing under it raises the fault (the
+    command turns it into one line and exit 2); without it the loop backs off and tries again."""
+    pipeline = Pipeline(settings, MemoryStore(), client)
+    consumer = Ingest(pipeline, recorder, consumer="c1", block_ms=1)
+    consumer.ensure_group()
+    _alert(client, settings)
+    calls = []
+
+    def away(*_args: Any, **_kwargs: Any) -> Any:
+        calls.append(1)
+        if len(calls) > 3:
+            raise AssertionError("asked again: it did not stop on the fault")
+        raise redis.exceptions.ConnectionError("Error 111 connecting to 127.0.0.1:6379.")
+
+    client.xreadgroup = away
+    with pytest.raises(redis.exceptions.ConnectionError):
+        consumer.run(until_idle=True, stop_on_fault=True)
+    assert len(calls) == 1
+    assert recorder.started == []

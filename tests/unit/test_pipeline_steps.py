@@ -328,3 +328,45 @@ def test_a_lead_whose_part_is_gone_is_captured_again(pipeline: Pipeline) -> None
     pipeline.capture("e1", "e1", claim="t3")
     assert key in _objects(pipeline)
     assert pipeline.gate("e1", "liveness")["name"] == "liveness"
+
+
+def test_a_published_verdict_is_counted_and_logged_once(
+    pipeline: Pipeline, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Publishing a verdict counts it (kind, confidence, latency from its alert) and logs one
+    `verdict event=... job=...` line; the same entry published again (a task run twice) counts
+    and logs nothing more."""
+    from tests.unit.test_metrics import Delta
+
+    _admit(pipeline)
+    entry = _diagnose(pipeline)
+    kind = {"verdict": entry.verdict.value, "confidence": entry.confidence.value}
+    counted = Delta("rlhealth_verdicts_total", **kind)
+    latency = Delta("rlhealth_alert_to_verdict_seconds_count", verdict=entry.verdict.value)
+    with caplog.at_level("INFO", logger="worker.pipeline.steps"):
+        pipeline.publish(entry.model_dump(mode="json"), JOB)
+        pipeline.publish(entry.model_dump(mode="json"), JOB)
+    lines = [r.getMessage() for r in caplog.records if r.getMessage().startswith("verdict ")]
+    assert (counted.change, latency.change, len(lines)) == (1, 1, 1)
+    assert lines[0].startswith(
+        f"verdict event=e1 job={entry.job_id} verdict={entry.verdict.value} "
+        f"confidence={entry.confidence.value} duration="
+    )
+    assert f"report={entry.report_uri}" in lines[0]
+
+
+def test_a_failed_diagnosis_answered_error_is_counted_as_an_error_verdict(
+    pipeline: Pipeline, caplog: pytest.LogCaptureFixture
+) -> None:
+    """`fail` answers the lead ERROR: one ERROR verdict counted and logged, with its latency."""
+    from tests.unit.test_metrics import Delta
+
+    _admit(pipeline)
+    errors = Delta("rlhealth_verdicts_total", verdict="ERROR", confidence="low")
+    latency = Delta("rlhealth_alert_to_verdict_seconds_count", verdict="ERROR")
+    with caplog.at_level("INFO", logger="worker.pipeline.steps"):
+        assert pipeline.fail("e1", JOB, "capture ran past its time limit") is not None
+        assert pipeline.fail("e1", JOB, "again") is None
+    lines = [r.getMessage() for r in caplog.records if r.getMessage().startswith("verdict ")]
+    assert (errors.change, latency.change, len(lines)) == (1, 1, 1)
+    assert "verdict=ERROR confidence=low" in lines[0]

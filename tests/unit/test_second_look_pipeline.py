@@ -301,7 +301,8 @@ def test_the_text_report_closes_liveness_with_the_second_look() -> None:
     """One `second look —` line right after the LIVENESS lines, its quotes indented under it."""
     lines = render_text(_settled()).splitlines()
     at = next(i for i, line in enumerate(lines) if line.startswith("  second look — "))
-    assert lines[at].startswith("  second look — confirmed after 60 s (taken 2026-07-30T21:16:00Z)")
+    head = "  second look — confirmed after 1 min (taken 2026-07-30T21:16:00Z)"
+    assert lines[at].startswith(head)
     resources = next(i for i, line in enumerate(lines) if line.startswith("RESOURCES:"))
     liveness = next(i for i, line in enumerate(lines) if line.startswith("LIVENESS:"))
     assert liveness < at < resources

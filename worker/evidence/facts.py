@@ -22,6 +22,7 @@ import polars as pl
 
 from shared.models import Quote
 from shared.redact import redact_text
+from shared.times import duration_text
 from worker.evidence import failures
 from worker.evidence.jobstate import JobState
 from worker.evidence.model import ClockSkew, LogTables, ProbeCommand, ProbeEvidence
@@ -315,7 +316,7 @@ def _bundle_moments(evidence: Evidence, limit: datetime) -> list[Moment]:
 
 
 def _duration(seconds: float) -> str:
-    return f"{seconds / 3600:.1f} h" if abs(seconds) >= 5400 else f"{seconds:.0f} s"
+    return duration_text(seconds)
 
 
 def _replay_note(clock: ClockSkew, newest: Moment | None) -> str | None:

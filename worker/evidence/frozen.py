@@ -305,6 +305,7 @@ def _document(evidence: Evidence, freezer: _Freezer, parts_at: str | None) -> di
         "mode": evidence.mode.model_dump(mode="json"),
         "bundle": evidence.bundle.model_dump(mode="json"),
         "discrepancies": list(evidence.discrepancies),
+        "inputs": list(evidence.inputs),
         "logs": None if logs is None else _logs_meta(logs, refs),
         "trials": None if trials is None else _trials_meta(trials, refs),
         "probes": None if probes is None else probes.model_dump(mode="json"),
@@ -496,4 +497,5 @@ def thaw(
         trials=_thaw_trials(document["trials"], directory, thawer),
         probes=None if probes is None else ProbeEvidence.model_validate(probes),
         discrepancies=tuple(document["discrepancies"]),
+        inputs=tuple(document.get("inputs", ())),  # frozen before inputs were kept: none
     )

@@ -229,6 +229,9 @@ class Evidence:
     trials: TrialTables | None = None  # None: no trials directory
     probes: ProbeEvidence | None = None  # None: no live probe available
     discrepancies: tuple[str, ...] = ()
+    # what each file given was taken to be, what was skipped and why, where dates came from
+    # (`worker.evidence.layout`, `worker.evidence.logdate`); empty for a plain watcher directory
+    inputs: tuple[str, ...] = ()
 
     @cached_property
     def facts(self) -> Facts:

@@ -78,6 +78,7 @@ from typing import Any
 import polars as pl
 
 from shared.models import GateResult, GateStatus, Handoff, KillProof, Quote
+from shared.times import age_text, duration_text
 from worker.evidence.facts import (
     CLOCK_TOLERANCE_S,
     LOG_LINE,
@@ -89,7 +90,7 @@ from worker.evidence.facts import (
 )
 from worker.evidence.jobstate import JobState
 from worker.evidence.model import ArtifactState, Evidence, LogTables
-from worker.evidence.quotes import quote, quote_rows
+from worker.evidence.quotes import log_head_quotes, quote, quote_rows
 from worker.evidence.roles import roles_of
 from worker.gates import configuration, deaths
 from worker.gates.base import error, passed
@@ -112,11 +113,7 @@ STACKS_NEEDED = "py-spy stacks captured while the job exists"
 
 
 def _duration(seconds: float) -> str:
-    if seconds < 120:
-        return f"{seconds:.0f}s"
-    if seconds < 7200:
-        return f"{seconds / 60:.0f} min"
-    return f"{seconds / 3600:.1f} h"
+    return duration_text(seconds)
 
 
 def _p90(values: list[float]) -> float | None:
@@ -156,7 +153,7 @@ def _controller(evidence: Evidence) -> ControllerState:
     bundle = evidence.bundle
     state = JobState.parse(bundle.state)
     synced = bundle.synced_at
-    aged = f" (synced {_duration((evidence.now - synced).total_seconds())} ago)" if synced else ""
+    aged = f" (synced {age_text((evidence.now - synced).total_seconds())})" if synced else ""
     aged = aged or " (sync time unknown)"
     q = quote("manifest.json", f"job.state={bundle.state}{aged}", timestamp=bundle.synced_at)
     return ControllerState(state, "manifest.json", bundle.synced_at, False, q)
@@ -324,8 +321,8 @@ def _stale(ctx: Context) -> GateResult | None:
     last = ctx.log_last()
     if last is not None and (ctx.now - last).total_seconds() <= limit:
         return None
-    age = f"{_duration((ctx.now - synced).total_seconds())} ago" if synced else "at an unknown time"
-    newest = f"{_duration((ctx.now - last).total_seconds())} ago" if last else "never"
+    age = age_text((ctx.now - synced).total_seconds()) if synced else "at an unknown time"
+    newest = age_text((ctx.now - last).total_seconds()) if last else "never"
     failed, quotes = _failed_probes(ctx, "controller")
     return error(
         f"stale evidence: manifest synced {age}, no live controller probe, newest log line {newest}"
@@ -467,7 +464,8 @@ def _terminal(ctx: Context) -> GateResult | None:
         hard_failure=hard,
         proof=proof,
         mechanism=mechanism,
-        next_action="No job action: the job is already terminal; fix the cause before relaunching.",
+        next_action="Nothing left to stop: the job has already ended; keep it down and fix the "
+        "cause before relaunching.",
         flip_signal="a new attempt that finishes a `Finished: 'step'` line in finelog.log",
         handoff=_config_handoff(log_error, quotes),
     )
@@ -856,8 +854,7 @@ def _judge_quiet(ctx: Context) -> GateResult:
         return error(
             "no `Started:`/`Finished:` timer line or train metrics in the trainer log",
             missing=("phase timer lines or train metrics in the trainer log",),
-            evidence=ctx.base_quotes()
-            + tuple(quote("finelog.log", h) for h in ctx.logs.summary.head[:2]),
+            evidence=ctx.base_quotes() + log_head_quotes(ctx.logs, limit=2),
         )
     cadence = _cadence(ctx.evidence, ctx.logs)
     quiet_s = (ctx.now - ctx.advancement.at).total_seconds()

@@ -15,6 +15,7 @@ from datetime import timedelta
 from typing import Final
 
 from shared.models import KillProof, RestartsResult
+from shared.times import age_text, duration_text
 from worker.evidence.facts import CLOCK_TOLERANCE_S, PHASE, STEP
 from worker.evidence.jobstate import JobState
 from worker.evidence.model import Evidence
@@ -90,7 +91,10 @@ def _death_line(proof: KillProof, evidence: Evidence) -> str | None:
     silent = (evidence.now - proof.established_at).total_seconds()
     floor = evidence.thresholds.stall_floor_s
     if silent <= floor:
-        return f"only {silent:.0f}s of silence since the death line (STALL_FLOOR_S {floor:g}s)"
+        return (
+            f"only {duration_text(silent)} of silence since the death line "
+            f"(STALL_FLOOR_S {duration_text(floor)})"
+        )
     return None
 
 
@@ -107,7 +111,7 @@ def _configuration_over(proof: KillProof, evidence: Evidence) -> str | None:
         return advanced
     silent = (evidence.now - proof.established_at).total_seconds()
     if not state.failure and silent <= evidence.thresholds.stall_floor_s:
-        return f"the newest attempt may still run ({state}, {silent:.0f}s since its failure)"
+        return f"the newest attempt may still run ({state}, {age_text(silent)} since its failure)"
     return None
 
 

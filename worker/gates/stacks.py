@@ -44,6 +44,7 @@ from enum import StrEnum
 from typing import Final
 
 from shared.models import Quote
+from shared.times import duration_text
 from worker.evidence.facts import ProbeFailure
 from worker.evidence.model import StackDump
 from worker.evidence.pyspy import (
@@ -134,7 +135,7 @@ class DumpWindow:
 
 def _ago(reference: datetime, at: datetime) -> str:
     gap = (reference - at).total_seconds()
-    return "at" if gap == 0 else f"{gap:.0f}s before"
+    return "at" if gap == 0 else f"{duration_text(gap)} before"
 
 
 @dataclass(frozen=True)
@@ -232,16 +233,17 @@ def _unchanged(
 ) -> ProcessJudgement:
     state = ProcessState.ENGINE_IDLE if process.role.role is Role.ENGINE else ProcessState.STILL
     top = a.frames[0].text if a.frames else "no frame"
-    detail = f"unchanged for {gap:.0f}s at `{top}`, not in a collective"
+    detail = f"unchanged for {duration_text(gap)} at `{top}`, not in a collective"
     return process.judged(state, detail, None, quotes, gap_s=gap, top=top)
 
 
 def _parked(
     process: _Process, park: Parking, quotes: tuple[Quote, ...], gap: float
 ) -> ProcessJudgement:
-    detail = f"parked in {park.kind.value} `{park.named.text}` in both dumps {gap:.0f}s apart"
+    apart = duration_text(gap)
+    detail = f"parked in {park.kind.value} `{park.named.text}` in both dumps {apart} apart"
     if process.role.role is Role.ENGINE and park.kind is ParkingKind.QUEUE:
-        detail = f"waiting on its input queue `{park.named.text}` ({gap:.0f}s apart)"
+        detail = f"waiting on its input queue `{park.named.text}` ({apart} apart)"
         return process.judged(ProcessState.ENGINE_IDLE, detail, None, quotes, gap_s=gap)
     return process.judged(ProcessState.PARKED, detail, park, quotes, gap_s=gap)
 
@@ -253,7 +255,7 @@ def _changed(
         detail = f"only idle waits, `{a.frames[0].text}` then `{b.frames[0].text}`"
         return process.judged(ProcessState.IDLE, detail, None, quotes, gap_s=gap)
     return process.judged(
-        ProcessState.MOVING, f"stack changed in {gap:.0f}s", None, quotes, gap_s=gap
+        ProcessState.MOVING, f"stack changed in {duration_text(gap)}", None, quotes, gap_s=gap
     )
 
 

@@ -88,7 +88,7 @@ from worker.pipeline.failures import (
 )
 from worker.pipeline.lease import Leases
 from worker.pipeline.logcache import collect_cached, finish_sharing
-from worker.pipeline.metrics import dead_lettered, html_drawn
+from worker.pipeline.metrics import dead_lettered, html_drawn, verdict_published
 from worker.pipeline.parts import THAW_CACHE_BYTES, SharedParts, StoredLater, job_parts
 from worker.pipeline.second_look import (
     LOOK_DIR,
@@ -603,8 +603,37 @@ class Pipeline:
             decided.verify(self.keys)
         except UnverifiedError as exc:
             raise PipelineError(f"the verdict entry to publish is refused: {exc.reason}") from None
+        first = self.coalescer.published(decided.event_id) is None
+        alerted = self._alerted_at(decided.event_id) if first else None
         published = VerdictStreamSink(self.coalescer)(decided, job=job)
+        if first:
+            self._announced(published, alerted)
         return published.model_dump(mode="json")
+
+    def _alerted_at(self, lead: str) -> datetime | None:
+        """When the alert that leads the diagnosis was published (the watcher's clock), read
+        from the lead's record before publishing releases it; None when it is not there."""
+        event = self.leases.record(lead).event or {}
+        try:
+            return Event.model_validate(event).published_at if event else None
+        except ValidationError:
+            return None
+
+    def _announced(self, entry: VerdictEntry, alerted: datetime | None) -> None:
+        """The one line and the counts of a verdict this process published: what operators
+        grep for (`verdict event=... job=...`) and chart (latency from the alert)."""
+        took = (datetime.now(UTC) - alerted).total_seconds() if alerted is not None else None
+        verdict_published(entry.verdict.value, entry.confidence.value, took)
+        log.info(
+            "verdict event=%s job=%s verdict=%s confidence=%s duration=%s report=%s answers=%d",
+            entry.event_id,
+            entry.job_id,
+            entry.verdict.value,
+            entry.confidence.value,
+            "unknown" if took is None else f"{took:.1f}s",
+            entry.report_uri,
+            len(entry.event_ids),
+        )
 
     # --- the second look before a stall KILL (worker.second_look) ----------------------------
 
@@ -729,14 +758,17 @@ class Pipeline:
         verdict decided before the failure (only its publish failed) is published instead."""
         if self.coalescer.published(lead) is not None:
             return None
+        alerted = self._alerted_at(lead)
         entry = self.decided(lead)
         if entry is not None:
-            self.coalescer.publish(entry, job)
+            if self.coalescer.publish(entry, job):
+                self._announced(entry, alerted)
             return entry
         event = self._event_or_placeholder(lead, job)
         entry = self._decide(self._failure_entry(event, lead, reason, read_frozen))
         if self.coalescer.publish(entry, job, cooldown=False):
             self.dead_letter(event, reason)
+            self._announced(entry, alerted)
         log.warning("diagnosis %s answered ERROR: %s", lead, reason)
         return entry
 
