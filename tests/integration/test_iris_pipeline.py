@@ -229,7 +229,12 @@ def test_hung_trainer_is_killed_on_live_stacks_and_replays_offline(live: Live) -
     parked = [q for q in stacks if "all_reduce" in q["text"]]
     pairs = _pairs(parked)
     assert len(pairs) == 2 and all(sorted(p) == [1, 2] for p in pairs.values()), liveness
-    assert len({q["timestamp"] for q in parked}) == 4, liveness  # four dumps, apart in time
+    # one round's dumps run side by side (they may share a millisecond); each rank's two are apart
+    times: dict[str, set[str]] = {}
+    for q in parked:
+        pid = q["source"].rsplit("-pid", 1)[1].split("-")[0]
+        times.setdefault(pid, set()).add(q["timestamp"])
+    assert all(len(t) == 2 for t in times.values()), liveness
     assert report["kill_proof"]["rule"] == "stall_stacks"
     frozen = set(live.services.store.keys(f"evidence/{event_id}/probes/"))
     for quote in parked:  # each quoted dump is frozen where the report says
