@@ -18,7 +18,8 @@ import pytest
 
 from shared.models import Confidence, Event, Verdict, VerdictEntry
 from shared.settings import Settings
-from tests.integration.bundles import write_job_bundle
+from testkit.bundles import write_job_bundle
+from testkit.keys import TEST_KEY
 from worker.backends import ProbeResult, Toolbox
 from worker.backends.allowlist import RefusedCommandError
 from worker.diagnosis import collect_evidence, judge
@@ -364,6 +365,7 @@ def test_the_worker_refuses_a_budget_that_does_not_fit(tmp_path: Path) -> None:
         "RLHEALTH_CAPTURE_BUDGET_S": "300",
         "RLHEALTH_REDIS_URL": "redis://127.0.0.1:1/0",
         "RLHEALTH_CACHE_DIR": str(tmp_path),
+        "RLHEALTH_VERDICT_KEY": TEST_KEY,  # checked first: without it the budget is never read
     }
     result = subprocess.run(
         [RL_HEALTH, "worker"], env=env, capture_output=True, text=True, timeout=60, check=False
