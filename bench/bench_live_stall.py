@@ -6,7 +6,7 @@
 
 One redis-server, moto S3 server, `rl-health worker` (2 prefork) and `rl-health ingest`
 (RLHEALTH_BACKEND=iris, RLHEALTH_COALESCE_S=0, RLHEALTH_REOBSERVE_S=`--reobserve`); `--jobs` toy
-trainers of `tests/integration/toys/ray_node_trainer.py` parked in `all_reduce` on the cluster,
+trainers of `testkit/toys/ray_node_trainer.py` parked in `all_reduce` on the cluster,
 each beside two helpers that look like Ray's (a log monitor whose stack changes every second, a
 dashboard agent's asyncio loop). `--alerts` alerts are published `--spacing` seconds apart, round
 robin over the jobs, so they overlap (an alert for a job whose diagnosis is running joins it, and
@@ -36,7 +36,7 @@ from typing import Any
 from bench.bench_live import CLUSTER, services
 from bench.bench_pipeline import Stack, Watcher, watching
 from shared.alerts import publish_alert
-from tests.integration.iris_jobdir import (
+from testkit.iris_cluster import (
     REPO,
     SHIM_COMMAND,
     IrisTestCluster,

@@ -37,8 +37,8 @@ from shared.alerts import publish_alert
 from shared.models import Event
 from shared.settings import Settings
 from shared.streams import ALERT_FIELD, INGEST_GROUP, StreamNames
-from tests.integration.bundles import write_job_bundle
-from tests.keys import TEST_KEY
+from testkit.bundles import write_job_bundle
+from testkit.keys import TEST_KEY
 
 ROOT = Path(__file__).resolve().parents[2]
 PYTHON = str(Path(sys.executable))

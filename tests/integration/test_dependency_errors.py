@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.integration.services import RL_HEALTH, free_port, start_moto, start_redis, stop
-from tests.keys import TEST_KEY
+from testkit.keys import TEST_KEY
+from testkit.services import RL_HEALTH, free_port, start_moto, start_redis, stop
 
 pytestmark = pytest.mark.integration
 

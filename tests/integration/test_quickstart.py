@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.integration.services import free_port
+from testkit.services import free_port
 
 pytestmark = pytest.mark.integration
 

@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
+from testkit.services import RL_HEALTH, free_port
 from tests.integration.conftest import Services
-from tests.integration.services import RL_HEALTH, free_port
 from tests.unit.test_evidence_sweep import PLACE, _evidence
 from worker.evidence.frozen import PARTS, freeze
 from worker.pipeline.parts import stored_parts

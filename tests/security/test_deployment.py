@@ -20,8 +20,8 @@ from typing import Any
 import pytest
 import yaml
 
-from tests.integration.services import free_port, start_moto, start_redis, stop
-from tests.keys import TEST_KEY
+from testkit.keys import TEST_KEY
+from testkit.services import free_port, start_moto, start_redis, stop
 
 ROOT = Path(__file__).resolve().parents[2]
 LOOPBACK_PUBLISH = re.compile(r"^(?:127\.0\.0\.1|\$\{RLHEALTH_PUBLISH_ADDR:-127\.0\.0\.1\}):")
@@ -120,6 +120,10 @@ def services(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, st
     stop(redis_process)
 
 
+# a Celery worker or ingest process of its own (with a real redis-server and S3): `make test` only
+ROLE_PROCESS = pytest.mark.integration
+
+
 @pytest.fixture
 def role(tmp_path: Path, services: tuple[str, str]) -> Iterator[Any]:
     """Start `rl-health ROLE --metrics-port P ...` against the module's Redis and S3 (it runs,
@@ -167,6 +171,7 @@ def _bound(process: subprocess.Popen[bytes], port: int, timeout: float = 60) -> 
     raise AssertionError(f"nothing listened on {port} (exit {process.poll()})")
 
 
+@ROLE_PROCESS
 @pytest.mark.parametrize("argv", [["ingest"], ["worker", "--pool", "solo"]], ids=lambda a: a[0])
 def test_metrics_listen_on_loopback_by_default(role: Any, argv: list[str]) -> None:
     """Worker and ingest serve /metrics on 127.0.0.1 unless RLHEALTH_METRICS_ADDR opens it."""
@@ -176,6 +181,7 @@ def test_metrics_listen_on_loopback_by_default(role: Any, argv: list[str]) -> No
     assert addresses and all(_loopback(a) for a in addresses), addresses
 
 
+@ROLE_PROCESS
 def test_the_metrics_address_is_a_setting(role: Any) -> None:
     """RLHEALTH_METRICS_ADDR chooses the address (0.0.0.0 in the compose network; here another
     loopback address, 127.0.0.2)."""
@@ -184,6 +190,7 @@ def test_the_metrics_address_is_a_setting(role: Any) -> None:
     assert _bound(process, port) == ["0200007F"]
 
 
+@ROLE_PROCESS
 def test_metrics_dir_removes_only_the_files_it_writes(role: Any, tmp_path: Path) -> None:
     """`worker --metrics-dir DIR` removes the metric files of an earlier run and nothing else:
     not another file, not a folder, not what a symlink there points to."""

@@ -22,8 +22,8 @@ from shared.models import Confidence, Verdict, VerdictEntry
 from shared.settings import Settings
 from shared.signing import verify
 from shared.supervisor import VerdictReader
-from tests.integration.services import free_port
-from tests.keys import OTHER_KEYS, TEST_KEYS, signed_fields
+from testkit.keys import OTHER_KEYS, TEST_KEYS, signed_fields
+from testkit.services import free_port
 from worker.cli import main
 from worker.pipeline.steps import Pipeline
 from worker.pipeline.store import MemoryStore

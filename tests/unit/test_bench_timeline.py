@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from bench.gen_continuous import generate_continuous
 from bench.parse_timeline import Event, _run_child, phases
+from testkit.gen_continuous import generate_continuous
 
 
 def _events() -> list[Event]:
@@ -43,6 +43,7 @@ def test_busy_time_outside_the_pipeline_is_not_counted() -> None:
     assert found["scan_busy"] == pytest.approx((0.15 + 0.02) / 0.30)
 
 
+@pytest.mark.slow
 def test_a_real_run_times_every_stage_of_the_command(tmp_path: Path) -> None:
     """The command run as a user runs it (a fresh process), its stages timed: scans, chunk
     parses and tables written, in that order."""

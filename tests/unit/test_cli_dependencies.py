@@ -20,7 +20,7 @@ import redis
 from click.testing import CliRunner, Result
 
 from shared.streams import ALERT_FIELD, StreamNames
-from tests.keys import OTHER_KEYS, signed_fields
+from testkit.keys import OTHER_KEYS, signed_fields
 from worker.cli import main, pipeline_cmd
 from worker.cli.dependencies import dependency_failure, redis_address
 from worker.pipeline.failures import InfrastructureError

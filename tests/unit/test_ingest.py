@@ -15,7 +15,7 @@ from shared.alerts import publish_alert
 from shared.models import Confidence, Verdict, VerdictEntry
 from shared.settings import Settings
 from shared.streams import ALERT_FIELD, INGEST_GROUP, StreamNames, read_entry, read_message
-from tests.keys import TEST_KEYS
+from testkit.keys import TEST_KEYS
 from worker.pipeline.coalesce import Coalescer
 from worker.pipeline.ingest import Entry, Ingest
 from worker.pipeline.steps import Pipeline

@@ -12,7 +12,7 @@ from pathlib import Path
 from click.testing import CliRunner, Result
 
 from reports.text import logical_lines
-from tests.integration.bundles import write_job_bundle
+from testkit.bundles import write_job_bundle
 from worker.cli import main
 from worker.diagnosis import collect_evidence
 from worker.evidence.layout import discover, sniff

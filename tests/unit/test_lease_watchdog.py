@@ -14,7 +14,7 @@ import redis
 from shared.models import Confidence, Event, Verdict, VerdictEntry
 from shared.settings import Settings
 from shared.streams import read_entry
-from tests.integration.bundles import write_job_bundle
+from testkit.bundles import write_job_bundle
 from worker.pipeline.steps import Pipeline
 from worker.pipeline.store import MemoryStore
 from worker.pipeline.watchdog import Watchdog

@@ -19,8 +19,8 @@ import pytest
 
 from shared.models import Confidence, Event, Verdict, VerdictEntry
 from shared.settings import Settings
-from tests.integration.bundles import write_job_bundle
-from tests.keys import TEST_KEY
+from testkit.bundles import write_job_bundle
+from testkit.keys import TEST_KEY
 from worker.backends import ProbeResult, Toolbox
 from worker.backends.allowlist import RefusedCommandError
 from worker.diagnosis import collect_evidence, judge

@@ -15,7 +15,7 @@ from celery.exceptions import SoftTimeLimitExceeded
 
 from shared.models import Event, VerdictEntry
 from shared.settings import Settings
-from tests.integration.bundles import write_job_bundle
+from testkit.bundles import write_job_bundle
 from tests.unit.test_frozen import assert_same
 from worker.diagnosis import collect_evidence
 from worker.evidence import frozen
