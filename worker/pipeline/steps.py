@@ -82,6 +82,7 @@ from worker.pipeline.failures import (
     BadEventError,
     EvidenceLostError,
     PipelineError,
+    ReportLostError,
     describe,
     is_infrastructure,
     is_time_limit,
@@ -172,7 +173,12 @@ class Pipeline:
     def coalescer(self) -> Coalescer:
         s = self.settings
         return Coalescer(
-            self.redis, self.names, keys=self.keys, coalesce_s=s.coalesce_s, lease_s=s.lease_s
+            self.redis,
+            self.names,
+            keys=self.keys,
+            coalesce_s=s.coalesce_s,
+            lease_s=s.lease_s,
+            report_there=self.report_stored,
         )
 
     @cached_property
@@ -532,6 +538,37 @@ class Pipeline:
     def _kept_report(self, report_uri: str) -> str:
         return f"{self.names.prefix}:report:{report_uri}"
 
+    def _report_key(self, report_uri: str) -> str | None:
+        """The key of a report URI in this store; None for a URI of another store."""
+        base = self.store.uri("")
+        return report_uri[len(base) :] if report_uri.startswith(base) else None
+
+    def report_stored(self, report_uri: str) -> bool:
+        """Whether the report at `report_uri` is in S3 (one outside this store is not)."""
+        key = self._report_key(report_uri)
+        return key is not None and self.store.exists(key)
+
+    def _confirm_report(self, entry: VerdictEntry) -> None:
+        """The report `entry` points at is in S3 before the entry is announced. A report S3
+        lost after it was written (an S3 restarted empty between the verdict and its publish,
+        or before a decided verdict is published again by a re-run or the error callback) is
+        written again from the copy Redis keeps for the HTML page; when that is gone too, the
+        decision is withdrawn and `ReportLostError` raised (the diagnosis is sent again)."""
+        if self.report_stored(entry.report_uri):
+            return
+        stored = self.redis.hgetall(self._kept_report(entry.report_uri))
+        kept = {_text(k): v for k, v in stored.items()}
+        json_key = _text(kept.get("json_key", ""))
+        if "report" in kept and json_key.endswith(".json"):
+            report = Report.model_validate_json(kept["report"])
+            S3ReportSink(self.store, self.keys).write(report, json_key.removesuffix(".json"))
+            log.warning("report %s was gone from S3: written again", entry.report_uri)
+            return
+        self.redis.delete(self.names.entry(entry.event_id))
+        raise ReportLostError(
+            f"the report of {entry.event_id} is gone from S3 ({entry.report_uri}) and not kept"
+        )
+
     def html(self, entry: dict[str, Any], evidence_id: str | None) -> str | None:
         """Draw the HTML page of a published verdict beside its JSON report (same key, `.html`),
         its plots from the frozen evidence `evidence_id`; returns the page's key, None when the
@@ -541,9 +578,9 @@ class Pipeline:
         uri = VerdictEntry.model_validate(entry).report_uri
         kept = {_text(k): v for k, v in self.redis.hgetall(self._kept_report(uri)).items()}
         if "json_key" not in kept or "report" not in kept:
-            base = self.store.uri("")  # the key back from the URI: drawn by an earlier run?
-            if uri.startswith(base) and self.store.exists(html_key(uri[len(base) :])):
-                return html_key(uri[len(base) :])
+            json_key = self._report_key(uri)  # drawn by an earlier run?
+            if json_key is not None and self.store.exists(html_key(json_key)):
+                return html_key(json_key)
             log.warning("the report %s is no longer kept: its HTML page is not drawn", uri)
             html_drawn("report_gone")
             return None
@@ -599,6 +636,8 @@ class Pipeline:
             decided.verify(self.keys)
         except UnverifiedError as exc:
             raise PipelineError(f"the verdict entry to publish is refused: {exc.reason}") from None
+        if self.coalescer.published(decided.event_id) is None:
+            self._confirm_report(decided)
         published = VerdictStreamSink(self.coalescer)(decided, job=job)
         return published.model_dump(mode="json")
 
@@ -711,7 +750,7 @@ class Pipeline:
         verdict decided before the failure (only its publish failed) is published instead."""
         if self.coalescer.published(lead) is not None:
             return None
-        entry = self.decided(lead)
+        entry = self._decided_and_stored(lead)
         if entry is not None:
             self.coalescer.publish(entry, job)
             return entry
@@ -720,6 +759,19 @@ class Pipeline:
         if self.coalescer.publish(entry, job, cooldown=False):
             self.dead_letter(event, reason)
         log.warning("diagnosis %s answered ERROR: %s", lead, reason)
+        return entry
+
+    def _decided_and_stored(self, lead: str) -> VerdictEntry | None:
+        """The verdict decided for `lead` with its report confirmed in S3; None when none was
+        decided, or its report is lost (the decision withdrawn: the failure answers instead)."""
+        entry = self.decided(lead)
+        if entry is None:
+            return None
+        try:
+            self._confirm_report(entry)
+        except ReportLostError as exc:
+            log.warning("the verdict decided for %s is not published: %s", lead, exc)
+            return None
         return entry
 
     def _event_or_placeholder(self, lead: str, job: str) -> Event:
