@@ -10,7 +10,8 @@ verdict  gate results → the report, its text and JSON written once to S3 `repo
          verdict entry (the report itself kept in Redis for `html`)
 look     a KILL that rests on stacks → RLHEALTH_REOBSERVE_S later, the job seen again (frozen
          under `evidence/<id>/second_look/`) → the settled report and its entry
-publish  verdict entry → the verdict stream and channel, with every event id it answers
+publish  verdict entry → the verdict stream and channel, with every event id it answers, once
+         its report is confirmed in S3 (written again from Redis's copy if S3 lost it)
 html     after publish: a published verdict → its HTML page (plots drawn from the frozen
          evidence) beside the JSON report, same key with `.html`; best effort, for people: the
          verdict never waits for it, and a page that cannot be drawn is stored without plots
