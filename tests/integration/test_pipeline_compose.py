@@ -205,12 +205,3 @@ def test_operations_md_agrees_with_compose_about_redis_persistence(compose: dict
     runbook = (ROOT / "docs/operations.md").read_text()
     assert "Redis runs with its append-only file" in runbook
     assert "without persistence" not in runbook.split("## Deploy with compose")[1].split("\n## ")[0]
-
-
-def test_the_image_builds_the_native_pass_and_says_what_it_lacks() -> None:
-    """The Dockerfile copies setup.py (the native stat-line pass is built by it) and fails its
-    build when the extension did not compile; the Iris CLI is an extra it can take."""
-    dockerfile = (ROOT / "Dockerfile").read_text()
-    assert "COPY pyproject.toml setup.py" in dockerfile
-    assert 'python -c "import worker.evidence.logs._fastscan"' in dockerfile
-    assert 'ARG EXTRAS=""' in dockerfile and '".${EXTRAS}"' in dockerfile

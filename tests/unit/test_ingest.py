@@ -70,7 +70,7 @@ def _entry(verdict: Verdict = Verdict.NO_KILL, lead: str = "e1") -> VerdictEntry
         job_id="/ops/rl-job",
         verdict=verdict,
         confidence=Confidence.HIGH,
-        report_uri=f"s3://b/reports/x-{lead}.json",
+        report_uri=f"memory://rlhealth/reports/x-{lead}.json",
         captured_at=datetime(2026, 7, 30, 21, 15, tzinfo=UTC),
     )
 
@@ -118,6 +118,7 @@ def test_publish_lists_every_attached_id_once(pipeline: Pipeline, client: Any) -
 def test_alert_after_the_verdict_is_answered_by_it(pipeline: Pipeline, client: Any) -> None:
     """An alert that loses the race with the publish re-announces the verdict, listing it."""
     c = pipeline.coalescer
+    pipeline.store.put_once("reports/x-e1.json", b"{}")  # in S3, as every announced report is
     c.admit("e1", JOB)
     c.publish(_entry(), JOB)
     admission = c.admit("e3", JOB)

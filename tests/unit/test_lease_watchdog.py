@@ -239,6 +239,7 @@ def test_fail_publishes_a_verdict_already_decided(pipeline: Pipeline) -> None:
     not with an ERROR, and nothing is dead-lettered."""
     _start(pipeline)
     decided = _entry().signed(pipeline.keys)  # the verdict step keeps it signed
+    pipeline.store.put_once("reports/x-e1.json", b"{}")  # and has written its report
     pipeline.redis.set(pipeline.names.entry("e1"), decided.model_dump_json())
     entry = pipeline.fail("e1", JOB, "publish failed: ConnectionError")
     assert entry is not None and entry.verdict is Verdict.NO_KILL

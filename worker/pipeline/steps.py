@@ -10,7 +10,8 @@ verdict  gate results → the report, its text and JSON written once to S3 `repo
          verdict entry (the report itself kept in Redis for `html`)
 look     a KILL that rests on stacks → RLHEALTH_REOBSERVE_S later, the job seen again (frozen
          under `evidence/<id>/second_look/`) → the settled report and its entry
-publish  verdict entry → the verdict stream and channel, with every event id it answers
+publish  verdict entry → the verdict stream and channel, with every event id it answers, once
+         its report is confirmed in S3 (written again from Redis's copy if S3 lost it)
 html     after publish: a published verdict → its HTML page (plots drawn from the frozen
          evidence) beside the JSON report, same key with `.html`; best effort, for people: the
          verdict never waits for it, and a page that cannot be drawn is stored without plots
@@ -82,6 +83,7 @@ from worker.pipeline.failures import (
     BadEventError,
     EvidenceLostError,
     PipelineError,
+    ReportLostError,
     describe,
     is_infrastructure,
     is_time_limit,
@@ -176,7 +178,12 @@ class Pipeline:
     def coalescer(self) -> Coalescer:
         s = self.settings
         return Coalescer(
-            self.redis, self.names, keys=self.keys, coalesce_s=s.coalesce_s, lease_s=s.lease_s
+            self.redis,
+            self.names,
+            keys=self.keys,
+            coalesce_s=s.coalesce_s,
+            lease_s=s.lease_s,
+            report_there=self.report_stored,
         )
 
     @cached_property
@@ -536,6 +543,37 @@ class Pipeline:
     def _kept_report(self, report_uri: str) -> str:
         return f"{self.names.prefix}:report:{report_uri}"
 
+    def _report_key(self, report_uri: str) -> str | None:
+        """The key of a report URI in this store; None for a URI of another store."""
+        base = self.store.uri("")
+        return report_uri[len(base) :] if report_uri.startswith(base) else None
+
+    def report_stored(self, report_uri: str) -> bool:
+        """Whether the report at `report_uri` is in S3 (one outside this store is not)."""
+        key = self._report_key(report_uri)
+        return key is not None and self.store.exists(key)
+
+    def _confirm_report(self, entry: VerdictEntry) -> None:
+        """The report `entry` points at is in S3 before the entry is announced. A report S3
+        lost after it was written (an S3 restarted empty between the verdict and its publish,
+        or before a decided verdict is published again by a re-run or the error callback) is
+        written again from the copy Redis keeps for the HTML page; when that is gone too, the
+        decision is withdrawn and `ReportLostError` raised (the diagnosis is sent again)."""
+        if self.report_stored(entry.report_uri):
+            return
+        stored = self.redis.hgetall(self._kept_report(entry.report_uri))
+        kept = {_text(k): v for k, v in stored.items()}
+        json_key = _text(kept.get("json_key", ""))
+        if "report" in kept and json_key.endswith(".json"):
+            report = Report.model_validate_json(kept["report"])
+            S3ReportSink(self.store, self.keys).write(report, json_key.removesuffix(".json"))
+            log.warning("report %s was gone from S3: written again", entry.report_uri)
+            return
+        self.redis.delete(self.names.entry(entry.event_id))
+        raise ReportLostError(
+            f"the report of {entry.event_id} is gone from S3 ({entry.report_uri}) and not kept"
+        )
+
     def html(self, entry: dict[str, Any], evidence_id: str | None) -> str | None:
         """Draw the HTML page of a published verdict beside its JSON report (same key, `.html`),
         its plots from the frozen evidence `evidence_id`; returns the page's key, None when the
@@ -545,9 +583,9 @@ class Pipeline:
         uri = VerdictEntry.model_validate(entry).report_uri
         kept = {_text(k): v for k, v in self.redis.hgetall(self._kept_report(uri)).items()}
         if "json_key" not in kept or "report" not in kept:
-            base = self.store.uri("")  # the key back from the URI: drawn by an earlier run?
-            if uri.startswith(base) and self.store.exists(html_key(uri[len(base) :])):
-                return html_key(uri[len(base) :])
+            json_key = self._report_key(uri)  # drawn by an earlier run?
+            if json_key is not None and self.store.exists(html_key(json_key)):
+                return html_key(json_key)
             log.warning("the report %s is no longer kept: its HTML page is not drawn", uri)
             html_drawn("report_gone")
             return None
@@ -605,6 +643,8 @@ class Pipeline:
             raise PipelineError(f"the verdict entry to publish is refused: {exc.reason}") from None
         first = self.coalescer.published(decided.event_id) is None
         alerted = self._alerted_at(decided.event_id) if first else None
+        if first:
+            self._confirm_report(decided)
         published = VerdictStreamSink(self.coalescer)(decided, job=job)
         if first:
             self._announced(published, alerted)
@@ -759,7 +799,7 @@ class Pipeline:
         if self.coalescer.published(lead) is not None:
             return None
         alerted = self._alerted_at(lead)
-        entry = self.decided(lead)
+        entry = self._decided_and_stored(lead)
         if entry is not None:
             if self.coalescer.publish(entry, job):
                 self._announced(entry, alerted)
@@ -770,6 +810,19 @@ class Pipeline:
             self.dead_letter(event, reason)
             self._announced(entry, alerted)
         log.warning("diagnosis %s answered ERROR: %s", lead, reason)
+        return entry
+
+    def _decided_and_stored(self, lead: str) -> VerdictEntry | None:
+        """The verdict decided for `lead` with its report confirmed in S3; None when none was
+        decided, or its report is lost (the decision withdrawn: the failure answers instead)."""
+        entry = self.decided(lead)
+        if entry is None:
+            return None
+        try:
+            self._confirm_report(entry)
+        except ReportLostError as exc:
+            log.warning("the verdict decided for %s is not published: %s", lead, exc)
+            return None
         return entry
 
     def _event_or_placeholder(self, lead: str, job: str) -> Event:
