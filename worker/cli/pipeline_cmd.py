@@ -94,6 +94,28 @@ def _metrics_port_option(what: str) -> Callable[[FC], FC]:
     )
 
 
+def _health_port_option(what: str) -> Callable[[FC], FC]:
+    return click.option(
+        "--health-port",
+        type=click.IntRange(1, 65535),
+        help=f"Answer GET /healthz and /readyz on this port: 200 while {what} goes round "
+        "(RLHEALTH_METRICS_ADDR; for the kubelet's probes).",
+    )
+
+
+def _serve_health(port: int | None, settings: Settings) -> None:
+    """Start the health endpoint (worker.pipeline.health): stale after a lease without a beat."""
+    if port is None:
+        return
+    from worker.pipeline.health import LIVENESS, serve_health
+
+    LIVENESS.stale_after_s = max(60.0, settings.lease_s)
+    try:
+        serve_health(port, settings.metrics_addr)
+    except OSError as exc:
+        _fail(f"--health-port {port} on {settings.metrics_addr}: {exc.strerror or exc}")
+
+
 def _prepare_metrics_dir(directory: Path | None) -> Path:
     """Empty the pool's metric directory of the files prometheus-client writes there (counts of
     an earlier run must not be added to this one's) — nothing else in it, never through a
@@ -154,9 +176,16 @@ def alert_command(
 @click.option("--once", is_flag=True, help="Handle the alerts waiting now, then exit.")
 @click.option("--max-events", type=click.IntRange(min=1), help="Exit after this many alerts.")
 @click.option("--consumer", help="Consumer name in the `ingest` group (default: the host name).")
-@_metrics_port_option("ingest (alerts by outcome, coalesced, dead letters by reason)")
+@_metrics_port_option(
+    "ingest (alerts by outcome, coalesced, dead letters by reason, queue depths read from Redis)"
+)
+@_health_port_option("the read loop")
 def ingest_command(
-    once: bool, max_events: int | None, consumer: str | None, metrics_port: int | None
+    once: bool,
+    max_events: int | None,
+    consumer: str | None,
+    metrics_port: int | None,
+    health_port: int | None,
 ) -> None:
     """Consume the alert stream and start one diagnosis per job in need (until interrupted)."""
     from functools import partial
@@ -168,9 +197,18 @@ def ingest_command(
     from worker.pipeline.watchdog import Watchdog
 
     if metrics_port is not None:
-        from worker.pipeline.metrics import serve
+        from prometheus_client import REGISTRY
 
+        from shared.streams import StreamNames
+        from worker.pipeline.depth import QueueDepth
+        from worker.pipeline.metrics import initialise_ingest, serve
+
+        initialise_ingest()
+        REGISTRY.register(
+            QueueDepth.from_url(settings.redis_url, StreamNames(settings.stream_prefix))
+        )
         serve(metrics_port, settings.metrics_addr)
+    _serve_health(health_port, settings)
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
     stopping: list[int] = []
@@ -207,6 +245,7 @@ def ingest_command(
     help="Where pool processes keep their metric files (the files they wrote there are removed "
     "at start, nothing else; default: a new temporary directory).",
 )
+@_health_port_option("the main process's event loop")
 def worker_command(
     concurrency: int,
     pool: str,
@@ -214,6 +253,7 @@ def worker_command(
     hostname: str | None,
     metrics_port: int | None,
     metrics_dir: Path | None,
+    health_port: int | None,
 ) -> None:
     """Start a Celery worker running the diagnosis tasks."""
     settings = load_settings()  # before the app module reads them
@@ -228,9 +268,11 @@ def worker_command(
     _check_cache_dir(settings)
 
     if metrics_port is not None:
-        from worker.pipeline.metrics import serve
+        from worker.pipeline.metrics import initialise_worker, serve
 
+        initialise_worker()
         serve(metrics_port, settings.metrics_addr)  # in this main process: every child's sum
+    _serve_health(health_port, settings)
 
     if settings.s3_endpoint_url:
         _pipeline(settings)  # makes the bucket of a local S3 before the first task

@@ -42,11 +42,14 @@ import hashlib
 import json
 import logging
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from typing import Any, Final, Literal, cast
 
+from reports.sinks import cluster_of
 from shared.models import Event, VerdictEntry
 from shared.signing import KeyRing
 from shared.streams import RefusedEntryError, StreamNames, entry_fields, read_entry
+from worker.pipeline.metrics import verdict_announced
 
 __all__ = [
     "Admission",
@@ -342,9 +345,27 @@ class Coalescer:
             ids = self.answers(lead) or [lead]
             args = [*base, _listed(lead, ids), *_announcement(entry, ids, self.keys)]
             result = int(self._publish(keys=keys, args=args))
+            if result == 1:
+                self._count(entry)
             if result >= 0:
                 return result == 1
         raise CoalescingContentionError(f"the answer list of {lead} kept changing")
+
+    def _count(self, entry: VerdictEntry) -> None:
+        """Count the verdict just announced, with how long after its lead alert."""
+        cluster = cluster_of(entry.report_uri)
+        alerted_at = self._alerted_at(entry.event_id)
+        verdict_announced(entry.verdict.value, cluster, alerted_at, datetime.now(UTC))
+
+    def _alerted_at(self, lead: str) -> datetime | None:
+        """When the lead's alert was published (its event, kept with its lease); None when it
+        cannot be read: the verdict is out, a metric never fails it."""
+        try:
+            raw = self.redis.hget(self.names.lead(lead), "event")
+            return Event.model_validate_json(raw).published_at if raw else None
+        except Exception as exc:  # Redis away, an event that does not parse: no latency then
+            log.debug("no alert time for %s: %s", lead, exc)
+            return None
 
     def answers(self, lead: str) -> list[str]:
         """Every event id the diagnosis led by `lead` answers so far."""

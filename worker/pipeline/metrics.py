@@ -10,7 +10,13 @@ Where no signal can see, the adapters call a function here in one line: ingest f
 outcome (started, attached, reannounced, duplicate, dead-letter; attached and reannounced are the
 coalesced ones) and every dead letter by reason, the capture policy for the probes it ran, the
 log cache for the log bytes a capture parsed and reused and what became of its S3 copy, the HTML
-task for every page it stored (with plots, without them, or none when the report was gone).
+task for every page it stored (with plots, without them, or none when the report was gone), the
+coalescer for every diagnosis it answers on the verdict stream (by verdict and the job's cluster,
+and how long after the lead alert was published).
+
+Bounded label sets are set to zero when a process starts (`initialise_worker`,
+`initialise_ingest`): a series that exists before its first event lets `increase()` and `rate()`
+count that event, and tells "nothing happened" from "not exported".
 
 Prefork workers: every pool child is its own process, so values are kept in prometheus-client's
 multiprocess mode — one memory-mapped file per process in `PROMETHEUS_MULTIPROC_DIR`, which must be
@@ -25,7 +31,8 @@ from __future__ import annotations
 import os
 import re
 import time
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
+from datetime import datetime
 from typing import Any, Final
 
 from celery import signals
@@ -42,6 +49,7 @@ from prometheus_client import (
 __all__ = [
     "ALERTS",
     "ALERTS_COALESCED",
+    "ALERT_TO_VERDICT",
     "DEAD_LETTERS",
     "DIAGNOSES_FINISHED",
     "DIAGNOSES_STARTED",
@@ -56,19 +64,31 @@ __all__ = [
     "TASK_FAILURES",
     "TASK_RETRIES",
     "VERDICTS",
+    "VERDICTS_PUBLISHED",
     "alert_handled",
     "dead_letter_kind",
     "dead_lettered",
     "html_drawn",
+    "initialise_ingest",
+    "initialise_worker",
     "log_cache_used",
     "probes_ran",
     "serve",
     "stage_of",
+    "verdict_announced",
 ]
 
 MULTIPROC_ENV: Final = "PROMETHEUS_MULTIPROC_DIR"
 _TASK_PREFIX: Final = "rlhealth."
 _STAGE_BUCKETS: Final = (0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300)
+# alert -> verdict: about a second for a bundle alone, minutes when captures queue or probe live;
+# 300 s is the limit the alert rule watches (deploy/prometheus/rules.yaml), so it is a bucket edge
+_LATENCY_BUCKETS: Final = (0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600, 1800, 3600)
+# A cluster name comes from the job's bundle (sanitised like its report key): data, not a setting.
+# Each process keeps this many names as labels and counts any later one as "other", so a watcher
+# that names many clusters cannot grow the series without bound.
+_MAX_CLUSTER_LABELS: Final = 32
+_OTHER_CLUSTER: Final = "other"
 
 DIAGNOSES_STARTED = Counter(
     "rlhealth_diagnoses_started", "Diagnoses whose capture began (first try of the capture task)."
@@ -129,6 +149,19 @@ HTML_REPORTS = Counter(
     ["outcome"],
 )
 
+VERDICTS_PUBLISHED = Counter(
+    "rlhealth_verdicts_published",
+    "Diagnoses answered on the verdict stream (the first announcement of each), by verdict and "
+    "the job's cluster: the worker's verdicts and the ERROR answers of failed diagnoses; a "
+    "cooldown verdict announced again is not counted.",
+    ["verdict", "cluster"],
+)
+ALERT_TO_VERDICT = Histogram(
+    "rlhealth_alert_to_verdict_seconds",
+    "From the publication of the alert that led a diagnosis to its verdict's first announcement.",
+    buckets=_LATENCY_BUCKETS,
+)
+
 _COALESCED: Final = frozenset({"attached", "reannounced"})
 _DEAD_LETTER_KINDS: Final = (
     # first match wins: a bounded label set, never the free-text reason
@@ -142,6 +175,11 @@ _DEAD_LETTER_KINDS: Final = (
     ("ingest_failed", re.compile(r"^ingest failed")),
 )
 _started: dict[str, float] = {}  # task id -> monotonic start, in the process that runs it
+_clusters: set[str] = set()  # the cluster labels this process has used
+# the label values a process counts, set to zero at its start
+_WORKER_TASKS: Final = ("capture", "gate", "verdict", "second_look", "publish", "html", "fail")
+_BACKENDS: Final = ("iris", "kubernetes", "slurm", "local")
+_OUTCOMES: Final = ("started", "attached", "reannounced", "duplicate", "dead-letter")
 
 
 # --- hooks the adapters call ----------------------------------------------------------------------
@@ -187,6 +225,46 @@ def log_cache_used(
 def html_drawn(outcome: str) -> None:
     """The HTML task stored a page (`drawn`, `without_plots`) or could not (`report_gone`)."""
     HTML_REPORTS.labels(outcome=outcome).inc()
+
+
+def _cluster_label(cluster: str | None) -> str:
+    """`cluster` as a label, or "other" once this process has used its share of names."""
+    name = cluster or "unknown-cluster"
+    if name in _clusters:
+        return name
+    if len(_clusters) >= _MAX_CLUSTER_LABELS:
+        return _OTHER_CLUSTER
+    _clusters.add(name)
+    return name
+
+
+def verdict_announced(
+    verdict: str, cluster: str | None, alerted_at: datetime | None, announced_at: datetime
+) -> None:
+    """A diagnosis was answered on the verdict stream for the first time; `alerted_at` is when
+    its lead alert was published (None when unknown: no latency is observed)."""
+    VERDICTS_PUBLISHED.labels(verdict=verdict, cluster=_cluster_label(cluster)).inc()
+    if alerted_at is not None:
+        ALERT_TO_VERDICT.observe(max(0.0, (announced_at - alerted_at).total_seconds()))
+
+
+def _zero(counter: Counter, label: str, values: Iterable[str]) -> None:
+    for value in values:
+        counter.labels(**{label: value})
+
+
+def initialise_worker() -> None:
+    """The worker's bounded series at zero: retries and failures by task, probes by backend."""
+    for counter in (TASK_RETRIES, TASK_FAILURES):
+        _zero(counter, "task", _WORKER_TASKS)
+    for counter in (PROBES_RUN, PROBES_FAILED):
+        _zero(counter, "backend", _BACKENDS)
+
+
+def initialise_ingest() -> None:
+    """Ingest's bounded series at zero: alerts by outcome, dead letters by reason."""
+    _zero(ALERTS, "outcome", _OUTCOMES)
+    _zero(DEAD_LETTERS, "reason", [kind for kind, _ in _DEAD_LETTER_KINDS] + ["other"])
 
 
 # --- Celery signals -------------------------------------------------------------------------------
