@@ -162,9 +162,7 @@ def test_bounded_series_exist_at_zero_from_a_process_start() -> None:
 def _depth(client: Any, names: StreamNames) -> dict[str, float]:
     registry = CollectorRegistry()
     registry.register(QueueDepth(client, names))
-    return {
-        sample.name: sample.value for family in registry.collect() for sample in family.samples
-    }
+    return {sample.name: sample.value for family in registry.collect() for sample in family.samples}
 
 
 def test_queue_depths_are_read_from_redis_at_scrape_time() -> None:
@@ -208,7 +206,7 @@ def test_a_scrape_with_redis_away_answers_without_the_gauges() -> None:
     assert _depth(Away(), StreamNames("q")) == {}
 
 
-# --- health -----------------------------------------------------------------------------------------
+# --- health ----------------------------------------------------------------------------------
 
 
 def _status(url: str) -> int:
@@ -240,6 +238,31 @@ def test_healthz_is_200_just_inside_the_stale_limit_and_503_just_past_it(
     assert _status(f"{url}/healthz") == 503
 
 
+def test_a_stale_loop_waiting_for_redis_is_alive_but_not_ready(
+    health: tuple[Liveness, str],
+) -> None:
+    """Stale with Redis away: alive (a restart cures nothing) and not ready; the same stale loop
+    with Redis answering is dead."""
+    liveness, url = health
+    liveness.begun()
+    liveness._last = time.monotonic() - 10.5
+    liveness.excuse = lambda: "Redis does not answer (ConnectionError)"
+    assert (_status(f"{url}/healthz"), _status(f"{url}/readyz")) == (200, 503)
+    liveness.excuse = lambda: None
+    assert (_status(f"{url}/healthz"), _status(f"{url}/readyz")) == (503, 503)
+
+
+def test_redis_away_excuses_only_while_redis_does_not_answer() -> None:
+    """The excuse names Redis when nothing listens at its address, and is None when it answers."""
+    import redis
+
+    from worker.pipeline.health import redis_away
+
+    closed = redis.Redis(port=free_port(), socket_timeout=1, socket_connect_timeout=1)
+    assert "Redis does not answer" in (redis_away(closed)() or "")
+    assert redis_away(fakeredis.FakeRedis())() is None
+
+
 def test_readyz_waits_for_the_loop_to_begin(health: tuple[Liveness, str]) -> None:
     """Alive but not begun is not ready; begun is; an unknown path is 404."""
     liveness, url = health
@@ -253,7 +276,7 @@ def test_the_ingest_loop_beats_and_begins(pipeline: Pipeline) -> None:
     """One turn of ingest's loop (its group made) marks the process begun and beats."""
     LIVENESS._ready, LIVENESS._last = False, time.monotonic() - 1000
     Ingest(pipeline, lambda *_: None, block_ms=1).run(until_idle=True)
-    assert LIVENESS.ready() and LIVENESS.age_s() < 60
+    assert LIVENESS.state() == ("ok", True, True)
 
 
 def test_the_worker_heartbeat_beats_even_holding_no_task() -> None:

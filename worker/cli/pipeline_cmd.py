@@ -107,9 +107,13 @@ def _serve_health(port: int | None, settings: Settings) -> None:
     """Start the health endpoint (worker.pipeline.health): stale after a lease without a beat."""
     if port is None:
         return
-    from worker.pipeline.health import LIVENESS, serve_health
+    import redis
+
+    from worker.pipeline.health import LIVENESS, redis_away, serve_health
 
     LIVENESS.stale_after_s = max(60.0, settings.lease_s)
+    ping = redis.Redis.from_url(settings.redis_url, socket_timeout=1, socket_connect_timeout=1)
+    LIVENESS.excuse = redis_away(ping)
     try:
         serve_health(port, settings.metrics_addr)
     except OSError as exc:

@@ -173,6 +173,7 @@ _DEAD_LETTER_KINDS: Final = (
     ("invalid_event", re.compile(r"^invalid event")),
     ("id_archived_already", re.compile(r"is archived already")),
     ("ingest_failed", re.compile(r"^ingest failed")),
+    ("diagnosis_failed", re.compile(r"^diagnosis failed")),  # the worker's, after a failed stage
 )
 _started: dict[str, float] = {}  # task id -> monotonic start, in the process that runs it
 _clusters: set[str] = set()  # the cluster labels this process has used
