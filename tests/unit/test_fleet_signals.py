@@ -286,3 +286,15 @@ def test_the_worker_heartbeat_beats_even_holding_no_task() -> None:
     LIVENESS._last = time.monotonic() - 1000
     LeaseHeartbeat.beat(object.__new__(LeaseHeartbeat))
     assert LIVENESS.age_s() < 60
+
+
+@pytest.mark.parametrize(
+    ("reason", "kind"),
+    [
+        ("diagnosis failed: capture past its time limit", "diagnosis_failed"),
+        ("a diagnosis failed elsewhere", "other"),  # only the worker's own prefix
+    ],
+)
+def test_a_failed_diagnosis_has_its_own_dead_letter_reason(reason: str, kind: str) -> None:
+    """The worker's dead letters (`diagnosis failed: ...`) are told from a watcher's bad events."""
+    assert metrics.dead_letter_kind(reason) == kind
