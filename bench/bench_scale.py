@@ -69,6 +69,7 @@ class Stack:
     env: dict[str, str]
     base: Path
     workers: list[subprocess.Popen[bytes]] = field(default_factory=list)
+    ingests: list[subprocess.Popen[bytes]] = field(default_factory=list)
 
 
 def _spawn(argv: list[str], env: dict[str, str], log: Path) -> subprocess.Popen[bytes]:
@@ -123,7 +124,7 @@ def services(base: Path, workers: int) -> Iterator[Stack]:
     os.environ.update({k: v for k, v in env.items() if k.startswith(("RLHEALTH_", "AWS_"))})
     store_from_settings(settings).ensure_bucket()
     stack = Stack(settings, redis.Redis.from_url(redis_url), base / "bundles", env, base)
-    ingests = [
+    stack.ingests = [
         _spawn([RL_HEALTH, "ingest", f"--consumer=ingest-{i}"], env, base / f"ingest-{i}.log")
         for i in range(INGESTS)
     ]
@@ -140,7 +141,7 @@ def services(base: Path, workers: int) -> Iterator[Stack]:
         wait_for(all_up, 120, f"{workers} celery workers")
         yield stack
     finally:
-        for process in (*ingests, *stack.workers):
+        for process in (*stack.ingests, *stack.workers):
             stop(process, timeout=30)
         for process in (moto_process, redis_process):
             stop(process, timeout=20)
@@ -282,6 +283,7 @@ def storm(
         pages = _pages(stack)
         cpu = sum(_group_cpu_s(pid) - before for pid, before in cpu_before.items())
         peak_rss = max(_group_peak_rss_mb(pid) for pid in cpu_before)
+        ingest_rss = max(_group_peak_rss_mb(process.pid) for process in stack.ingests)
         result = _checks(stack, watcher, ids, jobs)
     result |= {
         "workers": workers,
@@ -295,6 +297,7 @@ def storm(
         "worker_cpu_s": round(cpu, 1),
         "cpu_s_per_diagnosis": round(cpu / max(1, result["verdicts"]), 2),
         "peak_rss_mb_per_process": peak_rss,
+        "ingest_peak_rss_mb": ingest_rss,
     }
     if killed_at is not None:
         result["killed_after_s"] = round(killed_at, 2)

@@ -464,3 +464,41 @@ def test_the_image_reference_is_the_dockerfiles() -> None:
         for app in APPS:
             image = container(render(f"overlays/{name}"), app)["image"]
             assert Path(image.split(":")[0]).name == built
+
+
+def _expand(value: str, known: dict[str, str]) -> str:
+    """Kubernetes' `$(NAME)` expansion of an env value: names defined before it (envFrom and
+    earlier entries) are replaced, `$$` is a `$`, anything else is left as written."""
+
+    def one(found: re.Match[str]) -> str:
+        if found.group(0) == "$$":
+            return "$"
+        return known.get(found.group(1), found.group(0))
+
+    return re.sub(r"\$\$|\$\((\w+)\)", one, value)
+
+
+@pytest.mark.parametrize("app", APPS)
+def test_the_redis_url_made_in_the_pod_is_the_one_redis_py_reads(
+    overlay: tuple[dict[str, Any], ...], app: str
+) -> None:
+    """The environment a pod gets (the ConfigMap, then the Secret's address, user and password)
+    expands to a RLHEALTH_REDIS_URL that redis-py parses into that host, port, user, password and
+    database."""
+    import redis
+
+    secret = {"address": "redis.internal:6380", "username": "rlhealth", "password": "a1b2c3"}
+    known = dict(config(overlay))
+    for env in container(overlay, app)["env"]:
+        if "value" in env:
+            known[env["name"]] = _expand(env["value"], known)
+        elif "secretKeyRef" in env.get("valueFrom", {}):
+            ref = env["valueFrom"]["secretKeyRef"]
+            if ref["name"] == "rlhealth-redis":
+                known[env["name"]] = secret[ref["key"]]
+    url = known["RLHEALTH_REDIS_URL"]
+    assert "$(" not in url
+    assert Settings(redis_url=url).redis_url == url
+    options = redis.Redis.from_url(url).connection_pool.connection_kwargs
+    assert (options["host"], options["port"], options["db"]) == ("redis.internal", 6380, 0)
+    assert (options["username"], options["password"]) == ("rlhealth", "a1b2c3")
