@@ -582,8 +582,3 @@ def settle(report: Report, look: SecondLook) -> Report:
     the look recorded in `second_look`."""
     settled = _SETTLE[look.outcome](report, look)
     return Report.model_validate({**settled.model_dump(), "second_look": look.model_dump()})
-
-
-def waited(first_at: datetime, second_at: datetime) -> float:
-    """Seconds between two observations (never negative)."""
-    return max(0.0, (second_at - first_at).total_seconds())
