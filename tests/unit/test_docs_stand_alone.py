@@ -102,7 +102,7 @@ def test_no_tracked_file_points_outside_the_repository() -> None:
 
 
 def test_every_cited_documentation_page_and_section_exists() -> None:
-    """Every `docs/...md` cited exists, and so does the section it names."""
+    """Every documentation page cited exists, and so does the section it names."""
     missing = []
     for page in _citing():
         for target, anchor, written in _citations(page):
