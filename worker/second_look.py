@@ -19,12 +19,12 @@ The second look is, in this order:
    saying what moved; a re-alert re-judges the job;
 4. **confirmed** — nothing moved: the KILL stands, quoting both observations.
 
-Stacks are judged by role (`worker.evidence.roles`, DOMAIN.md section 7): a rank, the driver or a
-coordinator that leaves its frame, comes or goes is movement, and so is an engine or an unknown
-process unless it only moved between an event loop's idle waits. A helper's or a native process's
-frames, comings and goings are never movement, and its failed or unreadable dump does not blind
-the look (nor does the driver's beside ranks parked in a collective): the summary says what was
-ignored.
+Stacks are judged by role (`worker.evidence.roles`, docs/domain.md#processes-and-roles): a rank, the
+driver or a coordinator that leaves its frame, comes or goes is movement, and so is an engine or an
+unknown process unless it only moved between an event loop's idle waits. A helper's or a native
+process's frames, comings and goings are never movement, and its failed or unreadable dump does not
+blind the look (nor does the driver's beside ranks parked in a collective): the summary says what
+was ignored.
 """
 
 from __future__ import annotations

@@ -1,4 +1,5 @@
-"""`rl-health alert | ingest | worker | verdicts | replay`: the pipeline's commands (CONTRACT.md).
+"""`rl-health alert | ingest | worker | verdicts | replay`: the pipeline's commands
+(docs/interface.md).
 
 Connections come from settings: RLHEALTH_REDIS_URL, RLHEALTH_S3_ENDPOINT_URL, RLHEALTH_S3_BUCKET,
 RLHEALTH_S3_PREFIX, RLHEALTH_BUNDLE_ROOT, RLHEALTH_STREAM_PREFIX, RLHEALTH_COALESCE_S. Every role
