@@ -46,6 +46,7 @@ sys.path[:0] = [str(ROOT)]
 from bench.baseline_honest import baseline_tables, counts  # noqa: E402
 from bench.gen_continuous import generate_continuous  # noqa: E402
 from bench.gen_finelog import generate  # noqa: E402
+from bench.gen_records import generate_dense, generate_noisy  # noqa: E402
 from bench.hostile import Ran, run_command  # noqa: E402
 from worker.evidence.logs import LogCache, parse_log_file  # noqa: E402
 from worker.evidence.model import LogTables  # noqa: E402
@@ -56,6 +57,8 @@ BASELINE = str(ROOT / "bench" / "baseline_honest.py")
 GENERATORS: dict[str, Callable[[Path, float], Path]] = {
     "generated": generate,
     "continuous": generate_continuous,
+    "dense": generate_dense,
+    "noisy": generate_noisy,
 }
 COUNTED = ("metrics", "phases", "engines", "progress")
 

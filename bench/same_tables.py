@@ -24,7 +24,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(ROOT)]
 
-from bench.bench_parse import log_path  # noqa: E402
+from bench.bench_parse import GENERATORS, log_path  # noqa: E402
 from bench.hostile import INPUTS, build  # noqa: E402
 
 FIXTURES = ROOT / "tests" / "fixtures" / "logs"
@@ -34,7 +34,7 @@ _RUN = "import sys; from worker.cli import main; sys.argv[0] = 'rl-health'; main
 
 def inputs(megabytes: float, scratch: Path) -> dict[str, Path]:
     """Every input by name."""
-    found = {name: log_path(name, megabytes) for name in ("continuous", "generated")}
+    found = {name: log_path(name, megabytes) for name in GENERATORS}
     for path in sorted(FIXTURES.iterdir()):
         if path.suffix in {".log", ".out", ".txt"}:
             found[f"fixture-{path.stem}"] = path

@@ -144,7 +144,7 @@ def diagnose_command(
     from worker.cli.terminal import log_progress, write_report
     from worker.diagnosis import collect_evidence, judge
     from worker.evidence.logs import LogCache
-    from worker.evidence.logs.budget import setting_mb
+    from worker.evidence.logs.budget import settings
 
     if not job_dir.is_dir():
         raise click.BadParameter(
@@ -153,7 +153,7 @@ def diagnose_command(
     if probes_dir is not None and backend is not None:
         raise click.UsageError("give --probes or --backend, not both")
     try:
-        setting_mb()
+        settings()
     except ValueError as exc:
         raise click.UsageError(clean(str(exc))) from exc
     thresholds = load_campaign_thresholds(campaign)

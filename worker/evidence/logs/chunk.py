@@ -14,7 +14,8 @@ import polars as pl
 
 from worker.evidence import schema
 from worker.evidence.logs import batches, context, detect, engines, errors, records, replays, timers
-from worker.evidence.logs.scan import HEAD_LINES, HEAD_SCAN_LINES, Scan
+from worker.evidence.logs.rules import HEAD_LINES, HEAD_SCAN_LINES
+from worker.evidence.logs.scan import Scan
 from worker.evidence.logs.state import MAX_EXAMPLES, ParserState
 
 __all__ = ["PROGRESS_TABLES", "RAW_METRICS", "TABLES", "conform", "parse_chunk"]

@@ -14,43 +14,23 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Final
+from typing import Final
 
 import polars as pl
 
+from worker.evidence.logs.native import Native
 from worker.evidence.logs.rules import (
-    _FLAG_LITERALS,
-    BLOCK_STARTS,
-    CLASS_LITERALS,
     ENGINE_LITERAL,
     ERROR_RULES,
     FAILURE_LITERALS,
     FLAG_LITERALS,
     KIND_RULES,
-    NATIVE_KINDS,
     TRACEBACK,
     UNHANDLED,
     WINDOW_LINES,
 )
 
-if TYPE_CHECKING:
-    from worker.evidence.logs.native import Native
-
-__all__ = [
-    "BLOCK_STARTS",
-    "CLASS_LITERALS",
-    "ENGINE_LITERAL",
-    "ERROR_RULES",
-    "FAILURE_LITERALS",
-    "FLAG_LITERALS",
-    "KIND_RULES",
-    "NATIVE_KINDS",
-    "TRACEBACK",
-    "UNHANDLED",
-    "evidence_lines",
-    "in_windows",
-    "strip_sgr",
-]
+__all__ = ["evidence_lines", "in_windows", "strip_sgr"]
 
 SGR: Final = r"\x1b\[[0-9;]*m"
 # Whole-match patterns (group 0 only, so the regex engine can use its fast path).
@@ -74,8 +54,7 @@ _HEADER: Final = (
     r"(?:\[[^\]]*\]|[\w./-]+:\d+\]) ?)"
 )
 _REPEATED: Final = r"\[repeated \d+x across cluster\]\s*$"
-# The literal rules are polars-free (`rules`: the native pass starts before polars is imported).
-_ANY_FLAG: Final = "|".join(re.escape(lit) for lit in _FLAG_LITERALS)
+_ANY_FLAG: Final = "|".join(re.escape(lit) for lit in FLAG_LITERALS)
 
 
 def strip_sgr(expr: pl.Expr) -> pl.Expr:

@@ -36,8 +36,7 @@ import polars as pl
 from shared.redact import redact_frame
 from worker.evidence import schema
 from worker.evidence.failures import catalogue, signature_expr, specific_expr
-from worker.evidence.logs.detect import UNHANDLED
-from worker.evidence.logs.lines import WINDOW_LINES
+from worker.evidence.logs.rules import UNHANDLED, WINDOW_LINES
 
 __all__ = ["RAW_ERRORS", "annotate", "error_rows", "open_tracebacks", "with_traceback_ends"]
 

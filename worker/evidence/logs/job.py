@@ -20,7 +20,7 @@ from typing import Any, Final
 
 import polars as pl
 
-from worker.evidence.logs.budget import LogBudgetError, MemoryBudget
+from worker.evidence.logs.budget import LogBudgetError, ParseBudget
 from worker.evidence.logs.engines import engine_owner, worker_pid
 from worker.evidence.logs.incremental import LogCache, cache_key
 from worker.evidence.logs.reader import FileRows, parse_file_rows
@@ -225,7 +225,7 @@ def _parse_all(
     paths: list[Path],
     reference_date: date | None,
     cache: LogCache | None,
-    budget: MemoryBudget,
+    budget: ParseBudget,
     announce: Callable[[Path], None] = lambda _path: None,
 ) -> list[FileRows]:
     found = []
@@ -293,7 +293,7 @@ def parse_job_logs(
         return None
     every = [*main, *pods, *rays]
     tick = _announcer(files, every, progress) if progress else lambda _path: None
-    budget = MemoryBudget.for_logs(sum(_size(path) for path in every), memory_mb)
+    budget = ParseBudget.for_logs(sum(_size(path) for path in every), memory_mb)
     keys = [_stitch_key(files, path, reference_date, cache) for path in main]
     primary = _parse_all(files, main, reference_date, cache, budget, tick)
     secondary = _parse_all(files, pods, reference_date, cache, budget, tick)

@@ -4,28 +4,22 @@ The pass reads the strict vLLM stat lines itself (the fields `engines.engine_fie
 the same values) and, with `Rules.kinds`, the strict lines whose message opens with one of
 those kind literals (`Started: '...'`, `WANDB_MIRROR kind=...`: the `detect.evidence_lines`
 columns those lines get, with the same values), and hands every other line, byte for byte, to
-the polars path. A line it cannot
+the polars path; with `Rules.literals` it drops the rest lines no rule can need. A line it cannot
 prove strict (any other shape, non-ASCII, a control byte, a CR, a number of more than 20 digits,
 a traceback literal) is a rest line: the polars path reads it as before, so the tables are the
-same with or without the extension. Without the extension (`AVAILABLE` false) every line takes
-the polars path. The columns come back through the Arrow C data interface: polars takes them
-without a copy (and without numpy or pyarrow).
-
-The pass itself (`raw`) needs no polars, and this module imports polars only when a pass is
-wrapped into frames (`wrap`): `rl-health parse` runs the first passes while polars is imported
-(`worker.evidence.logs.prelude`).
+same with or without the extension. Without the extension (`AVAILABLE` false, or the setting
+`RLHEALTH_PARSE_NATIVE` off) every line takes the polars path. The columns come back through the
+Arrow C data interface: polars takes them without a copy (and without numpy or pyarrow).
 """
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Final
+from typing import Final
 
-if TYPE_CHECKING:
-    import polars as pl
+import polars as pl
 
-__all__ = ["AVAILABLE", "Native", "Raw", "Rules", "native_scan", "raw", "rules", "wrap"]
+__all__ = ["AVAILABLE", "Native", "Rules", "native_scan", "rules"]
 
 try:
     from worker.evidence.logs import _fastscan  # type: ignore[attr-defined,unused-ignore]
@@ -35,10 +29,7 @@ if _fastscan is not None and getattr(_fastscan, "API", 1) < 2:
     # built from an older _fastscan.c (`make venv` rebuilds it): the polars path, not a crash
     _fastscan = None
 
-# RLHEALTH_PARSE_NATIVE=0 turns the fast path off (to compare both paths).
-AVAILABLE: Final = _fastscan is not None and os.environ.get("RLHEALTH_PARSE_NATIVE", "1") != "0"
-# Whether the rest lines no rule keeps are dropped (off only to compare, in tests and benchmarks).
-DROP: Final = True
+AVAILABLE: Final = _fastscan is not None
 
 
 @dataclass(frozen=True)
@@ -180,36 +171,20 @@ class Native:
 
     def raw(self, indices: list[int]) -> list[str]:
         """The text of the stat lines of `indices` (ASCII, as the polars split reads it)."""
-        import polars as pl
-
         rows = self.stats.get_column("idx").search_sorted(pl.Series(indices, dtype=pl.UInt32))
         data, starts, stops = self._data, self._starts, self._stops
         return [data[starts[row] : stops[row]].decode("ascii") for row in rows.to_list()]
 
 
-@dataclass(frozen=True)
-class Raw:
-    """The native pass over `data[:end]`, before its columns are polars frames (`wrap`)."""
-
-    data: bytes
-    found: Any  # the tuple `_fastscan.scan` returns
-
-
-def raw(data: bytes, end: int, keep: Rules | None = None) -> Raw | None:
-    """The native pass over `data[:end]` (no polars), or None when the extension is not
-    available. With `keep`, only the rest lines it keeps are in `rest` (all of them without it).
-    The pass releases the GIL."""
+def native_scan(data: bytes, end: int, keep: Rules | None = None) -> Native | None:
+    """The native pass over `data[:end]`, or None when the extension is not available. With
+    `keep`, only the rest lines it keeps are in `rest` (all of them without it). The pass
+    releases the GIL."""
     if not AVAILABLE or _fastscan is None:
         return None
-    capsule = keep._capsule if keep is not None and DROP else None
-    return Raw(data, _fastscan.scan(data, end, capsule))
-
-
-def wrap(found: Raw) -> Native:
-    """The pass `found` with its columns as polars frames."""
-    import polars as pl
-
-    n_lines, _, rest, starts, stops, columns, dropped = found.found
+    capsule = keep._capsule if keep is not None else None
+    found = _fastscan.scan(data, end, capsule)
+    n_lines, _, rest, starts, stops, columns, dropped = found
     stats, where, picked = columns
     return Native(
         n_lines=n_lines,
@@ -218,14 +193,7 @@ def wrap(found: Raw) -> Native:
         where=pl.Series("idx", _Capsules(where)),
         stats=pl.DataFrame(_Capsules(stats)),
         picked=pl.DataFrame(_Capsules(picked)),
-        _data=found.data,
+        _data=data,
         _starts=memoryview(starts).cast("q"),
         _stops=memoryview(stops).cast("q"),
     )
-
-
-def native_scan(data: bytes, end: int, keep: Rules | None = None) -> Native | None:
-    """The native pass over `data[:end]` as frames (`wrap` of `raw`), or None when the extension
-    is not available. With `keep`, only the rest lines it keeps are in `rest`."""
-    found = raw(data, end, keep)
-    return wrap(found) if found is not None else None

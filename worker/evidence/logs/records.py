@@ -12,7 +12,7 @@ from typing import Final
 
 import polars as pl
 
-from worker.evidence.logs.lines import WINDOW_LINES
+from worker.evidence.logs.rules import WINDOW_LINES
 
 __all__ = [
     "PAIR_BATCH_BYTES",

@@ -1,20 +1,13 @@
-"""The parser's rule constants that need no polars: what flags a line, the traceback block starts,
-the window and line caps, and the rest lines the native pass keeps (`KEEP`).
-
-`rl-health parse` starts reading a log and running the native pass before polars is imported
-(`worker.evidence.logs.prelude`): the pass needs these, so they live here, and `detect`, `lines`
-and `scan` re-export them where they were. Importing this module never imports polars (a test
-checks it).
+"""The parser's literal rules: what flags a line, its kind and error kind, the traceback block
+starts, the window and line caps, and the rest lines the native pass keeps (`KEEP`).
 """
 
 from __future__ import annotations
 
 import re
-import tomllib
-from functools import cache
-from pathlib import Path
 from typing import Final
 
+from worker.evidence.failures import catalogue
 from worker.evidence.logs import native
 
 __all__ = [
@@ -33,7 +26,6 @@ __all__ = [
     "TRACEBACK",
     "UNHANDLED",
     "WINDOW_LINES",
-    "catalogue_literals",
 ]
 
 # A multi-line construct (pprint-ed dict, traceback) must close within this many lines; it is what
@@ -45,17 +37,6 @@ LINE_MAX_BYTES: Final = 2**20
 # The summary head: the first non-empty lines among the first HEAD_SCAN_LINES lines of the file.
 HEAD_SCAN_LINES: Final = 1000
 HEAD_LINES: Final = 5
-_CATALOGUE: Final = Path(__file__).resolve().parent.parent / "failures" / "catalogue.toml"
-
-
-@cache
-def catalogue_literals() -> tuple[str, ...]:
-    """Every failure catalogue entry's literal, once each, in the catalogue's order: what
-    `worker.evidence.failures.catalogue().literals` gives, read without importing that package
-    (it imports polars). The catalogue itself is validated where it is loaded."""
-    with _CATALOGUE.open("rb") as handle:
-        entries = tomllib.load(handle).get("entry", [])
-    return tuple(dict.fromkeys(str(entry["literal"]) for entry in entries))
 
 
 TRACEBACK: Final = "Traceback (most recent call last)"
@@ -124,7 +105,7 @@ _EXCEPTION_MARKERS: Final = (
     ".exceptions.",
 )
 FAILURE_LITERALS: Final[tuple[str, ...]] = tuple(
-    sorted({*catalogue_literals(), *_EXCEPTION_MARKERS, UNHANDLED})
+    sorted({*catalogue().literals, *_EXCEPTION_MARKERS, UNHANDLED})
 )
 
 _INTEREST: Final[list[str]] = sorted(

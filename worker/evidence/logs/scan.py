@@ -2,8 +2,8 @@
 
 A `Scan` holds what a read of complete lines yields on its own (classified lines, engine stat
 fields, the first lines for the summary head, the bytes of its last lines for cut offsets), so the
-reader can scan the next reads in worker threads while the current chunk is parsed. Scans join in
-file order; the lines after a chunk's cut are carried, already scanned, into the next chunk.
+reader scans the next read in its read-ahead thread while the current chunk is parsed. Scans join
+in file order; the lines after a chunk's cut are carried, already scanned, into the next chunk.
 """
 
 from __future__ import annotations
@@ -14,19 +14,11 @@ from typing import Final
 import polars as pl
 
 from worker.evidence.logs import detect, engines, records
-from worker.evidence.logs import native as native_pass
-from worker.evidence.logs.lines import (
-    WINDOW_LINES,
-    Cut,
-    Read,
-    bound_lines,
-    line_start,
-    split_read,
-)
-from worker.evidence.logs.native import Native
-from worker.evidence.logs.rules import HEAD_LINES, HEAD_SCAN_LINES, KEEP
+from worker.evidence.logs.native import Native, native_scan
+from worker.evidence.logs.reads import Cut, Read, bound_lines, line_start, split_read
+from worker.evidence.logs.rules import HEAD_LINES, HEAD_SCAN_LINES, KEEP, WINDOW_LINES
 
-__all__ = ["HEAD_LINES", "HEAD_SCAN_LINES", "KEEP", "Scan", "scan"]
+__all__ = ["Scan", "scan"]
 
 # A chunk is cut at most WINDOW_LINES + 1 lines before its end; its tail bytes must cover the cut.
 TAIL_LINES: Final = WINDOW_LINES + 2
@@ -47,7 +39,6 @@ class Scan:
     tail: bytes  # the bytes of the last `tail_lines` lines (a cut line as cut)
     tail_lines: int
     cuts: tuple[Cut, ...] = ()  # lines cut to LINE_MAX_BYTES, by idx
-    density: float = 0.0  # bytes of the frames above for each byte read (what a read costs)
 
     def then(self, other: Scan) -> Scan:
         """This scan followed by `other`."""
@@ -110,10 +101,6 @@ class Scan:
         )
 
 
-def _moved(cuts: tuple[Cut, ...], by: int) -> tuple[Cut, ...]:
-    return tuple(Cut(c.idx + by, c.length, c.dropped) for c in cuts)
-
-
 def _shifted(frame: pl.DataFrame, by: int) -> pl.DataFrame:
     if by == 0:
         return frame
@@ -159,21 +146,17 @@ def _head_native(lines: pl.Series, native: Native) -> tuple[pl.DataFrame, int | 
     return head.head(HEAD_LINES), min(starts, default=None)
 
 
-def _lines(read: Read, early: native_pass.Raw | None) -> tuple[pl.Series, list[Cut], Native | None]:
+def _lines(read: Read, native: bool) -> tuple[pl.Series, list[Cut], Native | None]:
     """The lines of `read` for the polars path (all, or those the native pass left), cut to
-    LINE_MAX_BYTES, the cuts (by line index in the read) and the native pass (`early`: its pass
-    made before polars was imported, `worker.evidence.logs.prelude`)."""
-    native = (
-        native_pass.wrap(early)
-        if early is not None
-        else native_pass.native_scan(read.data, read.end, KEEP)
-    )
-    if native is None:
+    LINE_MAX_BYTES, the cuts (by line index in the read) and the native pass (with `native`,
+    when the extension is built)."""
+    passed = native_scan(read.data, read.end, KEEP) if native else None
+    if passed is None:
         lines, cuts = bound_lines(split_read(read.data, read.end))
         return lines, cuts, None
-    lines, cuts = bound_lines(split_read(native.rest, len(native.rest)))
-    where = native.where
-    return lines, [Cut(int(where[c.idx]), c.length, c.dropped) for c in cuts], native
+    lines, cuts = bound_lines(split_read(passed.rest, len(passed.rest)))
+    where = passed.where
+    return lines, [Cut(int(where[c.idx]), c.length, c.dropped) for c in cuts], passed
 
 
 def _stats(stat_lines: pl.DataFrame, native: Native | None) -> pl.DataFrame:
@@ -186,16 +169,16 @@ def _stats(stat_lines: pl.DataFrame, native: Native | None) -> pl.DataFrame:
     return pl.concat([native.stats, stats]).sort("idx") if len(native.stats) else stats
 
 
-def scan(read: Read, early: native_pass.Raw | None = None) -> Scan:
-    """The scan of the complete lines of `read` (of all of it when final); `early`: the native
-    pass of `read` (with `rules.KEEP`), when it was made already."""
-    lines, cuts, native = _lines(read, early)
-    n_lines = len(lines) if native is None else native.n_lines
-    ev_query, stat_lines = detect.evidence_lines(lines, native)
-    ev, stats = ev_query.collect(), _stats(stat_lines, native)
+def scan(read: Read, *, native: bool = True) -> Scan:
+    """The scan of the complete lines of `read` (of all of it when final); with `native`, its
+    strict lines are read by the native pass (when the extension is built)."""
+    lines, cuts, passed = _lines(read, native)
+    n_lines = len(lines) if passed is None else passed.n_lines
+    ev_query, stat_lines = detect.evidence_lines(lines, passed)
+    ev, stats = ev_query.collect(), _stats(stat_lines, passed)
     mirrors = records.mirror_records(ev)
     pairs = records.mirror_pairs(mirrors)
-    head, first_content = _head(lines) if native is None else _head_native(lines, native)
+    head, first_content = _head(lines) if passed is None else _head_native(lines, passed)
     tail_lines = min(n_lines, TAIL_LINES)
     start = line_start(read.data, read.end, n_lines, n_lines - tail_lines)
     return Scan(
@@ -210,9 +193,4 @@ def scan(read: Read, early: native_pass.Raw | None = None) -> Scan:
         tail=read.data[start : read.end],
         tail_lines=tail_lines,
         cuts=(*read.cuts, *cuts),
-        density=_density([ev, stats, mirrors, pairs], read.end),
     )
-
-
-def _density(frames: list[pl.DataFrame], size: int) -> float:
-    return sum(int(frame.estimated_size()) for frame in frames) / max(size, 1)
