@@ -47,12 +47,13 @@ PHASES = ("generate", "convert_to_training_input", "fwd_logprobs_values_reward",
 _MIRROR_KEYS = [f"policy/{name}" for name in ("loss", "entropy", "clip_ratio", "grad_norm")] + [
     f"generate/{name}_{i}" for name in ("len", "reward") for i in range(6)
 ]
-_WORDS = (
+_TEXT = (
     "the function returns a list of integers sorted by value write a program that reads the "
     "input file and prints the number of lines containing the word given a string s find the "
     "longest substring without repeating characters solve step by step and put the final "
     "answer in a box the tests check the output format carefully"
-).split()
+)
+_WORDS = _TEXT.split()
 _SAMPLING = (
     "SamplingParams(n=1, presence_penalty=0.0, frequency_penalty=0.0, repetition_penalty=1.0, "
     "temperature=1.0, top_p=1.0, top_k=-1, min_p=0.0, seed=None, stop=[], stop_token_ids=[], "
@@ -89,7 +90,8 @@ class _Records:
                 w.trainer(f"Finished: '{phase}', time cost: {rng.uniform(1, 300):.2f}s"),
             ]
         rewards = [f"reward/avg_pass_at_{k}: {rng.random():.4f}" for k in (1, 5, 8)]
-        average = f"avg_final_rewards: {rng.random():.4f}, avg_response_length: {rng.uniform(200, 4000):.1f}"
+        score, length = rng.random(), rng.uniform(200, 4000)
+        average = f"avg_final_rewards: {score:.4f}, avg_response_length: {length:.1f}"
         return [
             *lines,
             w.trainer(", ".join(rewards) + f", reward/avg_raw_reward: {rng.random():.4f}"),
@@ -143,7 +145,10 @@ def _tqdm(w: _Writer) -> str:
     rng = w.rng
     done = rng.randrange(129)
     bar = "█" * (done * 10 // 128) + ("▌" if done % 13 > 6 else "")
-    speed = f"est. speed input: {rng.uniform(500, 4000):.2f} toks/s, output: {rng.uniform(100, 900):.2f} toks/s"
+    speed = (
+        f"est. speed input: {rng.uniform(500, 4000):.2f} toks/s, "
+        f"output: {rng.uniform(100, 900):.2f} toks/s"
+    )
     _, prefix = _engine_prefix(w)
     return w.raw(
         f"{prefix}Processed prompts: {done * 100 // 128:3d}%|{bar:<10}| {done}/128 "
