@@ -19,11 +19,11 @@ import pytest
 
 from bench.hostile import INPUTS, NOW, Input, build, run_command
 from shared.models import Verdict
+from worker.cli.tables import write_tables
 from worker.diagnosis import collect_evidence, judge
 from worker.evidence import parsed
 from worker.evidence.logs import LINE_MAX_BYTES, ParseBudget, parse_log_file
 from worker.evidence.logs.budget import Held, LogBudgetError, settings
-from worker.evidence.logs.write import write_tables
 
 RL_HEALTH = str(Path(sys.executable).with_name("rl-health"))
 ROOT = Path(__file__).resolve().parents[2]

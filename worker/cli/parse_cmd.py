@@ -125,7 +125,7 @@ def _read_trials(path: Path, trace_jobs_dir: Path | None) -> TrialTables | None:
 def _write_trials(
     trials: TrialTables | None, out: Path, fmt: Literal["csv", "parquet"]
 ) -> list[Path]:
-    from worker.evidence.logs.write import write_frame
+    from worker.cli.tables import write_frame
 
     if trials is None or trials.trials.is_empty():
         return []
@@ -221,7 +221,7 @@ def parse_command(
         _own(cache_dir, "--cache", CACHE_MODE)
     logs, notes = _read(path, cache_dir)
     trials = _read_trials(path, trace_jobs_dir)
-    from worker.evidence.logs import write_tables
+    from worker.cli.tables import write_tables
 
     try:
         written = write_tables(logs, out, fmt) if logs is not None else []

@@ -1,8 +1,9 @@
 """The log parser: log files in, evidence tables out (docs/parsing.md).
 
 `parse_log_file` (one file), `parse_job_logs` (a watcher job directory), `read_job_logs` (the same
-for a diagnosis: tables and the notes to report), `write_tables`, `LogCache` for incremental
-re-parsing of growing logs, and the memory budget (`ParseBudget`, `LogBudgetError`).
+for a diagnosis: tables and the notes to report), `LogCache` for incremental re-parsing of growing
+logs, and the memory budget (`ParseBudget`, `LogBudgetError`). `worker.cli.tables` writes the
+tables as files.
 """
 
 from worker.evidence.logs.budget import LogBudgetError, ParseBudget
@@ -10,7 +11,6 @@ from worker.evidence.logs.incremental import LogCache
 from worker.evidence.logs.job import parse_job_logs, read_job_logs
 from worker.evidence.logs.reader import parse_log_file
 from worker.evidence.logs.rules import LINE_MAX_BYTES
-from worker.evidence.logs.write import write_tables
 
 __all__ = [
     "LINE_MAX_BYTES",
@@ -20,5 +20,4 @@ __all__ = [
     "parse_job_logs",
     "parse_log_file",
     "read_job_logs",
-    "write_tables",
 ]

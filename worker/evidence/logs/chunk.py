@@ -30,7 +30,7 @@ SCHEMAS: Final[dict[str, dict[str, pl.DataType]]] = {
     "engines": schema.ENGINES,
     "progress": schema.PROGRESS,
     "batches": schema.BATCHES,
-    "errors": errors.RAW_ERRORS,  # given their meaning once per file (errors.annotate)
+    "errors": errors.RAW_ERRORS,  # given their meaning once per file (failures.rows.annotate)
     "resumes": schema.RESUMES,
 }
 _EXAMPLE_CHARS: Final = 200

@@ -14,9 +14,9 @@ refused, not read.
 from __future__ import annotations
 
 from collections.abc import Callable
-from datetime import date, datetime
+from datetime import date
 from pathlib import Path
-from typing import Any, Final
+from typing import Final
 
 import polars as pl
 
@@ -25,7 +25,7 @@ from worker.evidence.logs.engines import engine_owner, worker_pid
 from worker.evidence.logs.incremental import LogCache, cache_key
 from worker.evidence.logs.reader import FileRows, parse_file_rows
 from worker.evidence.logs.stitch import Stitched, build_tables
-from worker.evidence.parsed import ClockSkew, LogTables, ParseSummary
+from worker.evidence.parsed import LogTables, ParseSummary
 from worker.evidence.paths import BundleFiles
 
 __all__ = ["Progress", "parse_job_logs", "read_job_logs"]
@@ -37,7 +37,6 @@ line draws a progress bar from it)."""
 FINELOG: Final = "finelog.log"
 _FILL_TABLES: Final = {"engines": ["engine", "timestamp"], "errors": ["kind", "text"]}
 _USABLE: Final = ("metrics", "timers", "engines", "progress", "batches")
-_MAX_EXAMPLES: Final = 5
 
 
 def _usable(found: FileRows) -> bool:
@@ -163,63 +162,6 @@ def _union(parts: list[FileRows]) -> dict[str, pl.DataFrame]:
     return {name: pl.concat([p.rows[name] for p in parts if name in p.rows]) for name in names}
 
 
-def _merge_summaries(parts: list[FileRows]) -> ParseSummary:
-    summaries = [p.summary for p in parts]
-    records: dict[str, int] = {}
-    for summary in summaries:
-        for name, count in summary.records.items():
-            records[name] = records.get(name, 0) + count
-    firsts = [s.first_timestamp for s in summaries if s.first_timestamp is not None]
-    lasts = [s.last_timestamp for s in summaries if s.last_timestamp is not None]
-    examples = tuple(e for s in summaries for e in s.malformed_examples)[:_MAX_EXAMPLES]
-    return ParseSummary(
-        files=tuple(f for s in summaries for f in s.files),
-        lines=sum(s.lines for s in summaries),
-        bytes=sum(s.bytes for s in summaries),
-        records=dict(sorted(records.items())),
-        malformed=sum(s.malformed for s in summaries),
-        malformed_examples=examples,
-        serializations=tuple(sorted(k for k, v in records.items() if v)),
-        first_timestamp=min(firsts, default=None),
-        last_timestamp=_latest(lasts),
-        clock=_merge_clocks([s.clock for s in summaries]),
-        cut_lines=sum(s.cut_lines for s in summaries),
-        cut_examples=tuple(e for s in summaries for e in s.cut_examples)[:_MAX_EXAMPLES],
-        notes=tuple(n for s in summaries for n in s.notes),
-        **_head(summaries),
-    )
-
-
-def _merge_clocks(clocks: list[ClockSkew]) -> ClockSkew:
-    """The skew statistics of several files as one; the first disagreeing line of the first file."""
-    mins = [c.min_s for c in clocks if c.min_s is not None]
-    maxs = [c.max_s for c in clocks if c.max_s is not None]
-    first = next((c for c in clocks if c.first_line is not None), None)
-    return ClockSkew(
-        lines=sum(c.lines for c in clocks),
-        min_s=min(mins, default=None),
-        max_s=max(maxs, default=None),
-        off_lines=sum(c.off_lines for c in clocks),
-        first_line=first.first_line if first else None,
-        source=first.source if first else None,
-        replayed=sum(c.replayed for c in clocks),
-        replayed_examples=tuple(e for c in clocks for e in c.replayed_examples)[:_MAX_EXAMPLES],
-    )
-
-
-def _head(summaries: list[ParseSummary]) -> dict[str, Any]:
-    """The head of the first file that has one, with its line numbers and its file."""
-    first = next((s for s in summaries if s.head), None)
-    if first is None:
-        return {}
-    source = first.head_source or (first.files[0] if first.files else None)
-    return {"head": first.head, "head_lines": first.head_lines, "head_source": source}
-
-
-def _latest(stamps: list[datetime]) -> datetime | None:
-    return max(stamps, default=None)
-
-
 def _parse_all(
     files: BundleFiles,
     paths: list[Path],
@@ -310,7 +252,9 @@ def parse_job_logs(
     owners = _owners_by_pid(rows.get("engines"))
     for extra in extras:
         rows = _fill(rows, _as_forwarded(extra, owners), starts)
-    return build_tables(rows, _merge_summaries(primary + secondary + extras), stitched)
+    return build_tables(
+        rows, ParseSummary.merged([p.summary for p in primary + secondary + extras]), stitched
+    )
 
 
 def _stitch_key(

@@ -27,7 +27,8 @@ from typing import Final
 
 import polars as pl
 
-from worker.evidence.logs import detect, errors
+from worker.evidence.failures.rows import annotate
+from worker.evidence.logs import detect
 from worker.evidence.logs.budget import Held, ParseBudget
 from worker.evidence.logs.chunk import TABLES, parse_chunk
 from worker.evidence.logs.incremental import CacheEntry, LogCache, cache_key, entry_for
@@ -273,7 +274,7 @@ def _read_file(
     final = restitch(known, rows, [run.tail]) if known is not None else None
     tail_ts = _tail_timestamp(log, run.bytes_read)
     if "errors" in rows:
-        rows["errors"] = errors.annotate(rows["errors"])
+        rows["errors"] = annotate(rows["errors"])
     n_errors = rows["errors"].height if "errors" in rows else 0
     summary = _summary(run.state, source, run.bytes_read, tail_ts, n_errors)
     held = Held()

@@ -12,8 +12,9 @@ from polars.testing import assert_frame_equal
 
 from shared.redact import redact_frame
 from tests.security.corpus import HF, JWT
-from worker.evidence.logs import parse_log_file, write
-from worker.evidence.logs.write import ISO_UTC, redacted, write_frame, write_tables
+from worker.cli import tables as write
+from worker.cli.tables import ISO_UTC, redacted, write_frame, write_tables
+from worker.evidence.logs import parse_log_file
 from worker.evidence.model import LogTables
 
 FIXTURES = Path(__file__).resolve().parent.parent / "fixtures" / "logs"
