@@ -1,48 +1,16 @@
-"""The incremental cache: a grown log is read from its last safe cut point only.
+"""The incremental cache: a grown log is read from its last safe cut point only (docs/parsing.md).
 
-An entry is keyed on the file's path, its source name and the reference date, and is valid while
-the file keeps its inode, has not shrunk, still starts with the same bytes (a hash of its head)
-and still holds the same bytes just before the committed offset (a hash of the 4 KiB there: a log
-rewritten in place with the same first lines is read whole, not resumed in the middle of other
-text). It holds the parser state at the last committed line, the rows read up to there and (when
-made by `parse_log_file`, or for a key given to `keep_stitched`, as `parse_job_logs` does for the
-finelog) their stitched METRICS and PHASES; the lines after (an open construct, a partial last
-line) are read again on every parse. An entry read on from the one before (the same file grown)
-is re-stitched from that one's stitched tables: only the steps its new rows touch are stitched
-again (`stitch.restitch`), so `stitched(key, rows)` gives a whole stitch's tables at the cost of
-what the file gained.
-
-Entries live in an in-process LRU and, with `directory`, on disk, one folder per entry:
-
-    <directory>/<sha256 of the key, 32 hex>/meta.json     key, version, file identity, the parts
-                                                          of each table and their rows, and the
-                                                          SHA-256 of every other file
-                                          /state.json    the parser state
-                                          /<table>.parquet, stitched_<table>.parquet
-                                          /<table>-<16 hex>.parquet   later parts of a table
-
-`meta.json` is written last and each folder is renamed into place whole, so a crash never leaves
-half an entry. A table (the stitched ones too) is kept in parts: when an entry replaces one it was
-read on from (same inode, head and no shrink: its rows then start with the earlier rows, told by
-their count, not compared), the earlier parts within the rows that did not change are hard-linked
-into the new folder (copied where links do not work) and only the rows after them are written, as
-one more part named by their hash; a stitched table keeps the parts before the first step the new
-rows touch (a restart that resumes earlier steps rewrites from there). Rows written that number
-more than `SPLIT_ROWS` are two parts, the last `TAIL_ROWS` rows apart: a stitched table's last
-steps, which the next growth re-stitches, are then rewritten without the (up to a million) rows
-before them. An entry that replaces one it was not read on from has its rows compared; past
-`MAX_PARTS` parts a table is written whole again.
-
-An entry of another cache version, or one whose files do not match their hashes or do not read
-back with the expected columns, is ignored (never trusted) and said in `notes`; the file is then
-read whole and the entry replaced. A directory holds the entries of any number of
-files and jobs; `files()` lists what to copy to share it (the pipeline keeps one directory per
-job beside its frozen evidence in S3, so another worker picks it up).
-
-The hashes prove an entry whole, not who wrote it: the directory must be this process's own
-(`shared.safefs.owned_directory`, checked when the cache is made; `UnsafeDirectoryError`
-otherwise), so no other user can put an entry there. `retain` lists and removes through the
-directory's descriptor and never follows a symlink.
+An entry (keyed on path, source name and reference date) holds the parser state at the last
+committed line, the rows up to there and, when kept, their stitched METRICS and PHASES; it is used
+while the file keeps its inode, has not shrunk, and still holds the same first 4 KiB and the same
+4 KiB before the committed offset. Entries live in an in-process LRU and, with `directory`, on
+disk: one folder per entry (`meta.json` with the file's identity, each table's parts and rows and
+every file's SHA-256, written last; `state.json`; Parquet parts), renamed into place whole. An
+entry that replaces the one it was read on from hard-links that one's parts and writes only the
+new rows (a stitched table from the first step they touch), the last `TAIL_ROWS` rows apart past
+`SPLIT_ROWS`; past `MAX_PARTS` parts a table is written whole. An entry of another version, or
+one that fails its hashes or schemas, is ignored (said in `notes`) and the log read whole. The
+directory must be this process's own (`shared.safefs.owned_directory`).
 """
 
 from __future__ import annotations

@@ -111,39 +111,30 @@ def _from(frame: pl.DataFrame, index: int) -> pl.DataFrame:
     return _shifted(frame.filter(pl.col("idx") >= index), -index)
 
 
-def _head(lines: pl.Series) -> tuple[pl.DataFrame, int | None]:
-    first = lines.head(HEAD_SCAN_LINES)
-    text = detect.strip_sgr(pl.col("line")).str.strip_chars()
-    head = first.to_frame("line").with_row_index("idx").select("idx", text=text)
-    head = head.filter(pl.col("text").str.len_bytes() > 0).head(HEAD_LINES)
-    found = (first.str.strip_chars().str.len_bytes() > 0).arg_true()
-    if not len(found):
-        found = (lines.str.strip_chars().str.len_bytes() > 0).arg_true()
-    return head, int(found[0]) if len(found) else None
-
-
-def _head_native(lines: pl.Series, native: Native) -> tuple[pl.DataFrame, int | None]:
-    """`_head` of the whole read, from the rest `lines` and the native pass's stat lines."""
-    where, stat_idx = native.where, native.stats.get_column("idx")
+def _head(lines: pl.Series, passed: Native | None) -> tuple[pl.DataFrame, int | None]:
+    """The read's first non-empty lines among its first HEAD_SCAN_LINES (`idx`, `text`: at most
+    HEAD_LINES) and the index of its first non-blank line: of `lines` (the native pass's rest
+    lines, with `passed`) and of the stat lines the pass read."""
+    where = (
+        pl.int_range(len(lines), dtype=pl.UInt32, eager=True) if passed is None else passed.where
+    )
+    rest = pl.DataFrame({"idx": where, "line": lines})
     n_rest = where.search_sorted(HEAD_SCAN_LINES)
-    n_stat = min(stat_idx.search_sorted(HEAD_SCAN_LINES), HEAD_LINES)
-    first = pl.concat(
-        [
-            pl.DataFrame({"idx": where.head(n_rest), "line": lines.head(n_rest)}),
-            pl.DataFrame(
-                {"idx": stat_idx.head(n_stat), "line": native.raw(stat_idx.head(n_stat).to_list())},
-                schema={"idx": pl.UInt32, "line": pl.String},
-            ),
-        ]
-    ).sort("idx")
+    parts, starts = [rest.head(n_rest)], []
+    if passed is not None:
+        stat_idx = passed.stats.get_column("idx")
+        kept = stat_idx.head(min(stat_idx.search_sorted(HEAD_SCAN_LINES), HEAD_LINES))
+        stat_lines = pl.Series("line", passed.raw(kept.to_list()), dtype=pl.String)
+        parts.append(pl.DataFrame({"idx": kept, "line": stat_lines}))
+        starts += stat_idx.head(1).to_list()
     text = detect.strip_sgr(pl.col("line")).str.strip_chars()
-    head = first.select("idx", text=text).filter(pl.col("text").str.len_bytes() > 0)
-    found = (lines.head(HEAD_SCAN_LINES).str.strip_chars().str.len_bytes() > 0).arg_true()
-    if not len(found):
-        found = (lines.str.strip_chars().str.len_bytes() > 0).arg_true()
-    starts = [int(where[int(found[0])])] if len(found) else []
-    starts += [int(stat_idx[0])] if len(stat_idx) else []
-    return head.head(HEAD_LINES), min(starts, default=None)
+    head = pl.concat(parts).sort("idx").select("idx", text=text)
+    head = head.filter(pl.col("text").str.len_bytes() > 0).head(HEAD_LINES)
+    filled = pl.col("line").str.strip_chars().str.len_bytes() > 0
+    found = rest.head(n_rest).filter(filled)
+    found = found if len(found) else rest.filter(filled)
+    starts += found.get_column("idx").head(1).to_list()
+    return head, min(starts, default=None)
 
 
 def _lines(read: Read, native: bool) -> tuple[pl.Series, list[Cut], Native | None]:
@@ -178,7 +169,7 @@ def scan(read: Read, *, native: bool = True) -> Scan:
     ev, stats = ev_query.collect(), _stats(stat_lines, passed)
     mirrors = records.mirror_records(ev)
     pairs = records.mirror_pairs(mirrors)
-    head, first_content = _head(lines) if passed is None else _head_native(lines, passed)
+    head, first_content = _head(lines, passed)
     tail_lines = min(n_lines, TAIL_LINES)
     start = line_start(read.data, read.end, n_lines, n_lines - tail_lines)
     return Scan(
