@@ -82,6 +82,12 @@ def _lit(value: str | None) -> pl.Expr:
     return pl.lit(value, dtype=pl.String)
 
 
+def _drivers(frame: pl.DataFrame) -> pl.Series:
+    """The process prefixes of `frame` whose first actor is a driver (read once per prefix)."""
+    prefixes = frame.get_column("prefix").fill_null("").unique()
+    return prefixes.filter(prefixes.str.extract(_ACTOR_NAME, 1).is_in(DRIVER_ACTORS))
+
+
 def with_starts(frame: pl.DataFrame, state: ParserState) -> pl.DataFrame:
     """Add to `frame` (classified lines with `replayed`) `_start` (the line starts an attempt),
     `restart` (an in-log restart starts it) and the columns `advance` carries on (`_drv`,
@@ -90,7 +96,7 @@ def with_starts(frame: pl.DataFrame, state: ParserState) -> pl.DataFrame:
         state.attempt_task = _attempt_task(frame, state)
     usable = ~pl.col("window_only") & ~pl.col("replayed")
     pid, prefix = pl.col("pid"), pl.col("prefix").fill_null("")
-    driver = prefix.str.extract(_ACTOR_NAME, 1).is_in(DRIVER_ACTORS) & pid.is_not_null()
+    driver = prefix.is_in(_drivers(frame).implode()) & pid.is_not_null()
     launcher = pid.is_null() & ~prefix.str.contains(_ENDS_IN_PROCESS)
     death = usable & (pl.col("err").is_in(DEATH_KINDS) | pl.col("tb")).fill_null(False)
     start_line = usable & pl.col("kind").is_in(START_KINDS).fill_null(False)

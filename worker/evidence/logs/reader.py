@@ -32,7 +32,7 @@ from worker.evidence.logs import detect
 from worker.evidence.logs.budget import Held, ParseBudget
 from worker.evidence.logs.chunk import TABLES, parse_chunk
 from worker.evidence.logs.incremental import CacheEntry, LogCache, cache_key, entry_for
-from worker.evidence.logs.reads import Read, iter_reads, read_tail, split_lines
+from worker.evidence.logs.reads import iter_reads, read_tail, split_lines
 from worker.evidence.logs.rules import LINE_MAX_BYTES
 from worker.evidence.logs.scan import Scan, scan
 from worker.evidence.logs.state import ParserState
@@ -133,23 +133,26 @@ def _run(log: BufferedReader, chunks: _Chunks, *, cache: bool) -> _Run:
     reads = iter_reads(log, chunks.budget.chunk_bytes)
     native = chunks.budget.native
 
-    def scanned() -> tuple[Read, Scan]:
+    def scanned() -> tuple[bool, bool, Scan]:
+        """The next read's scan, whether it is the last and whether it ends a line (the read
+        itself is let go: only its scan is kept)."""
         read = next(reads)
-        return read, scan(read, native=native)
+        whole = read.data[read.end - 1 : read.end] == b"\n"
+        return read.final, whole, scan(read, native=native)
 
     with ThreadPoolExecutor(1, thread_name_prefix="rlhealth-read") as ahead:
-        pending: Future[tuple[Read, Scan]] = ahead.submit(scanned)
+        pending: Future[tuple[bool, bool, Scan]] = ahead.submit(scanned)
         try:
             while True:
-                read, piece = pending.result()
-                if read.final:
+                final, whole, piece = pending.result()
+                if final:
                     break
                 pending = ahead.submit(scanned)
                 chunks.add(piece)
         except BaseException:
             pending.cancel()
             raise
-    if not cache or read.data[read.end - 1 : read.end] != b"\n":
+    if not cache or not whole:
         return chunks.finish(piece)
     chunks.add(piece)  # complete lines: the cache keeps every row up to the last safe cut
     return chunks.finish(None)
