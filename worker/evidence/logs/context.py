@@ -52,7 +52,6 @@ __all__ = [
 _HALF_DAY: Final = 43_200
 PREFIX_SKEW_TOLERANCE_S: Final = 60.0
 """Own time vs Iris prefix time beyond this is a clock disagreement (collection lag is shorter)."""
-_STEP_MARKERS: Final = ("Started: 'step'", "Finished: 'step'")
 
 
 def add_line_context(frame: pl.DataFrame, state: ParserState) -> pl.DataFrame:
@@ -176,7 +175,9 @@ def advance_state(frame: pl.DataFrame, state: ParserState) -> None:
 def _note_skew(frame: pl.DataFrame, state: ParserState) -> None:
     """Widen the state's own-time vs prefix-time statistics (lines with both times; a replayed
     line is counted apart, `replays.note_replayed`)."""
-    both = frame.filter(pl.col("_skew").is_not_null() & ~pl.col("replayed"))
+    both = frame.select("_skew", "line", "replayed").filter(
+        pl.col("_skew").is_not_null() & ~pl.col("replayed")
+    )
     if both.is_empty():
         return
     skew = both.get_column("_skew")

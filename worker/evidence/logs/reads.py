@@ -1,17 +1,12 @@
 """A log file as reads of complete lines, and a read as a polars series of lines.
 
-A read is a run of complete lines (each ended by a newline); the file is sought back to the start
-of a partial last line, so no read is copied to be joined with the next. Reads are bounded: a
-line longer than LINE_MAX_BYTES is cut to its head and a marker naming its length (`cut_line`). A
-line longer than a whole read is never held: its head is kept and the rest is skipped, a read at
-a time, to the next newline (`Read.long_line`); memory stays one read plus one cap whatever the
-file holds (one 300 MB line, a 2 GB sparse file of NUL bytes).
-
-Lines are split by polars' CSV reader with a separator byte that cannot occur. The fast path
-(valid UTF-8, no NUL or CR byte) is checked by summing the line lengths; anything else takes the
-careful path (NUL blanked, invalid UTF-8 replaced, line count checked against the newlines), so
-nothing ever raises. A read that begins with the magic bytes of a compressed stream is never
-handed to polars' CSV reader as such (it would decompress it).
+A line longer than LINE_MAX_BYTES is cut to its head and a marker naming its length; a line
+longer than a whole read is never held (its rest is skipped to the next newline, holes of a
+sparse file jumped), so memory stays one read plus one cap whatever the file holds. Lines are
+split by polars' CSV reader with a separator byte that cannot occur: plain UTF-8 without NUL or CR
+is checked by summing the line lengths, anything else takes the careful path (NUL blanked,
+invalid UTF-8 replaced, the line count checked), so nothing ever raises. A read that begins like
+a compressed stream gets a blank line first (polars would decompress it).
 """
 
 from __future__ import annotations
@@ -78,12 +73,8 @@ def cut_line(head: bytes, length: int, line_max: int = LINE_MAX_BYTES) -> str:
 
 @dataclass(frozen=True)
 class Read:
-    """One read: its complete lines are `data[:end]`; `final` is the rest of the file.
-
-    `long_line` > 0: the read is one line of that many bytes, longer than a read, already cut
-    (`data` holds its head and marker); the file bytes it stands for are `long_line` plus its
-    newline.
-    """
+    """One read: its lines are `data[:end]`; `final`: the rest of the file. `long_line` > 0: one
+    line of that many bytes, longer than a read, already cut (`data`: its head and marker)."""
 
     data: bytes
     end: int
@@ -155,15 +146,10 @@ def _skip_line(handle: BufferedReader, data: bytes, chunk_bytes: int, line_max: 
 def iter_reads(
     handle: BufferedReader, chunk_bytes: int, line_max: int = LINE_MAX_BYTES
 ) -> Iterator[Read]:
-    """Reads of complete lines (about `chunk_bytes` each); the last (`final`) holds the rest of
-    the file, an unterminated last line included.
-
-    After a read the file is sought back to the start of its partial last line, which the next
-    read begins with. A read shorter than asked for met the end of the file: when it ends with a
-    newline it is the final read (else its partial line is the final read's). A partial line is
-    kept until it is longer than `line_max`; then it is cut and the rest of it skipped
-    (`_skip_line`), so no read holds more than `chunk_bytes` + `line_max` bytes.
-    """
+    """Reads of complete lines (about `chunk_bytes` each, the file sought back to the start of
+    a partial last line); the last (`final`) holds the rest of the file. A read shorter than
+    asked for met the end: it is the final one when it ends with a newline, else its partial
+    line is. A partial line longer than `line_max` is cut and its rest skipped (`_skip_line`)."""
     pending = b""
     while True:
         data = handle.read(chunk_bytes)
@@ -260,10 +246,7 @@ def split_read(data: bytes, end: int) -> pl.Series:
 
 
 def bound_lines(lines: pl.Series, line_max: int = LINE_MAX_BYTES) -> tuple[pl.Series, list[Cut]]:
-    """`lines` with every line longer than `line_max` bytes cut (`cut_line`), and the cuts.
-
-    Such lines are rare (at most one per `line_max` bytes read), so they are cut one by one.
-    """
+    """`lines` with every line longer than `line_max` bytes cut (`cut_line`), and the cuts."""
     lengths = lines.str.len_bytes()
     longest = lengths.max()
     if not isinstance(longest, int) or longest <= line_max:

@@ -73,8 +73,9 @@ def _explode_pairs(frame: pl.DataFrame, text: str, pair: str, key: str) -> pl.Da
 
 
 def mirror_records(ev: pl.DataFrame) -> pl.DataFrame:
-    """Every WANDB_MIRROR line: `mkind`, `mstep`, `json` and `ok` (false: malformed)."""
-    rows = ev.filter(pl.col("kind") == "mirror")
+    """Every WANDB_MIRROR line: `idx`, `text`, `mkind`, `mstep`, `json` and `ok` (false:
+    malformed)."""
+    rows = ev.select("idx", "kind", "text", "msg").filter(pl.col("kind") == "mirror")
     msg = pl.col("msg")
     whole = msg.str.contains(_MIRROR)
     head = msg.str.extract_groups(_MIRROR_HEAD).struct
@@ -84,7 +85,8 @@ def mirror_records(ev: pl.DataFrame) -> pl.DataFrame:
         mstep=pl.when(whole).then(head.field("2").cast(pl.Int64, strict=False)),
         json=pl.when(whole).then(json),
     )
-    return rows.with_columns(ok=pl.col("json").is_not_null() & pl.col("mstep").is_not_null())
+    ok = pl.col("json").is_not_null() & pl.col("mstep").is_not_null()
+    return rows.select("idx", "text", "mkind", "mstep", "json", ok=ok)
 
 
 def _batches(frame: pl.DataFrame, column: str, max_bytes: int) -> list[pl.DataFrame]:
@@ -226,7 +228,8 @@ def dict_metrics(blocks: pl.DataFrame) -> tuple[pl.DataFrame, pl.DataFrame]:
 
 def reward_metrics(ev: pl.DataFrame) -> pl.DataFrame:
     """METRICS rows of `reward/...: X` and `avg_final_rewards: X` lines (step from context)."""
-    rows = ev.filter(pl.col("kind") == "reward")
+    rows = ev.select("kind", "msg", "line", "ts", "attempt", "step_ctx")
+    rows = rows.filter(pl.col("kind") == "reward")
     pairs = rows.with_columns(_pair=pl.col("msg").str.extract_all(_REWARD_PAIR)).explode("_pair")
     pairs = pairs.filter(pl.col("_pair").is_not_null())
     parts = pl.col("_pair").str.split_exact(": ", 1).struct

@@ -166,7 +166,7 @@ def scan(read: Read, *, native: bool = True) -> Scan:
     lines, cuts, passed = _lines(read, native)
     n_lines = len(lines) if passed is None else passed.n_lines
     ev_query, stat_lines = detect.evidence_lines(lines, passed)
-    ev, stats = ev_query.collect(), _stats(stat_lines, passed)
+    ev, stats = ev_query.collect(engine="in-memory"), _stats(stat_lines, passed)
     mirrors = records.mirror_records(ev)
     pairs = records.mirror_pairs(mirrors)
     head, first_content = _head(lines, passed)

@@ -36,7 +36,7 @@ _RESUME_KIND: Final = {
 
 def timer_rows(ev: pl.DataFrame) -> pl.DataFrame:
     """TIMERS rows (without `source`): event, phase, seconds, step and provenance."""
-    rows = ev.filter(pl.col("kind") == "timer")
+    rows = ev.select("kind", "msg", *_PROV, "step_ctx").filter(pl.col("kind") == "timer")
     parsed = pl.col("msg").str.extract_groups(_TIMER).struct
     rows = rows.with_columns(
         event=parsed.field("1").str.to_lowercase(),
@@ -56,20 +56,20 @@ def _elapsed(text: pl.Expr) -> pl.Expr:
 
 def progress_parsed(ev: pl.DataFrame) -> pl.DataFrame:
     """The progress lines of `ev` read once: `idx`, `pkind`, `done`, `total`, `elapsed_s`."""
-    return _progress_parsed(ev).select("idx", "pkind", "done", "total", "elapsed_s")
-
-
-def _progress_parsed(ev: pl.DataFrame) -> pl.DataFrame:
-    rows = ev.filter(pl.col("kind").is_in(list(_PROGRESS_KIND)))
+    rows = ev.select("idx", "kind", "msg").filter(pl.col("kind").is_in(list(_PROGRESS_KIND)))
     # tqdm rewrites the bar with carriage returns: the last update on the line counts.
     last = pl.col("msg").str.extract_all(_PROGRESS).list.last()
     parsed = last.str.extract_groups(_PROGRESS).struct
-    return rows.with_columns(
-        pkind=pl.col("kind").replace_strict(_PROGRESS_KIND, return_dtype=pl.String),
-        done=parsed.field("1").cast(pl.Int64, strict=False),
-        total=parsed.field("2").cast(pl.Int64, strict=False),
-        elapsed_s=_elapsed(parsed.field("3")),
-    ).filter(pl.col("done").is_not_null())
+    return (
+        rows.with_columns(
+            pkind=pl.col("kind").replace_strict(_PROGRESS_KIND, return_dtype=pl.String),
+            done=parsed.field("1").cast(pl.Int64, strict=False),
+            total=parsed.field("2").cast(pl.Int64, strict=False),
+            elapsed_s=_elapsed(parsed.field("3")),
+        )
+        .filter(pl.col("done").is_not_null())
+        .select("idx", "pkind", "done", "total", "elapsed_s")
+    )
 
 
 def progress_steps(parsed: pl.DataFrame) -> pl.DataFrame:
