@@ -1,17 +1,10 @@
 """The budget of one parse: how much memory it may add, how big its reads are, when it stops.
 
-A parse may never add more than the setting `RLHEALTH_PARSE_MEMORY_MB` (`Settings.
-parse_memory_mb`, default 2048) to the process: past it the parse stops with `LogBudgetError`
-(the diagnosis says ERROR with that reason instead of growing until the process is killed).
-The read size follows from the logs' size: 1.5x their bytes (at least FLOOR_MB: a few MB of log
-still need a read's buffers, polars' thread pool and pattern caches), at most the setting, is
-the *aim* the reads are sized for; the aim is not a limit.
-
-Bounded by construction: a line never holds more than LINE_MAX_BYTES (`reads.py`), and after
-every chunk the process's RSS is read (`/proc/self/statm`; elsewhere the rows' estimated size
-stands in): when that, with room for the reads in flight and for the copies that assembling the
-final tables makes of the rows kept (`DataFrame.estimated_size`), would pass the limit, the parse
-stops.
+A parse may never add more than `Settings.parse_memory_mb` to the process: after each chunk the
+RSS grown (`/proc/self/statm`), with room for the reads in flight and the copies the final tables
+make of the rows kept, is checked, and past the limit the parse stops with `LogBudgetError` (an
+ERROR with that reason, not a process killed). Reads are sized for the *aim*, 1.5x the logs' bytes
+(at least FLOOR_MB, at most the limit); the aim is not a limit.
 """
 
 from __future__ import annotations

@@ -1,13 +1,9 @@
 """Line classification: which lines matter, their prefixes stripped, their kind.
 
 One capture-free literal alternation picks the few lines worth reading; other regexes run only on
-that subset. Prefixes removed: SGR colour codes, Iris's `[HH:MM:SS] task=/u/j/t | ` (or a leading
-RFC 3339 timestamp of `kubectl logs --timestamps`, or docker compose's `service-1  | `), then any
-number of process prefixes — Ray's `(Name pid=N, ip=X)` (nested ones too), the square-bracket form
-`[Name pid=N]`, system processes `(raylet)`, torchrun's `[rankN]:`, NCCL's `host:pid:tid [dev] ` —
-and Ray's `[repeated Nx across cluster]`. A loguru or vLLM header leaves `msg`. Failure lines are
-flagged by the catalogue's literals and the generic exception markers (`Error: `, `Exception: `,
-...); `worker.evidence.logs.errors` decides which of them are failures.
+that subset: SGR codes, Ray's `[repeated Nx across cluster]`, the Iris (or kubectl, or docker
+compose) prefix, any number of process prefixes and a loguru or vLLM header are stripped, leaving
+`msg`; kinds, error kinds and failure lines come from the literal rules (docs/parsing.md).
 """
 
 from __future__ import annotations
@@ -254,18 +250,10 @@ def _native_rows(picked: pl.DataFrame) -> pl.DataFrame:
 def evidence_lines(
     lines: pl.Series, native: Native | None = None
 ) -> tuple[pl.LazyFrame, pl.DataFrame]:
-    """Queries for the lines worth reading, prefixes stripped and classified, and the stat lines.
-
-    The first has idx (0-based in `lines`), window_only (kept only as a possible traceback end),
-    tb (a traceback or Ray's unhandled-error block starts), text, msg, prefix (the process
-    prefixes stripped), task, tod, pid, ip, rank, ldt, vts, kind, err, failure (a failure literal
-    or exception marker is in the message), actor. The second has `idx` and `raw`
-    of the vLLM engine stat lines, which take a shorter path (they are most of a busy log).
-    With `native`, `lines` are the lines the native pass did not read (its `rest`): the stat
-    lines returned are the rest's, `idx` counts every line of the read, and the lines of a kind
-    the pass read (`NATIVE_KINDS`) join the others (a window over one would pick it as
-    interesting anyway).
-    """
+    """A query for the lines worth reading, classified (idx in the read, window_only: kept only
+    as a possible block end, tb: a block starts, text, msg, prefix, task, tod, pid, ip, rank, ldt,
+    vts, kind, err, failure, actor), and the stat lines (`idx`, `raw`). With `native`, `lines` are
+    its rest lines and the lines it read join the others."""
     flags = _flags(lines, None if native is None else native.where)
     idx = _picked(flags, len(lines) if native is None else native.n_lines)
     done = None if native is None or not len(native.picked) else native.picked

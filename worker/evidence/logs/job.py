@@ -1,14 +1,10 @@
-"""The logs of a watcher job directory, read together.
+"""The logs of a watcher job directory, read together (docs/parsing.md).
 
-`finelog.log` is the source. `pod_logs/*.log` are read only to fill what it lacks: with no usable
-finelog they are the source; otherwise they add only engine and error rows the finelog does not
-have. `ray_vllm_logs/**/worker-*.out|.err` add engine stat lines and error lines (actor deaths) not
-already present. A Ray worker log is one process's own output (the pid is in its name): its stat
-lines take the id of the engine whose forwarded copies the primary logs show (`<pid>@<ip>`), so
-one engine seen in both is one engine. Every listing goes through `BundleFiles`, so nothing
-outside the job is read, and every log is opened by `BundleFiles.open` (beneath the job
-directory's descriptor, no symlink followed): a log swapped for a symlink after it was listed is
-refused, not read.
+`finelog.log` is the source; `pod_logs/*.log` are it when there is no usable finelog, else they
+add only the engine and error rows it lacks, as `ray_vllm_logs/**/worker-*.out|.err` do. A Ray
+worker log's stat lines take the id of the engine whose forwarded copies the primary logs show
+under the pid in its name. Every listing goes through `BundleFiles` and every log is opened by
+`BundleFiles.open` (beneath the job directory's descriptor): a swapped-in symlink is refused.
 """
 
 from __future__ import annotations

@@ -1,15 +1,9 @@
-"""The native fast path of a scan: one C pass (`_fastscan.c`) over a read.
+"""The native pass of a scan: one C pass (`_fastscan.c`) over a read (docs/parsing.md).
 
-The pass reads the strict vLLM stat lines itself (the fields `engines.engine_fields` reads, with
-the same values) and, with `Rules.kinds`, the strict lines whose message opens with one of
-those kind literals (`Started: '...'`, `WANDB_MIRROR kind=...`: the `detect.evidence_lines`
-columns those lines get, with the same values), and hands every other line, byte for byte, to
-the polars path; with `Rules.literals` it drops the rest lines no rule can need. A line it cannot
-prove strict (any other shape, non-ASCII, a control byte, a CR, a number of more than 20 digits,
-a traceback literal) is a rest line: the polars path reads it as before, so the tables are the
-same with or without the extension. Without the extension (`AVAILABLE` false, or the setting
-`RLHEALTH_PARSE_NATIVE` off) every line takes the polars path. The columns come back through the
-Arrow C data interface: polars takes them without a copy (and without numpy or pyarrow).
+It reads the strict vLLM stat lines and the strict lines of the kinds `Rules.kinds` itself, with
+the values the polars path gives them, drops the lines no rule can need, and hands every other
+line, byte for byte, to the polars path: the tables are the same with or without the extension.
+The columns come back through the Arrow C data interface, without a copy.
 """
 
 from __future__ import annotations
@@ -34,14 +28,8 @@ AVAILABLE: Final = _fastscan is not None
 
 @dataclass(frozen=True)
 class Rules:
-    """Which rest lines the polars path can need; the extension's copy is `_capsule`.
-
-    A rest line is kept when it holds one of `literals` (searched on its raw bytes), holds a NUL
-    or CR byte or invalid UTF-8 (rewritten before the search), is `long_line` bytes or longer (it
-    may be cut), is among the first `first_lines` lines of the read, or the first rest line up
-    to the first that holds a printable ASCII byte (the summary head), or lies within `window`
-    lines after a line holding one of `blocks` (a traceback window) or a NUL byte.
-    """
+    """Which rest lines the polars path can need (`literals`, `blocks`, `window`, `first_lines`,
+    `long_line`: docs/parsing.md) and the kinds read natively; the extension's copy: `_capsule`."""
 
     literals: tuple[str, ...]
     blocks: tuple[str, ...]

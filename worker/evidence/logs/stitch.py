@@ -1,12 +1,8 @@
-"""From the raw rows of one or more files to the final tables.
+"""From the raw rows of one or more files to the final tables (docs/parsing.md, "Stitching").
 
-METRICS keeps one row per (step, key): explicit-step sources (mirror, console) win over inferred
-ones (policy dict, reward line, batch); among equals the newest attempt, then the latest line wins.
-PHASES are finished timers (one per step and phase, same rule) plus `timing/<phase>` metric keys for
-the steps and phases no timer line covered.
-
-Both are functions of each step's rows alone, so a grown file's `Stitched` is re-derived only for
-the steps its new rows touch (`restitch`); the earlier result's other steps are kept as they are.
+METRICS keeps one row per (step, key), PHASES one per (step, phase): explicit-step sources win,
+then the newest attempt, then the latest line. Both are functions of each step's rows alone, so a
+grown file is re-stitched only for the steps its new rows touch (`restitch`).
 """
 
 from __future__ import annotations
