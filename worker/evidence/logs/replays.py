@@ -95,7 +95,7 @@ def advance(frame: pl.DataFrame, state: ParserState) -> None:
     if room > 0:
         skews = frame.get_column("_skew").drop_nulls().head(room)
         state.lag_sample.extend(float(v) for v in skews.to_list())
-    newest = frame.filter(pl.col("_consistent")).get_column("_own").max()
+    newest = frame.select(pl.col("_own").filter(pl.col("_consistent")).max()).item()
     if isinstance(newest, datetime) and (state.newest_own is None or newest > state.newest_own):
         state.newest_own = newest
 
