@@ -23,6 +23,7 @@ from polars.testing import assert_frame_equal
 
 from bench.gen_continuous import generate_continuous
 from bench.gen_finelog import generate
+from bench.gen_records import generate_dense, generate_noisy
 from bench.hostile import INPUTS, build
 from worker.evidence.logs import native, parse_job_logs, parse_log_file, rules
 from worker.evidence.logs.reads import Read
@@ -124,10 +125,14 @@ def test_every_fixture_log_parses_the_same_both_ways(path: Path) -> None:
     _assert_same_tables(plain, fast)
 
 
-@pytest.mark.parametrize("make", [generate, generate_continuous], ids=["generated", "continuous"])
+@pytest.mark.parametrize(
+    "make",
+    [generate, generate_continuous, generate_dense, generate_noisy],
+    ids=["generated", "continuous", "dense", "noisy"],
+)
 def test_benchmark_logs_parse_the_same_both_ways(make: object, tmp_path: Path) -> None:
-    """1.5 MB of each benchmark log (stat lines, tracebacks, restarts), in 256 KiB reads so
-    chunks are cut and carried and traceback windows cross reads."""
+    """1.5 MB of each benchmark log (stat lines, records, noise, tracebacks, restarts), in 256 KiB
+    reads so chunks are cut and carried and traceback windows cross reads."""
     path = tmp_path / "finelog.log"
     make(path, 1.5)  # type: ignore[operator]
     with _native(False):
