@@ -14,7 +14,9 @@ from bench.gen_continuous import generate_continuous
 from bench.gen_finelog import generate as generate_finelog
 from worker.evidence.logs import LogCache, parse_log_file, reader
 from worker.evidence.logs.budget import LogBudgetError, ParseBudget
+from worker.evidence.logs.reader import parse_file_rows
 from worker.evidence.logs.reads import iter_reads
+from worker.evidence.logs.stitch import build_tables
 from worker.evidence.model import LogTables
 
 MB = 2**20
@@ -140,3 +142,18 @@ def test_a_chunk_past_the_budget_stops_the_parse_and_its_read_ahead(
     with pytest.raises(LogBudgetError, match="past the budget"):
         parse_log_file(log, "finelog.log", chunk_bytes=MB)
     assert not [t for t in threading.enumerate() if t.name.startswith("rlhealth-read")]
+
+
+@pytest.mark.parametrize("which", ["log", "restarts"])
+def test_stitching_early_equals_stitching_at_the_end(
+    which: str, request: pytest.FixtureRequest
+) -> None:
+    """A single file's committed rows are stitched while its final chunk is parsed, then only
+    the steps of that chunk again; the tables equal a stitch of all rows at the end (restarts
+    that rewind steps included)."""
+    path: Path = request.getfixturevalue(which)
+    early = parse_log_file(path, "finelog.log", chunk_bytes=MB // 2)
+    found = parse_file_rows(path, "finelog.log", chunk_bytes=MB // 2)
+    late = build_tables(found.rows, found.summary)
+    assert early.metrics.height > 100 and early.phases.height > 100
+    _same(early, late)

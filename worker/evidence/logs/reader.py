@@ -81,6 +81,7 @@ class _Run:
     tail: dict[str, pl.DataFrame]
     state: ParserState
     bytes_read: int
+    early: Stitched | None = None  # the committed rows stitched while the final chunk was parsed
 
 
 @dataclass
@@ -125,10 +126,11 @@ class _Chunks:
         return _Run(self.committed, saved, tail, self.state, bytes_read)
 
 
-def _run(log: BufferedReader, chunks: _Chunks, *, cache: bool) -> _Run:
+def _run(log: BufferedReader, chunks: _Chunks, *, cache: bool, early: bool) -> _Run:
     """Read `log` from the state's offset: each read scanned in the read-ahead thread while the
-    chunk before it is parsed. On `LogBudgetError` (or anything else) the read not begun is
-    dropped."""
+    chunk before it is parsed; with `early`, once every read is scanned, that thread stitches the
+    committed rows while the final chunk is parsed. On `LogBudgetError` (or anything else) the
+    read not begun is dropped."""
     log.seek(chunks.state.offset)
     reads = iter_reads(log, chunks.budget.chunk_bytes)
     native = chunks.budget.native
@@ -152,10 +154,15 @@ def _run(log: BufferedReader, chunks: _Chunks, *, cache: bool) -> _Run:
         except BaseException:
             pending.cancel()
             raise
-    if not cache or not whole:
-        return chunks.finish(piece)
-    chunks.add(piece)  # complete lines: the cache keeps every row up to the last safe cut
-    return chunks.finish(None)
+        if cache and whole:  # complete lines: the cache keeps every row up to the last safe cut
+            chunks.add(piece)
+            return chunks.finish(None)
+        stitching = (
+            ahead.submit(stitch, _concat(chunks.committed)) if early and chunks.committed else None
+        )
+        run = chunks.finish(piece)
+        run.early = stitching.result() if stitching is not None else None
+        return run
 
 
 def _tail_timestamp(log: BufferedReader, size: int) -> datetime | None:
@@ -253,9 +260,9 @@ def _read_file(
     *,
     stitched: bool,
 ) -> tuple[FileRows, Stitched | None]:
-    """The raw rows of one file (`log`, open: every read is of it) and, with a cache and
-    `stitched`, their stitched tables (kept in the cache entry, so the next parse re-stitches
-    only the steps its new rows touch). A compressed file is not read (a note says so)."""
+    """The raw rows of one file (`log`, open: every read is of it) and, with `stitched`, their
+    stitched tables (with a cache kept in its entry, so the next parse re-stitches only the steps
+    its new rows touch). A compressed file is not read (a note says so)."""
     size = _size(log)
     packed = compression(log)
     if packed is not None:
@@ -267,13 +274,15 @@ def _read_file(
     kept = Held()
     if hit is not None:
         kept.add(hit.rows)
-    run = _run(log, _Chunks(state, source, budget, kept), cache=cache is not None)
+    chunks = _Chunks(state, source, budget, kept)
+    run = _run(log, chunks, cache=cache is not None, early=stitched and cache is None)
     committed = _concat(([hit.rows] if hit else []) + run.committed)
     rows = _concat([committed, run.tail])
     known = _stitch_committed(hit, committed, run) if cache is not None and stitched else None
     if cache is not None:
         entry = entry_for(log, run.bytes_read, run.committed_state, committed, known)
         cache.store(key, entry)
+    known = known or run.early
     final = restitch(known, rows, [run.tail]) if known is not None else None
     tail_ts = _tail_timestamp(log, run.bytes_read)
     if "errors" in rows:
@@ -332,6 +341,6 @@ def parse_log_file(
             progress(source, 0, _size(log))
         limits = _budget(log, budget, chunk_bytes)
         found, stitched = _read_file(
-            path, log, source, reference_date, cache, limits, stitched=cache is not None
+            path, log, source, reference_date, cache, limits, stitched=True
         )
     return build_tables(found.rows, found.summary, stitched)
