@@ -1,9 +1,7 @@
 """One chunk of scanned lines in, table rows out, the parser state advanced.
 
-A chunk is cut before the first multi-line construct still open near its end (a dict or traceback
-that may close in the next chunk); those lines are carried, already scanned, into the next chunk.
-The last chunk of a file (`final`) is read whole and open constructs there are malformed or kept as
-they are.
+A chunk is cut before the first dict or traceback still open near its end; those lines are
+carried, already scanned, into the next chunk. The last chunk of a file (`final`) is read whole.
 """
 
 from __future__ import annotations
@@ -18,14 +16,13 @@ from worker.evidence.logs.rules import HEAD_LINES, HEAD_SCAN_LINES
 from worker.evidence.logs.scan import Scan
 from worker.evidence.logs.state import MAX_EXAMPLES, ParserState
 
-__all__ = ["PROGRESS_TABLES", "RAW_METRICS", "TABLES", "conform", "parse_chunk"]
+__all__ = ["SCHEMAS", "TABLES", "parse_chunk"]
 
 TABLES: Final = ("metrics", "timers", "engines", "progress", "batches", "errors", "resumes")
 PROGRESS_TABLES: Final = ("metrics", "timers", "progress", "batches", "resumes")
 """The tables whose rows can be progress: a replayed line has no row in them (`replays`)."""
-RAW_METRICS: Final[dict[str, pl.DataType]] = dict(schema.METRICS)
 SCHEMAS: Final[dict[str, dict[str, pl.DataType]]] = {
-    "metrics": RAW_METRICS,
+    "metrics": schema.METRICS,
     "timers": schema.TIMERS,
     "engines": schema.ENGINES,
     "progress": schema.PROGRESS,
