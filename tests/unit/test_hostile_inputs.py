@@ -23,7 +23,7 @@ from worker.cli.tables import write_tables
 from worker.diagnosis import collect_evidence, judge
 from worker.evidence import parsed
 from worker.evidence.logs import LINE_MAX_BYTES, ParseBudget, parse_log_file
-from worker.evidence.logs.budget import Held, LogBudgetError, settings
+from worker.evidence.logs.budget import Held, LogBudgetError, parse_settings
 
 RL_HEALTH = str(Path(sys.executable).with_name("rl-health"))
 ROOT = Path(__file__).resolve().parents[2]
@@ -291,9 +291,9 @@ def test_unusable_memory_setting_is_one_clear_line(monkeypatch: pytest.MonkeyPat
     is accepted."""
     monkeypatch.setenv("RLHEALTH_PARSE_MEMORY_MB", "255")
     with pytest.raises(ValueError, match="parse_memory_mb"):
-        settings()
+        parse_settings()
     monkeypatch.setenv("RLHEALTH_PARSE_MEMORY_MB", "256")
-    assert settings()[0] == 256
+    assert parse_settings()[0] == 256
 
 
 def test_cli_refuses_an_unusable_memory_setting(tmp_path: Path) -> None:

@@ -12,7 +12,7 @@ from polars.testing import assert_frame_equal
 
 from bench.gen_continuous import generate_continuous
 from bench.gen_finelog import generate as generate_finelog
-from worker.evidence.logs import LogCache, parse_log_file, reader
+from worker.evidence.logs import LogCache, chunk, parse_log_file, reader
 from worker.evidence.logs.budget import LogBudgetError, ParseBudget
 from worker.evidence.logs.reader import parse_file_rows
 from worker.evidence.logs.reads import iter_reads
@@ -83,8 +83,8 @@ def test_tables_do_not_depend_on_the_read_size(which: str, request: pytest.Fixtu
     path: Path = request.getfixturevalue(which)
     whole = parse_log_file(path, "finelog.log")
     assert whole.metrics.height > 100 and whole.engines.height > 1000
-    for chunk in (64 * 1024, MB):
-        _same(whole, parse_log_file(path, "finelog.log", chunk_bytes=chunk))
+    for size in (64 * 1024, MB):
+        _same(whole, parse_log_file(path, "finelog.log", chunk_bytes=size))
 
 
 def test_a_cache_gives_the_tables_of_a_plain_parse(log: Path, tmp_path: Path) -> None:
@@ -116,7 +116,7 @@ def test_every_chunk_is_checked_against_the_budget(
 ) -> None:
     """One check after each chunk parse, the final one too (at the end of the file)."""
     parses: list[int] = []
-    parse_chunk = reader.parse_chunk
+    parse_chunk = chunk.parse_chunk
 
     def counted(*args: Any, **kwargs: Any) -> Any:
         parses.append(1)

@@ -144,7 +144,7 @@ def diagnose_command(
     from worker.cli.terminal import log_progress, write_report
     from worker.diagnosis import collect_evidence, judge
     from worker.evidence.logs import LogCache
-    from worker.evidence.logs.budget import settings
+    from worker.evidence.logs.budget import parse_settings
 
     if not job_dir.is_dir():
         raise click.BadParameter(
@@ -153,7 +153,7 @@ def diagnose_command(
     if probes_dir is not None and backend is not None:
         raise click.UsageError("give --probes or --backend, not both")
     try:
-        settings()
+        parse_settings()
     except ValueError as exc:
         raise click.UsageError(clean(str(exc))) from exc
     thresholds = load_campaign_thresholds(campaign)

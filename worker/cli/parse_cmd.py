@@ -210,10 +210,10 @@ def parse_command(
     Exits 1, quoting what the log looks like, when no usable metrics were found (a failed probe);
     the other tables are still written.
     """
-    from worker.evidence.logs.budget import settings
+    from worker.evidence.logs.budget import parse_settings
 
     try:
-        settings()
+        parse_settings()
     except ValueError as exc:
         _fail(str(exc))
     _writable(out)

@@ -50,10 +50,10 @@ def _fail(message: str) -> NoReturn:
 def _errors(path: Path) -> pl.DataFrame:
     from worker.evidence import schema
     from worker.evidence.logs import LogBudgetError, parse_job_logs, parse_log_file
-    from worker.evidence.logs.budget import settings
+    from worker.evidence.logs.budget import parse_settings
 
     try:
-        settings()
+        parse_settings()
         tables = parse_job_logs(path) if path.is_dir() else parse_log_file(path, source=path.name)
     except LogBudgetError as exc:
         _fail(str(exc))

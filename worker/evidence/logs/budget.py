@@ -17,7 +17,7 @@ from typing import Final
 
 import polars as pl
 
-__all__ = ["FLOOR_MB", "Held", "LogBudgetError", "ParseBudget", "rss_bytes", "settings"]
+__all__ = ["FLOOR_MB", "Held", "LogBudgetError", "ParseBudget", "parse_settings", "rss_bytes"]
 
 FLOOR_MB: Final = 512
 LOG_FACTOR: Final = 1.5
@@ -43,7 +43,7 @@ class LogBudgetError(ValueError):
     """A log that cannot be read within the parse memory budget; the message says why."""
 
 
-def settings() -> tuple[int, bool]:
+def parse_settings() -> tuple[int, bool]:
     """The parse settings (`shared.settings.Settings`): the memory limit in MB and whether the
     native pass reads lines; `ValueError` with one clear line when they are unusable."""
     from pydantic import ValidationError
@@ -105,7 +105,7 @@ class ParseBudget:
         """The budget for reading `log_bytes` of logs under a limit of `memory_mb` (default:
         the settings', as is `native`)."""
         if memory_mb is None or native is None:
-            setting_mb, setting_native = settings()
+            setting_mb, setting_native = parse_settings()
             memory_mb = setting_mb if memory_mb is None else memory_mb
             native = setting_native if native is None else native
         limit = memory_mb * _MB
