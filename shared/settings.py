@@ -136,6 +136,7 @@ class Settings(BaseSettings):
     def cache_root(self) -> Path:
         """Where the worker keeps its caches: RLHEALTH_CACHE_DIR, else the user's own."""
         return self.cache_dir or user_cache_dir()
+
     def verdict_keys(self) -> KeyRing:
         """The verdict key ring; raises `VerdictKeyError` naming the setting that is missing or
         unusable (never its value)."""
@@ -168,6 +169,8 @@ def user_cache_dir() -> Path:
     xdg = Path(os.environ.get("XDG_CACHE_HOME", ""))
     base = xdg if xdg.is_absolute() else Path.home() / ".cache"
     return base / "rl-job-health"
+
+
 def _ring(setting: str, text: str) -> KeyRing:
     try:
         return parse_keys(text)
