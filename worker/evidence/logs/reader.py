@@ -282,7 +282,7 @@ def _read_file(
     if cache is not None:
         entry = entry_for(log, run.bytes_read, run.committed_state, committed, known)
         cache.store(key, entry)
-    known = known or run.early
+    known = known if known is not None else run.early
     final = restitch(known, rows, [run.tail]) if known is not None else None
     tail_ts = _tail_timestamp(log, run.bytes_read)
     if "errors" in rows:
