@@ -1,4 +1,5 @@
 # Two commands set up and run everything on a fresh machine: `make demo` and `make test`.
+# `make test-fast` is the quick loop: lint, types, the corpus and every test that needs no service.
 SHELL := /bin/bash
 PYTHON ?= python3
 VENV := .venv
@@ -9,7 +10,7 @@ DEMO_PROBES := examples/probes/rl-gsm8k-stalled
 DEMO_NOW := 2026-07-30T19:17:00Z
 DEMO_OUT := build/demo
 
-.PHONY: demo test lint typecheck unit system-deps venv bench clean drills corpus-eval
+.PHONY: demo test test-fast lint typecheck system-deps venv bench clean drills corpus-eval
 
 FASTSCAN := worker/evidence/logs/_fastscan.c
 FASTSCAN_STAMP := $(VENV)/.fastscan
@@ -50,8 +51,8 @@ demo: venv
 	@echo "HTML report: $(abspath $(DEMO_OUT))/report.html"
 
 lint: venv
-	$(BIN)/ruff check shared worker reports tests bench
-	$(BIN)/ruff format --check shared worker reports tests bench
+	$(BIN)/ruff check shared worker reports tests testkit bench
+	$(BIN)/ruff format --check shared worker reports tests testkit bench
 
 typecheck: venv
 	$(BIN)/mypy
@@ -60,8 +61,14 @@ typecheck: venv
 corpus-eval: venv
 	$(BIN)/rl-health eval -q tests/corpus/cases
 
+## Everything, as CI runs it (.ci/run): real services, Chromium, the slow tests.
 test: venv system-deps lint typecheck corpus-eval
 	$(BIN)/pytest -q
+
+## The fast tier (a few minutes, no apt, no service): the tests not marked `integration` (a real
+## service or Chromium) or `slow` (pyproject.toml), spread over the machine's cores.
+test-fast: venv lint typecheck corpus-eval
+	$(BIN)/pytest -q -n auto -m "not integration and not slow"
 
 ## The long fault drills on real services (docs/reliability.md); DRILL_RUNS repeats each (3).
 drills: venv system-deps

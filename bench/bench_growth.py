@@ -44,9 +44,9 @@ from pathlib import Path
 from typing import Any
 
 from bench.bench_pipeline import Stack, Watcher, services, watching
-from bench.gen_finelog import generate
 from shared.alerts import publish_alert
-from tests.integration.bundles import write_job_bundle
+from testkit.bundles import write_job_bundle
+from testkit.gen_finelog import generate
 
 __all__ = ["growth"]
 

@@ -32,9 +32,9 @@ from typing import Any
 import redis
 
 from bench.bench_pipeline import Stack, watching
-from bench.gen_finelog import generate
 from shared.alerts import publish_alert
-from tests.integration.iris_jobdir import (
+from testkit.gen_finelog import generate
+from testkit.iris_cluster import (
     REPO,
     SHIM_COMMAND,
     IrisTestCluster,
@@ -42,7 +42,7 @@ from tests.integration.iris_jobdir import (
     start_cluster,
     toy_argv,
 )
-from tests.integration.services import (
+from testkit.services import (
     RL_HEALTH,
     service_env,
     settings_from,

@@ -28,12 +28,12 @@ from typing import Any
 
 import redis
 
-from bench.gen_finelog import generate
 from shared.alerts import publish_alert
 from shared.settings import Settings
 from shared.streams import StreamNames, read_entry
-from tests.integration.bundles import write_job_bundle
-from tests.integration.services import (
+from testkit.bundles import write_job_bundle
+from testkit.gen_finelog import generate
+from testkit.services import (
     RL_HEALTH,
     service_env,
     settings_from,

@@ -35,10 +35,10 @@ from typing import Any
 import redis
 
 from bench.bench_growth import _last_time, _split
-from bench.gen_finelog import generate
 from shared.models import Event
-from tests.integration.bundles import write_job_bundle
-from tests.integration.services import (
+from testkit.bundles import write_job_bundle
+from testkit.gen_finelog import generate
+from testkit.services import (
     service_env,
     settings_from,
     start_moto,

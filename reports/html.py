@@ -31,15 +31,19 @@ from typing import TYPE_CHECKING, Any, Final
 
 from reports.bounds import bounded
 from reports.plots import MARKER_STYLE, Plot, render_plots
+from reports.tables import format_cell
 from shared.models import (
+    Cell,
     GateName,
     GateResult,
     GateStatus,
     Handoff,
     Quote,
     Report,
+    Table,
     iso_utc,
 )
+from shared.times import duration_text
 
 if TYPE_CHECKING:
     from worker.evidence.model import Evidence
@@ -106,6 +110,12 @@ ul.quotes .where { display:block; color:var(--muted); font-size:12px; }
 pre.details { background:var(--bg); padding:8px 10px; border-radius:6px; overflow-x:auto;
   font-size:12px; margin:8px 0 0; }
 .summary { margin:2px 0 0; }
+table.data { border-collapse:collapse; margin:10px 0 0; font-size:12px; display:block;
+  overflow-x:auto; }
+table.data caption { text-align:left; color:var(--muted); font-weight:600; padding-bottom:2px; }
+table.data th, table.data td { border-bottom:1px solid var(--line); padding:2px 8px;
+  text-align:left; white-space:nowrap; }
+table.data td.num { text-align:right; font-variant-numeric:tabular-nums; }
 section.gate { border:none; border-top:1px solid var(--line); border-radius:0; margin:0;
   padding:12px 0 10px; }
 figure { margin:0 0 16px; } figure img { width:100%; height:auto; border:1px solid var(--line);
@@ -213,7 +223,7 @@ def _second_look(report: Report) -> str:
     facts = _facts(
         [
             ("outcome", look.outcome.value),
-            ("waited", f"{look.waited_s:g} s"),
+            ("waited", duration_text(look.waited_s)),
             ("first look", iso_utc(look.first_at)),
             ("second look", iso_utc(look.taken_at)),
             ("what it saw", look.summary),
@@ -272,13 +282,36 @@ def _restarts(report: Report) -> str:
     )
 
 
+def _table(table: Table) -> str:
+    """A gate's table (the text report's per-step dynamics, phase ratios, engines) as an HTML
+    table: cells formatted as in the text report, numbers right-aligned."""
+    units = table.units or ("",) * len(table.columns)
+
+    def cell(value: Cell, i: int) -> str:
+        text = escape(format_cell(value, units[i] if i < len(units) else ""))
+        numeric = i > 0 and not isinstance(value, str)
+        return f'<td class="num">{text}</td>' if numeric else f"<td>{text}</td>"
+
+    head = "".join(f"<th>{escape(column)}</th>" for column in table.columns)
+    rows = "".join(
+        "<tr>" + "".join(cell(value, i) for i, value in enumerate(row)) + "</tr>"
+        for row in table.rows
+    )
+    return (
+        f'<table class="data"><caption>{escape(table.title)}</caption>'
+        f"<thead><tr>{head}</tr></thead><tbody>{rows}</tbody></table>"
+    )
+
+
 def _gate(name: GateName, gate: GateResult) -> str:
     details = "\n".join(gate.details)
     table = f'<pre class="details">{escape(details)}</pre>' if details else ""
+    tables = "".join(_table(t) for t in gate.tables)
     return (
         f'<section class="gate" id="gate-{name.value}">'
         f"<h3>{_GATE_TITLES[name]} {_badge(gate.status)}</h3>"
-        f'<p class="summary">{escape(gate.summary)}</p>{_quotes(gate.evidence)}{table}</section>'
+        f'<p class="summary">{escape(gate.summary)}</p>{_quotes(gate.evidence)}{table}'
+        f"{tables}</section>"
     )
 
 
@@ -308,6 +341,13 @@ def _plots(plots: Sequence[Plot] | None) -> str:
         return f'<section id="plots"><h2>Plots</h2>{body}</section>'
     figures = "".join(_figure(p) for p in plots)
     return f'<section id="plots"><h2>Plots</h2>{_legend()}{figures}</section>'
+
+
+def _inputs(items: Sequence[str]) -> str:
+    if not items:
+        return ""
+    rows = "".join(f"<li>{escape(item)}</li>" for item in items)
+    return f'<section id="inputs"><h2>Inputs</h2><ul>{rows}</ul></section>'
 
 
 def _discrepancies(items: Sequence[str]) -> str:
@@ -347,6 +387,7 @@ def render_html(report: Report, evidence: Evidence | None = None) -> str:
             _restarts(report),
             f'<section id="gates"><h2>Gates</h2>{gates}</section>',
             _plots(plots),
+            _inputs(report.inputs),
             _discrepancies(report.discrepancies),
             f"<footer>rl-job-health {escape(_version())} · read-only: this report offers no "
             "action on the job</footer>",

@@ -70,7 +70,10 @@ class S3ReportSink:
     def __call__(
         self, report: Report, *, cluster: str | None, user: str | None, job: str | None
     ) -> StoredReport:
-        base = report_key(report, cluster, user, job)
+        return self.write(report, report_key(report, cluster, user, job))
+
+    def write(self, report: Report, base: str) -> StoredReport:
+        """Both renderings under `base` (the key without its extension), the JSON one last."""
         text_key, json_key = f"{base}.txt", f"{base}.json"
         self.store.put_once(text_key, render_text(report).encode(), "text/plain; charset=utf-8")
         self.store.put_once(json_key, signed_json(report, self.ring).encode(), "application/json")

@@ -7,6 +7,7 @@ ingest applies the same check to every event it reads.
 
 from __future__ import annotations
 
+import json
 import secrets
 from datetime import UTC, datetime
 from pathlib import Path
@@ -16,7 +17,14 @@ from shared.models import Event, Mode
 from shared.settings import Settings
 from shared.streams import ALERT_FIELD, StreamNames
 
-__all__ = ["OutsideBundleRootError", "confine", "new_event_id", "publish_alert", "publish_event"]
+__all__ = [
+    "OutsideBundleRootError",
+    "Refusals",
+    "confine",
+    "new_event_id",
+    "publish_alert",
+    "publish_event",
+]
 
 
 class OutsideBundleRootError(ValueError):
@@ -71,3 +79,43 @@ def publish_alert(
         now=now,
     )
     return publish_event(redis, event, settings)
+
+
+class Refusals:
+    """The dead-letter stream from the moment this is made on: whether ingest refused an event
+    (a watcher waiting for a verdict learns at once that none will come). Make it before the
+    alert is published, so its refusal cannot come first."""
+
+    def __init__(self, redis: Any, settings: Settings | None = None) -> None:
+        self.redis = redis
+        self.stream = StreamNames((settings or Settings()).stream_prefix).dead_letter
+        newest = redis.xrevrange(self.stream, count=1)
+        self.last_id = _text(newest[0][0]) if newest else "0-0"
+
+    def reason(self, event_id: str) -> str | None:
+        """Why `event_id` was dead-lettered since, or None (no wait: what is there now)."""
+        reply = self.redis.xread({self.stream: self.last_id}, count=100)
+        for _stream, items in reply or ():
+            for entry_id, fields in items:
+                self.last_id = _text(entry_id)
+                decoded = {_text(k): _text(v) for k, v in (fields or {}).items()}
+                if _refused_event(decoded) == event_id:
+                    return decoded.get("reason", "no reason given")
+        return None
+
+
+def _text(value: Any) -> str:
+    return value.decode(errors="replace") if isinstance(value, bytes) else str(value)
+
+
+def _refused_event(fields: dict[str, str]) -> str | None:
+    """The event id a dead-letter entry is about: its own field, else the refused alert's."""
+    if fields.get("event_id"):
+        return fields["event_id"]
+    try:
+        raw = json.loads(fields.get("raw", ""))
+        event = json.loads(raw.get(ALERT_FIELD, "")) if isinstance(raw, dict) else None
+    except (json.JSONDecodeError, TypeError):
+        return None
+    found = event.get("event_id") if isinstance(event, dict) else None
+    return found if isinstance(found, str) else None

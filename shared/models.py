@@ -310,6 +310,9 @@ class Report(Frozen):
     discrepancies: tuple[str, ...] = ()
     kill_proof: KillProof | None = None
     second_look: SecondLook | None = None  # taken before a KILL resting on stacks (pipeline)
+    # what each file given was taken to be, what was skipped and why, where the dates of
+    # time-only lines came from; empty for a watcher job directory read as it is
+    inputs: tuple[str, ...] = ()
 
     @model_validator(mode="after")
     def _proof_with_kill(self) -> Report:
@@ -337,6 +340,7 @@ class Report(Frozen):
             "discrepancies": list(self.discrepancies),
             "kill_proof": self.kill_proof.contract_dict() if self.kill_proof else None,
             "second_look": self.second_look.contract_dict() if self.second_look else None,
+            "inputs": list(self.inputs),
         }
 
 

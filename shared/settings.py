@@ -12,7 +12,8 @@ import json
 import os
 import tomllib
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Final, Literal
+from urllib.parse import urlsplit
 
 from pydantic import Field, SecretStr, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
@@ -22,6 +23,8 @@ from shared.signing import KeyRing, VerdictKeyError, parse_keys
 __all__ = ["CampaignError", "Settings", "Thresholds", "load_thresholds", "user_cache_dir"]
 
 _KEY_SETTINGS = "RLHEALTH_VERDICT_KEY or RLHEALTH_VERDICT_KEY_FILE"
+_REDIS_SCHEMES: Final = ("redis", "rediss", "unix")
+_S3_SCHEMES: Final = ("http", "https")
 
 
 class CampaignError(ValueError):
@@ -120,6 +123,24 @@ class Settings(BaseSettings):
     verdict_key_file: Path | None = None
     # where worker and ingest serve /metrics (0.0.0.0 only when a scraper elsewhere needs it)
     metrics_addr: str = "127.0.0.1"
+    # how worker and ingest write their logs: text lines, or one JSON object per line
+    # (worker.pipeline.logsetup); and whether error lines come with their traceback (--debug)
+    log_format: Literal["text", "json"] = "text"
+    debug: bool = False
+
+    @field_validator("redis_url")
+    @classmethod
+    def _redis_url(cls, value: str) -> str:
+        """A URL redis-py can connect with; the reason never quotes the URL (a password)."""
+        _check_url(value, _REDIS_SCHEMES, path_is_db=True)
+        return value
+
+    @field_validator("s3_endpoint_url")
+    @classmethod
+    def _s3_endpoint_url(cls, value: str | None) -> str | None:
+        if value:
+            _check_url(value, _S3_SCHEMES, path_is_db=False)
+        return value or None
 
     @field_validator("backends")
     @classmethod
@@ -161,6 +182,31 @@ class Settings(BaseSettings):
         """The live backends an event may choose, in the operator's order."""
         names = [self.backend] if self.backends is None else self.backends.split(",")
         return tuple(dict.fromkeys(n.strip() for n in names if n.strip() not in ("", "none")))
+
+
+def _check_url(value: str, schemes: tuple[str, ...], *, path_is_db: bool) -> None:
+    """Raise `ValueError` saying what is wrong with a connection URL, without quoting it."""
+    try:
+        parts = urlsplit(value.strip())
+        _ = parts.port  # raises for a port that is not a number or out of range
+    except ValueError as exc:
+        raise ValueError(f"not a usable URL ({_without_value(exc)})") from None
+    if parts.scheme not in schemes:
+        raise ValueError(f"the scheme must be one of {', '.join(f'{s}://' for s in schemes)}")
+    if parts.scheme == "unix":
+        if not parts.path:
+            raise ValueError("a unix:// URL needs the socket's path")
+        return
+    if not parts.hostname:
+        raise ValueError("no host in the URL")
+    db = parts.path.strip("/")
+    if path_is_db and db and not db.isdigit():
+        raise ValueError("the database (the URL's path) must be a number, e.g. /0")
+
+
+def _without_value(exc: ValueError) -> str:
+    text = str(exc)
+    return "the port is not a number from 0 to 65535" if "port" in text.lower() else text
 
 
 def user_cache_dir() -> Path:

@@ -114,6 +114,22 @@ class VerdictReader:
         VERDICTS_REFUSED.labels(reader=self.reader, kind=refusal.kind).inc()
         self.on_refused(refusal)
 
+    def find(self, event_id: str, *, page: int = 500) -> VerdictEntry | None:
+        """The newest verified entry answering `event_id` (one of its `event_ids`: a verdict
+        re-announced for a coalesced alert is found by every id it answers), or None. Only the
+        entries that mention the id are verified; one of them that does not verify is refused,
+        never returned."""
+        end = "+"
+        while True:
+            items = self.redis.xrevrange(self.stream, max=end, min="-", count=page)
+            mentioning = [(i, f) for i, f in items or () if _mentions(f, event_id)]
+            for _id, entry in self._verdicts(mentioning):
+                if event_id in entry.event_ids:
+                    return entry
+            if not items or len(items) < page:
+                return None
+            end = f"({_text(items[-1][0])}"
+
     def recent(self, count: int) -> list[VerdictEntry]:
         """The verified entries among the newest `count`, oldest first."""
         items = self.redis.xrevrange(self.stream, count=count)
@@ -165,6 +181,12 @@ class VerdictReader:
         before it is read, or refused)."""
         items = self.redis.xrevrange(self.stream, count=1)
         self.last_id = _text(items[0][0]) if items else "0-0"
+
+
+def _mentions(fields: Any, event_id: str) -> bool:
+    """Whether a raw stream entry's fields mention `event_id` anywhere (a cheap test before the
+    signature is checked)."""
+    return fields is not None and any(event_id in _text(value) for value in fields.values())
 
 
 def _ms_left(deadline: float) -> int:

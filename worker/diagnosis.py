@@ -4,6 +4,7 @@ Celery tasks, which split the same steps across workers.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Sequence
 from datetime import UTC, date, datetime
 from pathlib import Path
@@ -11,9 +12,11 @@ from pathlib import Path
 from shared.models import GateName, GateResult, Mode, Report, RestartsResult
 from shared.settings import Thresholds, load_thresholds
 from worker.evidence.bundle import bundle_discrepancies, read_bundle
+from worker.evidence.layout import SNIFF_BYTES, Layout, discover
+from worker.evidence.logdate import LogDate, has_time_only_lines, reference_date
 from worker.evidence.logs import LogCache, read_job_logs
 from worker.evidence.logs.job import Progress
-from worker.evidence.model import BundleInfo, Evidence, ProbeEvidence
+from worker.evidence.model import BundleInfo, Evidence, ProbeEvidence, TrialTables
 from worker.evidence.paths import BundleFiles
 from worker.evidence.probes import read_probes
 from worker.evidence.trials import missing_trials, read_trials
@@ -27,14 +30,44 @@ __all__ = ["GATE_NAMES", "collect_evidence", "diagnose", "judge", "run_gate"]
 GATE_NAMES: tuple[str, ...] = ("restarts", *(name.value for name in GateName))
 
 
-def _reference_date(bundle: BundleInfo, job_dir: Path) -> date | None:
-    """The date that Iris `[HH:MM:SS]` lines lack: submission, else the finelog's mtime."""
-    if bundle.submitted_at is not None:
-        return bundle.submitted_at.date()
-    finelog = job_dir / "finelog.log"
-    if finelog.is_file():
-        return datetime.fromtimestamp(finelog.stat().st_mtime, UTC).date()
-    return None
+def _trainer_head(files: BundleFiles) -> tuple[bytes, datetime | None]:
+    """The first bytes of the trainer log and when it was modified (b"", None: no such log)."""
+    path = files.open_path("finelog.log")
+    if path is None or not path.is_file():
+        return b"", None
+    opened = files.open("finelog.log")
+    if opened is None:
+        return b"", None
+    with opened:
+        modified = datetime.fromtimestamp(os.fstat(opened.fileno()).st_mtime, UTC)
+        return opened.read(SNIFF_BYTES), modified
+
+
+def _log_date(
+    layout: Layout, bundle: BundleInfo, now: datetime, given: date | None
+) -> tuple[LogDate, str | None]:
+    """The reference date for time-only lines (`worker.evidence.logdate`) and the report's line
+    about it: stated whenever the trainer log has such lines, or a date was given."""
+    head, modified = _trainer_head(layout.files)
+    dated = reference_date(
+        given=given,
+        submitted=bundle.submitted_at,
+        head=head,
+        trainer=layout.trainer or "the trainer log",
+        modified=modified,
+        now=now,
+    )
+    stated = given is not None or has_time_only_lines(head)
+    return dated, dated.statement(layout.trainer or "the trainer log") if stated else None
+
+
+def _trials(layout: Layout, files: BundleFiles) -> TrialTables | None:
+    """The trials the layout found: a watcher directory's trace_jobs/, a folder's trial folders;
+    none for a single log file."""
+    if layout.kind == "single log file" or (layout.kind == "folder of logs" and not layout.trials):
+        return None
+    where = layout.root / layout.trials if layout.trials else None
+    return read_trials(layout.root, where, files=files)
 
 
 def _discrepancies(
@@ -57,23 +90,30 @@ def collect_evidence(
     notes: Sequence[str] = (),
     progress: Progress | None = None,
     log_cache: LogCache | None = None,
+    layout: Layout | None = None,
+    log_date: date | None = None,
 ) -> Evidence:
-    """Read everything the gates judge from a job directory (and a probe directory); `progress`
-    is told about each log file before it is read; `log_cache` keeps parsed logs between runs."""
+    """Read everything the gates judge from a job directory, a folder of logs or one log file
+    (`worker.evidence.layout`; and a probe directory); `progress` is told about each log file
+    before it is read; `log_cache` keeps parsed logs between runs; `log_date` dates time-only
+    lines (`worker.evidence.logdate`). What was taken, skipped, and where dates came from is in
+    `Evidence.inputs`."""
     moment = (now or datetime.now(UTC)).astimezone(UTC)
     limits = thresholds or load_thresholds()
-    files = BundleFiles(job_dir)
-    bundle = read_bundle(job_dir, moment, limits, files)
-    reference = _reference_date(bundle, job_dir)
+    layout = layout or discover(job_dir)
+    files, root = layout.files, layout.root
+    bundle = read_bundle(root, moment, limits, files)
+    dated, date_line = _log_date(layout, bundle, moment, log_date)
     logs, log_notes = read_job_logs(
-        job_dir, reference_date=reference, files=files, progress=progress, cache=log_cache
+        root, reference_date=dated.day, files=files, progress=progress, cache=log_cache
     )
-    trials = read_trials(job_dir, files=files)
+    trials = _trials(layout, files)
     probes = read_probes(probes_dir) if probes_dir is not None else None
     declared = declare_mode(mode, bundle.entrypoint)
     missing = missing_trials(trials, agentic=declared.mode is Mode.AGENTIC)
     extra = [*(trials.unreadable if trials is not None else ()), *([missing] if missing else [])]
     extra += [*log_notes, *notes]
+    inputs = () if layout.quiet() else layout.inputs()
     return Evidence(
         job_dir=evidence_label or str(job_dir),
         now=moment,
@@ -84,6 +124,7 @@ def collect_evidence(
         trials=trials,
         probes=probes,
         discrepancies=_discrepancies(bundle, files, probes, extra),
+        inputs=(*inputs, *([date_line] if date_line else [])),
     )
 
 
@@ -112,8 +153,9 @@ def diagnose(
     thresholds: Thresholds | None = None,
     evidence_label: str | None = None,
     event_id: str | None = None,
+    log_date: date | None = None,
 ) -> Report:
-    """Collect the evidence of one job directory and judge it."""
+    """Collect the evidence of one job directory (or folder of logs, or log file) and judge it."""
     evidence = collect_evidence(
         job_dir,
         now=now,
@@ -121,5 +163,6 @@ def diagnose(
         probes_dir=probes_dir,
         thresholds=thresholds,
         evidence_label=evidence_label,
+        log_date=log_date,
     )
     return judge(evidence, event_id=event_id)

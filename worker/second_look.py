@@ -14,15 +14,23 @@ The second look is, in this order:
    of the controller, the attempts or the stacks failed, no stacks, the job gone without a
    terminal state: ERROR (blind is not healthy; a confident KILL or NO-KILL needs eyes);
 3. **moved** — the log advanced past the first observation's newest step or progress time, the
-   controller state or the attempt changed, or a process's stack differs from the first
-   observation's (or between the two new dumps, or a process came or went): NO-KILL, saying what
-   moved; a re-alert re-judges the job;
+   controller state or the attempt changed, or a load-bearing process's stack differs from the
+   first observation's (or between the two new dumps, or such a process came or went): NO-KILL,
+   saying what moved; a re-alert re-judges the job;
 4. **confirmed** — nothing moved: the KILL stands, quoting both observations.
+
+Stacks are judged by role (`worker.evidence.roles`, DOMAIN.md section 7): a rank, the driver or a
+coordinator that leaves its frame, comes or goes is movement, and so is an engine or an unknown
+process unless it only moved between an event loop's idle waits. A helper's or a native process's
+frames, comings and goings are never movement, and its failed or unreadable dump does not blind
+the look (nor does the driver's beside ranks parked in a collective): the summary says what was
+ignored.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
 from datetime import datetime
 from typing import Final
 
@@ -40,13 +48,24 @@ from shared.models import (
 )
 from worker.evidence.jobstate import JobState
 from worker.evidence.model import Evidence, StackDump
+from worker.evidence.pyspy import ParkingKind, idle_wait, parking, parse_dump, primary_thread
 from worker.evidence.quotes import quote
-from worker.gates.stacks import parse_dump, primary_thread
+from worker.evidence.roles import (
+    CONTEXT,
+    LOAD_BEARING,
+    Classification,
+    Role,
+    Roles,
+    classify,
+    roles_of,
+)
+from worker.gates.stacks import stack_holes
 
 __all__ = [
     "Observation",
     "ProcessStack",
     "compare",
+    "first_look_at",
     "observe",
     "rests_on_stacks",
     "settle",
@@ -62,12 +81,16 @@ class _Frozen(BaseModel):
 
 
 class ProcessStack(_Frozen):
-    """One process's primary-thread stack in each dump of one observation."""
+    """One process's primary-thread stack in each dump of one observation, and its role."""
 
     target: str
     pid: int
     frames: tuple[tuple[str, ...], ...]  # per dump, oldest first: the frames, innermost first
     quotes: tuple[Quote, ...]  # the top frame of each dump
+    role: Role = Role.UNKNOWN
+    why: str = ""  # why it has that role
+    idle: tuple[bool, ...] = ()  # per dump: only an event loop's idle wait on top
+    collective: bool = False  # a dump of it sits in a collective
 
     @property
     def key(self) -> str:
@@ -92,6 +115,8 @@ class Observation(_Frozen):
     log_attempt: int | None = None  # the newest attempt marked in the log
     stacks: tuple[ProcessStack, ...] = ()
     blind: tuple[str, ...] = ()
+    ignored: tuple[str, ...] = ()  # helpers' failed or unreadable dumps: noted, not blind
+    failed: tuple[str, ...] = ()  # keys of processes whose dump failed (not gone)
 
     @property
     def terminal(self) -> bool:
@@ -114,6 +139,14 @@ def rests_on_stacks(report: Report) -> bool:
         and proof is not None
         and any(_is_stack(q.source) for q in proof.evidence)
     )
+
+
+def first_look_at(report: Report) -> datetime | None:
+    """When the first look's newest dump that the proof quotes was taken (the second look is
+    due RLHEALTH_REOBSERVE_S after it)."""
+    proof = report.kill_proof
+    stamps = [q.timestamp for q in proof.evidence if _is_stack(q.source)] if proof else []
+    return max((s for s in stamps if s is not None), default=None)
 
 
 # --- one observation -----------------------------------------------------------------------------
@@ -141,13 +174,16 @@ def _attempt(evidence: Evidence) -> str | None:
     return f"{newest.task_id}:{newest.attempt_id}"
 
 
-def _frames(dump: StackDump) -> tuple[tuple[str, ...], int | None] | None:
-    """The primary thread's frames (innermost first) and the dump line of the top one."""
+def _frames(dump: StackDump) -> tuple[tuple[str, ...], int | None, bool, bool] | None:
+    """The primary thread's frames (innermost first), the dump line of the top one, whether it
+    only waits idly, and whether it sits in a collective."""
     thread = primary_thread(parse_dump(dump.text))
     if thread is None:
         return None
     top = thread.frames[0].dump_line if thread.frames else thread.header_line
-    return tuple(frame.text for frame in thread.frames), top
+    park = parking(thread)
+    collective = park is not None and park.kind is ParkingKind.COLLECTIVE
+    return tuple(frame.text for frame in thread.frames), top, idle_wait(thread), collective
 
 
 def _dump_quote(dump: StackDump, frames: tuple[str, ...], line: int | None, prefix: str) -> Quote:
@@ -156,7 +192,7 @@ def _dump_quote(dump: StackDump, frames: tuple[str, ...], line: int | None, pref
     return quote(f"{prefix}{dump.source}", text, line=line, timestamp=dump.captured_at)
 
 
-def _process(dumps: Sequence[StackDump], prefix: str) -> ProcessStack | str:
+def _process(dumps: Sequence[StackDump], prefix: str, role: Classification) -> ProcessStack | str:
     """The process's stacks, or why they cannot be read."""
     ordered = sorted(dumps, key=lambda d: (d.captured_at is None, d.captured_at, d.n))
     read = [(_frames(d), d) for d in ordered]
@@ -164,32 +200,83 @@ def _process(dumps: Sequence[StackDump], prefix: str) -> ProcessStack | str:
     if unreadable is not None:
         return f"{unreadable.source}: no thread could be read"
     parsed = [(found, d) for found, d in read if found is not None]
-    frames = tuple(found[0] for found, _ in parsed)
-    quotes = tuple(_dump_quote(d, found[0], found[1], prefix) for found, d in parsed)
     first = ordered[0]
-    return ProcessStack(target=first.target, pid=first.pid, frames=frames, quotes=quotes)
-
-
-def _stacks(evidence: Evidence, prefix: str) -> tuple[tuple[ProcessStack, ...], list[str]]:
-    groups: dict[tuple[str, int], list[StackDump]] = {}
-    for dump in evidence.probes.stacks if evidence.probes else ():
-        groups.setdefault((dump.target, dump.pid), []).append(dump)
-    found = [_process(dumps, prefix) for _, dumps in sorted(groups.items())]
-    return (
-        tuple(p for p in found if isinstance(p, ProcessStack)),
-        [p for p in found if isinstance(p, str)],
+    return ProcessStack(
+        target=first.target,
+        pid=first.pid,
+        frames=tuple(found[0] for found, _ in parsed),
+        quotes=tuple(_dump_quote(d, found[0], found[1], prefix) for found, d in parsed),
+        role=role.role,
+        why=role.why,
+        idle=tuple(found[2] for found, _ in parsed),
+        collective=any(found[3] for found, _ in parsed),
     )
 
 
-def _probe_blind(evidence: Evidence) -> list[str]:
+def _role(roles: Roles, key: tuple[str, int], dumps: Sequence[StackDump]) -> Classification:
+    return roles.get(*key) or classify(None, [d.text for d in dumps], pid=key[1])
+
+
+@dataclass(frozen=True)
+class _Stacks:
+    found: tuple[ProcessStack, ...]
+    unreadable: tuple[tuple[Classification, str], ...]  # role, why it could not be read
+
+
+def _stacks(evidence: Evidence, prefix: str, roles: Roles) -> _Stacks:
+    groups: dict[tuple[str, int], list[StackDump]] = {}
+    for dump in evidence.probes.stacks if evidence.probes else ():
+        groups.setdefault((dump.target, dump.pid), []).append(dump)
+    found, unreadable = [], []
+    for key, dumps in sorted(groups.items()):
+        role = _role(roles, key, dumps)
+        process = _process(dumps, prefix, role)
+        if isinstance(process, str):
+            unreadable.append((role, process))
+        else:
+            found.append(process)
+    return _Stacks(tuple(found), tuple(unreadable))
+
+
+def _rests_on_collective(stacks: Sequence[ProcessStack]) -> bool:
+    """Ranks parked in a collective: the driver and a coordinator are context beside them."""
+    return any(p.collective and p.role in LOAD_BEARING for p in stacks)
+
+
+def _context(role: Role, collective: bool) -> bool:
+    return role in CONTEXT or (collective and role in {Role.DRIVER, Role.COORDINATOR})
+
+
+def _probe_blind(evidence: Evidence, roles: Roles, collective: bool) -> tuple[list[str], list[str]]:
+    """What the probes could not see, and the failed dumps that do not matter (noted)."""
     probes = evidence.probes
     if probes is None:
         notes = [d for d in evidence.discrepancies if "probe" in d or "backend" in d]
-        return [f"no live probe was taken{': ' + notes[0] if notes else ''}"]
-    blind = [f"probe failed: {f.text}" for f in evidence.facts.failed(*SEEN_PROBES)]
+        return [f"no live probe was taken{': ' + notes[0] if notes else ''}"], []
+    facts = evidence.facts
+    dumps = facts.failed("stacks")
+    holes = stack_holes(dumps, roles, collective=collective)
+    failed = [*facts.failed(*(k for k in SEEN_PROBES if k != "stacks")), *holes]
+    blind = [f"probe failed: {f.text}" for f in failed]
+    ignored = [
+        f"{roles.of(f.target, f.pid).role.value} pid {f.pid}: {f.text}"
+        for f in dumps
+        if f not in holes and f.pid is not None
+    ]
     if probes.controller is None:
         blind.append("the controller's state could not be read")
-    return blind
+    return blind, ignored
+
+
+def _failed_keys(evidence: Evidence, stacks: Sequence[ProcessStack]) -> tuple[str, ...]:
+    """The processes whose dump failed (keyed like `ProcessStack.key`): they are not gone."""
+    known = {p.pid: p.key for p in stacks}
+    keys = [
+        f"{f.target} pid {f.pid}" if f.target else known.get(f.pid, f"pid {f.pid}")
+        for f in evidence.facts.failed("stacks")
+        if f.pid is not None
+    ]
+    return tuple(dict.fromkeys(keys))
 
 
 def _log_blind(evidence: Evidence) -> list[str]:
@@ -203,8 +290,19 @@ def observe(evidence: Evidence, *, prefix: str = "") -> Observation:
     second observation is frozen under `second_look/`)."""
     facts = evidence.facts
     newest = facts.newest()
-    stacks, unreadable = _stacks(evidence, prefix)
-    blind = [*_log_blind(evidence), *_probe_blind(evidence), *unreadable]
+    roles = roles_of(evidence.probes)
+    read = _stacks(evidence, prefix, roles)
+    collective = _rests_on_collective(read.found)
+    probe_blind, ignored = _probe_blind(evidence, roles, collective)
+    unreadable = [
+        (role, why) for role, why in read.unreadable if not _context(role.role, collective)
+    ]
+    ignored += [
+        f"{role.role.value}: {why}"
+        for role, why in read.unreadable
+        if _context(role.role, collective)
+    ]
+    blind = [*_log_blind(evidence), *probe_blind, *(why for _, why in unreadable)]
     state = facts.state.value if facts.state is not None else None
     progress = newest.quote if newest is not None else None
     if progress is not None and prefix:
@@ -218,8 +316,10 @@ def observe(evidence: Evidence, *, prefix: str = "") -> Observation:
         state_source=facts.state_source,
         attempt=_attempt(evidence),
         log_attempt=facts.newest_attempt if evidence.logs is not None else None,
-        stacks=stacks,
+        stacks=read.found,
         blind=tuple(dict.fromkeys(blind)),
+        ignored=tuple(dict.fromkeys(ignored)),
+        failed=_failed_keys(evidence, read.found),
     )
 
 
@@ -252,20 +352,55 @@ def _controller_moved(first: Observation, second: Observation) -> list[str]:
     return moved
 
 
-def _stacks_moved(first: Observation, second: Observation) -> list[str]:
+def _counts(process: ProcessStack) -> bool:
+    """Whether the process's frames can be movement (not a helper's, not a native one's)."""
+    return process.role not in CONTEXT
+
+
+def _idle_only(then: ProcessStack, now: ProcessStack) -> bool:
+    """An engine or an unknown process that moved only between an event loop's idle waits."""
+    return (
+        now.role in {Role.ENGINE, Role.UNKNOWN}
+        and all(then.idle[-1:])
+        and bool(now.idle)
+        and all(now.idle)
+    )
+
+
+def _change(key: str, then: ProcessStack | None, now: ProcessStack | None) -> str | None:
+    """How the process changed between the observations, or None when it did not."""
+    if then is None:
+        return f"{key} is new"
+    if now is None:
+        return f"{key} is gone"
+    changed = next((f for f in now.frames if f != then.newest), None)
+    if changed is None:
+        return None
+    was, became = then.newest[:1] or ("no frame",), changed[:1] or ("no frame",)
+    return f"{key}: stack changed from `{was[0]}` to `{became[0]}`"
+
+
+def _stacks_moved(first: Observation, second: Observation) -> tuple[list[str], list[str]]:
+    """What moved among the processes that count, and what was ignored (helpers, idle waits)."""
     before = {p.key: p for p in first.stacks}
     after = {p.key: p for p in second.stacks}
-    moved = [f"{key} is gone" for key in before if key not in after]
-    moved += [f"{key} is new" for key in after if key not in before]
-    for key, now in after.items():
-        then = before.get(key)
-        if then is None:
+    moved: list[str] = []
+    ignored: list[str] = []
+    for key in [*before, *(k for k in after if k not in before)]:
+        then, now = before.get(key), after.get(key)
+        if now is None and key in second.failed:
+            continue  # its dump failed: not gone (the look's blindness is judged apart)
+        change = _change(key, then, now)
+        if change is None:
             continue
-        changed = next((f for f in now.frames if f != then.newest), None)
-        if changed is not None:
-            was, became = then.newest[:1] or ("no frame",), changed[:1] or ("no frame",)
-            moved.append(f"{key}: stack changed from `{was[0]}` to `{became[0]}`")
-    return moved
+        seen = [p for p in (then, now) if p is not None]
+        if not any(_counts(p) for p in seen):
+            ignored.append(f"{change} ({seen[-1].role.value}: {seen[-1].why})")
+        elif then is not None and now is not None and _idle_only(then, now):
+            ignored.append(f"{change} (only idle waits)")
+        else:
+            moved.append(change)
+    return moved, ignored
 
 
 def _blind(first: Observation, second: Observation) -> list[str]:
@@ -282,7 +417,7 @@ def _blind(first: Observation, second: Observation) -> list[str]:
 
 
 def _quotes(second: Observation) -> tuple[Quote, ...]:
-    stacks = tuple(q for p in second.stacks for q in p.quotes)
+    stacks = tuple(q for p in second.stacks if _counts(p) for q in p.quotes)
     return stacks + ((second.progress,) if second.progress else ())
 
 
@@ -306,14 +441,27 @@ def _look(
 
 
 def _still(first: Observation, second: Observation) -> str:
-    frames = sorted({p.newest[0] for p in second.stacks if p.newest})
+    counted = [p for p in second.stacks if _counts(p)]
+    frames = sorted({p.newest[0] for p in counted if p.newest})
     where = ", ".join(f"`{f}`" for f in frames) or "the same frames"
     log = iso_utc(first.progress_at) or "none"
     return (
         f"still wedged: the log has not advanced past {log} (step {first.step}), the "
-        f"controller still says {second.state}, and {len(second.stacks)} process(es) show the "
+        f"controller still says {second.state}, and {len(counted)} process(es) show the "
         f"same stacks in {where}"
     )
+
+
+IGNORED_SHOWN: Final = 4
+"""How many ignored observations the look's summary lists (the rest are counted)."""
+
+
+def _ignored(notes: Sequence[str]) -> str:
+    if not notes:
+        return ""
+    shown = "; ".join(notes[:IGNORED_SHOWN])
+    more = f"; and {len(notes) - IGNORED_SHOWN} more" if len(notes) > IGNORED_SHOWN else ""
+    return f" (ignored, not progress: {shown}{more})"
 
 
 def compare(first: Observation, second: Observation, waited_s: float) -> SecondLook:
@@ -326,15 +474,14 @@ def compare(first: Observation, second: Observation, waited_s: float) -> SecondL
     if blind:
         summary = "it could not see: " + "; ".join(blind)
         return _look(SecondLookOutcome.BLIND, first, second, waited_s, summary)
-    moved = [
-        *_log_moved(first, second),
-        *_controller_moved(first, second),
-        *_stacks_moved(first, second),
-    ]
+    stacks, ignored = _stacks_moved(first, second)
+    note = _ignored([*ignored, *second.ignored])
+    moved = [*_log_moved(first, second), *_controller_moved(first, second), *stacks]
     if moved:
-        summary = "the job moved: " + "; ".join(moved)
+        summary = "the job moved: " + "; ".join(moved) + note
         return _look(SecondLookOutcome.MOVED, first, second, waited_s, summary, moved)
-    return _look(SecondLookOutcome.CONFIRMED, first, second, waited_s, _still(first, second))
+    summary = _still(first, second) + note
+    return _look(SecondLookOutcome.CONFIRMED, first, second, waited_s, summary)
 
 
 # --- the final report ----------------------------------------------------------------------------

@@ -21,7 +21,10 @@ proof the verdict checks; a blind spot is an ERROR.
 5. Everything passes: NO-KILL; low confidence while the job is still initialising; medium when
    inputs that are not load-bearing are missing (`GateResult.gaps`, a failed probe, a discrepancy).
 
-Every KILL carries its `kill_proof` in the report (CONTRACT.md).
+Every KILL carries its `kill_proof` in the report (the contract's JSON report). A KILL of a job
+that has already ended (the controller or the manifest says failed, killed, ...) says so in its
+next action (`_for_ended_job`): there is nothing left to stop, the job must stay down, and
+relaunching it unchanged repeats the failure — never "kill the job" beside a job that is gone.
 """
 
 from __future__ import annotations
@@ -42,6 +45,7 @@ from shared.models import (
     Verdict,
     iso_utc,
 )
+from worker.evidence.jobstate import JobState
 from worker.evidence.model import Evidence
 from worker.gates.base import error
 from worker.gates.proofs import PROOF_RULES, crash_loop_check, restarts_proof, validate
@@ -395,6 +399,27 @@ def _with_refusals(decision: Decision, refused: tuple[str, ...]) -> Decision:
     return replace(decision, reasoning=decision.reasoning + note)
 
 
+_KILL_WORDS: tuple[str, ...] = ("supervisor: kill", "kill the job", "kill:", "no job action")
+
+
+def _for_ended_job(decision: Decision, state: JobState | None) -> Decision:
+    """A KILL of a job that has already ended reads as what it is. Hypothesis: the supervisor
+    acts on NEXT ACTION; for a job already gone the action left is to keep it down and fix the
+    cause, so an instruction to kill it (or "no job action" beside VERDICT: KILL) misleads. A
+    gate's advice that is not an instruction to kill is kept after the new opening."""
+    if decision.verdict is not Verdict.KILL or state is None or not state.terminal:
+        return decision
+    ended = f"Nothing left to stop: the job has already ended ({state}). Keep it down"
+    advice = decision.next_action.strip()
+    if any(word in advice.lower() for word in _KILL_WORDS):
+        cause = "the cause in the handoff" if decision.handoff else "the cause quoted above"
+        action = f"{ended}: relaunching it unchanged repeats the failure; fix {cause} first."
+    else:
+        action = f"{ended} until this is done: {advice}"
+    reasoning = f"The job has already ended ({state}). {decision.reasoning}"
+    return replace(decision, next_action=action, reasoning=reasoning)
+
+
 def decide(
     evidence: Evidence,
     restarts: RestartsResult,
@@ -406,6 +431,7 @@ def decide(
     """Join the restarts result and the gate results into the report; a KILL carries its proof."""
     judging = _checked(evidence, restarts, gates)
     decision = _with_refusals(_decision(judging), judging.refused)
+    decision = _for_ended_job(decision, evidence.facts.state)
     note = retention_note(evidence)
     reasoning = f"{decision.reasoning} {note}" if note else decision.reasoning
     discrepancies = (*evidence.discrepancies, *evidence.facts.discrepancies(), *judging.refused)
@@ -426,4 +452,5 @@ def decide(
         handoff=decision.handoff,
         discrepancies=tuple(dict.fromkeys(discrepancies)),
         kill_proof=decision.proof if decision.verdict is Verdict.KILL else None,
+        inputs=evidence.inputs,
     )

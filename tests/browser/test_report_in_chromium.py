@@ -12,6 +12,8 @@ from reports.html import render_html
 from tests.browser.harness import assert_rendered, render
 from tests.unit.test_html_report import HOSTILE, _report
 
+pytestmark = pytest.mark.integration  # headless Chromium, which `make system-deps` installs
+
 ROOT = Path(__file__).resolve().parents[2]
 
 

@@ -63,7 +63,7 @@ DRILLS: dict[str, Drill] = {
     "hard-limit-capture": lambda s, a: drills.time_limit(
         s, runs=a.runs, task="rlhealth.capture", stall_s=a.stall, kind="hard"
     ),
-    "memory": lambda s, a: drills.memory(s, runs=a.runs),
+    "memory": lambda s, a: drills.memory(s, runs=a.runs, log_mb=a.log_mb),
     "containment": lambda s, a: drills.containment(s),
 }
 
@@ -77,6 +77,7 @@ def main() -> None:
     parser.add_argument("--settle", type=float, default=1200, help="main-process kill: wait (s)")
     parser.add_argument("--quick", type=float, default=600, help="outages: wait for answers (s)")
     parser.add_argument("--memory-limit-mb", type=int, help="run the worker in a memory cgroup")
+    parser.add_argument("--log-mb", type=int, default=700, help="memory: the records' size")
     parser.add_argument("--env", action="append", default=[], help="NAME=VALUE for the services")
     parser.add_argument("--tag", default="", help="suffix of the result file")
     args = parser.parse_args()

@@ -256,6 +256,14 @@ def redis_outage(
     }
 
 
+def _in_flight(s: Session, leads: list[str], mark: int, timeout: float = 120) -> None:
+    """Wait until the first gate of one of `leads` starts: its evidence is frozen in S3 and the
+    other diagnoses are still being captured, so the fault lands on diagnoses in flight (a
+    fixed pause let a fast parser answer the whole burst before it)."""
+    if s.events.wait_any_started(leads, "rlhealth.gate", timeout, after=mark) is None:
+        log("no gate of the burst seen starting: the fault comes anyway")
+
+
 def s3_outage(
     s: Session, *, runs: int, down_s: float, lose: bool, jobs: int = 6, quick_s: float = 900
 ) -> dict[str, Any]:
@@ -263,8 +271,9 @@ def s3_outage(
     recovery: list[float | None] = []
     every: list[str] = []
     for run in range(runs):
+        mark = s.events.mark()
         ids = _burst(s, run, "s", jobs)
-        time.sleep(4)
+        _in_flight(s, ids[:jobs], mark)
         t_down = time.time()
         s.stack.cut_s3(lose_objects=lose)
         late: list[str] = []
@@ -347,28 +356,48 @@ def _repair(job_dir: Path) -> None:
     path.write_text(json.dumps(data))
 
 
-def memory(s: Session, *, runs: int, line_mb: int = 300) -> dict[str, Any]:
-    """A bundle that needs more memory than the worker has: its finelog is one line of
-    `line_mb` MB without a newline (parsing it took 7.9 GB before issue 11's parser bounds)."""
+def memory(s: Session, *, runs: int, log_mb: int = 700) -> dict[str, Any]:
+    """A bundle that needs more memory than the worker has: its finelog is `log_mb` MB of
+    metric records (37 metrics a line), whose rows a parse keeps (about 2.5x the log's bytes
+    before it can stop). The readers bound what a parse may add by RLHEALTH_PARSE_MEMORY_MB
+    (a long line or a sparse file no longer needs memory at all), so the bundle exceeds a
+    worker only where its memory is below that setting: the drill's stack says which."""
     leads: list[str] = []
+    records = s.stack.dir / f"records-{log_mb}mb.log"
+    if not records.exists():
+        _metric_records(records, log_mb * 2**20)
     for run in range(runs):
         job = s.stack.job(f"memory-{run}")
-        with (s.stack.bundle_root / job / "finelog.log").open("wb") as log_file:
-            chunk = b"x" * 2**20
-            for _ in range(line_mb):
-                log_file.write(chunk)
+        finelog = s.stack.bundle_root / job / "finelog.log"
+        finelog.unlink()
+        os.link(records, finelog)  # one file on disk, one bundle per run
         lead = s.ledger.send(job)
         leads.append(lead)
         s.watch.wait([lead], 600)
     log_text = (s.stack.dir / "worker.log").read_text(errors="replace")
     return {
-        "drill": f"memory-exhausting bundle (a {line_mb} MB line)",
+        "drill": f"memory-exhausting bundle ({log_mb} MB of metric records)",
         "runs": runs,
         "oom_kills": s.stack.oom_kills(),
         "worker_lost_events": log_text.count("WorkerLostError"),
         "dead_letters": len(s.stack.dead_letters()),
         **s.ledger.figures(leads),
     }
+
+
+def _metric_records(path: Path, size: int) -> None:
+    """`size` bytes of WANDB_MIRROR records behind an Iris prefix, one step a line."""
+    keys = [f"policy/k{i}" for i in range(24)] + [f"generate/g{i}" for i in range(12)]
+    body = ", ".join(f'"{key}": 0.{i + 1:06d}' for i, key in enumerate(keys))
+    body += ', "reward/avg_raw_reward": 0.5'
+    head = "[21:00:00] task=/ops/memory/0 | WANDB_MIRROR kind=train step="
+    tail = f" metrics={{{body}}}\n"
+    with path.open("wb") as out:
+        step, written = 0, 0
+        while written < size:
+            block = "".join(f"{head}{step + i}{tail}" for i in range(1, 10_001)).encode()
+            out.write(block)
+            step, written = step + 10_000, written + len(block)
 
 
 # --- hostile events -----------------------------------------------------------------------------

@@ -37,8 +37,8 @@ from shared.alerts import publish_alert
 from shared.models import Event
 from shared.settings import Settings
 from shared.streams import ALERT_FIELD, INGEST_GROUP, StreamNames
-from tests.integration.bundles import write_job_bundle
-from tests.keys import TEST_KEY
+from testkit.bundles import write_job_bundle
+from testkit.keys import TEST_KEY
 
 ROOT = Path(__file__).resolve().parents[2]
 PYTHON = str(Path(sys.executable))
@@ -209,6 +209,8 @@ class Stack:
         self.ingest_proc: subprocess.Popen[bytes] | None = None
         self._app: Any = None
         self.cgroups: list[Path] = []
+        # every key S3 held when the drill restarted it empty: what was written before the loss
+        self.lost_keys: set[str] = set()
 
     # --- lifecycle ---------------------------------------------------------------------------
 
@@ -276,15 +278,31 @@ class Stack:
         wait_for(lambda: socket.create_connection(("127.0.0.1", self.ports.s3), 0.3), 20, "proxy")
 
     def cut_s3(self, *, lose_objects: bool = False) -> None:
-        """S3 unreachable (connections cut and refused); `lose_objects` also empties it."""
+        """S3 unreachable (connections cut and refused); `lose_objects` also empties it, after
+        noting every key it held (`lost_keys`): the pipeline cannot write once the forwarder is
+        gone, so the objects written before the loss are counted (reports per diagnosis) even
+        though the drill itself destroyed them."""
         assert self.proxy_proc is not None
         self.proxy_proc.kill()
         self.proxy_proc.wait(10)
         if lose_objects:
+            self.lost_keys.update(self._settled_keys())
             assert self.moto_proc is not None
             self.moto_proc.kill()
             self.moto_proc.wait(10)
             self.start_moto()  # empty, but the bucket is there again
+
+    def _settled_keys(self) -> list[str]:
+        """The keys moto holds once a request it was still serving when the forwarder died has
+        landed: two listings in a row that agree (moto is read directly, not through it)."""
+        before = self.s3_keys()
+        for _ in range(20):
+            time.sleep(0.25)
+            now = self.s3_keys()
+            if now == before:
+                return now
+            before = now
+        return before
 
     def restore_s3(self) -> None:
         self.start_proxy()
@@ -478,12 +496,20 @@ class TaskEvents(threading.Thread):
     def wait_started(self, lead: str, task: str, timeout: float, after: int = 0) -> int | None:
         """The PID in the start event of the first `task` of `lead` (after the `after`-th start):
         the worker's main process, not the child that runs it."""
+        return self.wait_any_started([lead], task, timeout, after)
+
+    def wait_any_started(
+        self, leads: Iterable[str], task: str, timeout: float, after: int = 0
+    ) -> int | None:
+        """`wait_started` for the first `task` of any of `leads`."""
+        wanted = list(leads)
         deadline = time.monotonic() + timeout
         with self.lock:
             while time.monotonic() < deadline:
                 for uuid, pid in self.started[after:]:
                     info = self.tasks.get(uuid, {})
-                    if info.get("name") == task and lead in info.get("refs", ""):
+                    refs = info.get("refs", "")
+                    if info.get("name") == task and any(lead in refs for lead in wanted):
                         return pid
                 self.lock.wait(0.2)
         return None
@@ -547,7 +573,7 @@ class Watch(threading.Thread):
 
     def _report_there(self, uri: str) -> bool | None:
         try:
-            self.stack.s3.head_object(Bucket=BUCKET, Key=uri.split(f"s3://{BUCKET}/", 1)[-1])
+            self.stack.s3.head_object(Bucket=BUCKET, Key=_key(uri))
         except Exception as exc:
             code = getattr(exc, "response", {}).get("Error", {}).get("Code", "")
             return False if code in ("404", "NoSuchKey", "NotFound") else None
@@ -600,17 +626,24 @@ class Ledger:
         self.sent.extend(Sent(i, j, time.time()) for i, j in zip(out, jobs, strict=True))
         return out
 
-    def reports_by_lead(self) -> dict[str, int] | None:
-        """JSON report objects per lead event id (None when S3 cannot be listed)."""
+    def report_keys(self) -> set[str] | None:
+        """Every JSON report key written: in S3 now, or there when the drill emptied it (None
+        when S3 cannot be listed)."""
         try:
             keys = self.stack.s3_keys()
         except Exception:
             return None
+        return _reports(set(keys) | self.stack.lost_keys)
+
+    def reports_by_lead(self) -> dict[str, int] | None:
+        """JSON report objects written per lead event id (None when S3 cannot be listed)."""
+        keys = self.report_keys()
+        if keys is None:
+            return None
         counts: dict[str, int] = defaultdict(int)
         for key in keys:
-            if key.startswith("reports/") and key.endswith(".json"):
-                counts[key.rsplit("-evt-", 1)[-1].removesuffix(".json")] += 1
-        return {f"evt-{k}": v for k, v in counts.items()}
+            counts[_lead_of(key)] += 1
+        return dict(counts)
 
     def figures(self, ids: Iterable[str] | None = None) -> dict[str, Any]:
         """Alerts answered, verdicts exactly once, reports per diagnosis, duplicates, latency."""
@@ -624,6 +657,7 @@ class Ledger:
                 leads_of[event_id].add(seen.lead)
         leads = {lead for i in wanted for lead in leads_of.get(i, ())}
         reports = self.reports_by_lead()
+        written = self.report_keys()
         answered = self.watch.answered()
         sent_at = {s.event_id: s.t for s in self.sent}
         latency = sorted(answered[i] - sent_at[i] for i in wanted if i in answered and i in sent_at)
@@ -643,6 +677,12 @@ class Ledger:
             "verdict_before_report": sum(
                 1 for s in entries if s.lead in leads and s.report_there is False
             ),
+            "entries_pointing_at_no_report": None
+            if written is None
+            else sum(1 for s in entries if s.lead in leads and _key(s.report_uri) not in written),
+            "reports_lost_with_s3": len(
+                {_lead_of(k) for k in _reports(self.stack.lost_keys)} & leads
+            ),  # diagnoses whose report the drill destroyed
             "verdicts": dict(_count(s.verdict for s in entries if s.lead in leads)),
             "diagnoses_failed_and_dead_lettered": len(leads & failed),
             "failure_reasons": sorted(
@@ -650,6 +690,21 @@ class Ledger:
             )[:4],
             "latency_s": _spread(latency),
         }
+
+
+def _reports(keys: Iterable[str]) -> set[str]:
+    """The JSON report keys among `keys`."""
+    return {key for key in keys if key.startswith("reports/") and key.endswith(".json")}
+
+
+def _key(uri: str) -> str:
+    """The S3 key of a report URI."""
+    return uri.split(f"s3://{BUCKET}/", 1)[-1]
+
+
+def _lead_of(report_key: str) -> str:
+    """The lead event id a report key names (`.../<captured_at>-evt-...json`)."""
+    return "evt-" + report_key.rsplit("-evt-", 1)[-1].removesuffix(".json")
 
 
 def _count(values: Iterable[str]) -> dict[str, int]:

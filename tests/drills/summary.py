@@ -19,6 +19,8 @@ _NOTES = {
     "reports_quoting_a_time_limit_as_evidence": "time limit frozen as evidence",
     "later_alerts_answered": "later alerts answered",
     "oom_kills": "OOM kills",
+    "reports_lost_with_s3": "reports the drill's S3 restart destroyed",
+    "entries_pointing_at_no_report": "entries pointing at no report",
     "watchdog_resends": "watchdog re-sends",
     "missed": "kills missed",
 }

@@ -94,17 +94,24 @@ def test_stage_past_its_time_limit(tmp_path: Path, task: str, kind: str, stall_s
 
 
 def test_bundle_beyond_the_workers_memory(tmp_path: Path) -> None:
-    """A bundle that needs more memory than the worker has (a 1.5 GB memory cgroup: the kernel
-    kills the child): ERROR after the second kill, with a dead letter, not endless redelivery."""
-    figures = _run(tmp_path, lambda s: drills.memory(s, runs=RUNS), worker_memory_limit_mb=1500)
+    """A bundle that needs more memory than the worker has (a 1.5 GB memory cgroup, below the
+    parse budget of 8 GB it is given, so the kernel, not the parse, stops the child): ERROR
+    after the second kill, with a dead letter, not endless redelivery."""
+    env = {"RLHEALTH_PARSE_MEMORY_MB": "8192"}
+    figures = _run(tmp_path, lambda s: drills.memory(s, runs=RUNS), env=env,
+                   worker_memory_limit_mb=1500)  # fmt: skip
     assert_exactly_once(figures)
     assert figures["diagnoses_failed_and_dead_lettered"] == RUNS
-    assert figures["oom_kills"] <= 2 * RUNS
+    assert RUNS <= figures["oom_kills"] <= 2 * RUNS  # the kernel did kill: the drill's fault
+    assert all("killed twice" in reason for reason in figures["failure_reasons"])
 
 
 def test_bundle_beyond_the_memory_budget(tmp_path: Path) -> None:
-    """A bundle past RLHEALTH_WORKER_MEMORY_MB: the task stops itself, ERROR says so."""
+    """A bundle past RLHEALTH_WORKER_MEMORY_MB: the task stops itself, ERROR says so, with a
+    dead letter."""
     env = {"RLHEALTH_WORKER_MEMORY_MB": "300"}
     figures = _run(tmp_path, lambda s: drills.memory(s, runs=RUNS), env=env)
     assert_exactly_once(figures)
+    assert figures["diagnoses_failed_and_dead_lettered"] == RUNS
+    assert figures["failure_reasons"]
     assert all("memory budget" in reason for reason in figures["failure_reasons"])

@@ -17,12 +17,14 @@ pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
 
 def assert_exactly_once(figures: dict[str, Any]) -> None:
-    """Every alert answered, each by one diagnosis, one verdict entry and one report each."""
+    """Every alert answered, each by one diagnosis, one verdict entry and one report each (in
+    S3 when its entry appeared, and still there unless the drill itself emptied S3)."""
     assert figures["answered"] == figures["alerts"], figures
     assert figures["answered_by_two_diagnoses"] == 0, figures
     assert figures["repeated_verdict_entries"] == 0, figures
     assert set(figures["reports_per_diagnosis"]) <= {1}, figures
     assert figures["verdict_before_report"] == 0, figures
+    assert figures["entries_pointing_at_no_report"] == 0, figures
 
 
 def test_a_child_killed_in_a_gate_gives_one_verdict(fast: Session) -> None:

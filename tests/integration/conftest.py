@@ -18,7 +18,7 @@ import redis
 
 from shared.settings import Settings
 from shared.streams import StreamNames
-from tests.integration.services import (
+from testkit.services import (
     PREFIX,
     RL_HEALTH,
     free_port,

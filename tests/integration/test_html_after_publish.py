@@ -17,9 +17,9 @@ from shared.models import VerdictEntry
 from shared.settings import Settings
 from shared.streams import StreamNames
 from shared.supervisor import VerdictReader
-from tests.integration.bundles import write_job_bundle
+from testkit.bundles import write_job_bundle
+from testkit.services import RL_HEALTH, free_port, spawn, stop, wait_for
 from tests.integration.conftest import Services
-from tests.integration.services import RL_HEALTH, free_port, spawn, stop, wait_for
 from tests.integration.test_observability import Samples, _delta, _scrape
 from tests.integration.test_pipeline import _key, _verdicts_for
 from worker.pipeline.app import make_app

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from shared.settings import Settings, Thresholds
-from tests.integration.iris_jobdir import (
+from testkit.iris_cluster import (
     SHIM_COMMAND,
     IrisTestCluster,
     build_job_dir,

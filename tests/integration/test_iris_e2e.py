@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 
 from shared.models import iso_utc
-from tests.integration.iris_jobdir import SHIM_COMMAND, IrisTestCluster, build_job_dir, toy_argv
+from testkit.iris_cluster import SHIM_COMMAND, IrisTestCluster, build_job_dir, toy_argv
 from tests.integration.test_iris_backend import iris_cluster  # noqa: F401  (module fixture)
 
 pytestmark = pytest.mark.integration

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import threading
-import time
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
@@ -18,10 +17,10 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from shared.alerts import publish_alert
 from shared.streams import ALERT_FIELD
+from testkit.bundles import write_job_bundle
+from testkit.services import RL_HEALTH, free_port, spawn, stop, wait_for
 from tests.browser.harness import assert_rendered, render
-from tests.integration.bundles import write_job_bundle
 from tests.integration.conftest import Services
-from tests.integration.services import RL_HEALTH, free_port, spawn, stop, wait_for
 from tests.integration.test_pipeline import _key, _verdicts_for
 from tests.unit.test_terminal import _plain, _run
 
@@ -52,9 +51,10 @@ def _job(services: Services, name: str) -> str:
 
 def test_metrics_endpoints_count_this_tests_alerts(pipeline_services: Services) -> None:
     """Three alerts for one job, one for another and a malformed one: the worker's endpoint
-    (summed over its prefork children) shows two diagnoses started and finished, two verdicts,
-    each stage (the HTML page after publish included) timed twice; ingest's shows two started,
-    two coalesced, one dead letter."""
+    (summed over its prefork children) shows two diagnoses started and finished, two verdicts
+    and two alert → verdict latencies, each stage (the HTML page after publish included) timed
+    twice; ingest's shows two started, two coalesced, one dead letter; neither shows the other's
+    counters."""
     services = pipeline_services
     before = {name: _scrape(url) for name, url in services.metrics.items()}
     busy, calm = _job(services, "metrics-busy"), _job(services, "metrics-calm")
@@ -103,6 +103,14 @@ def test_metrics_endpoints_count_this_tests_alerts(pipeline_services: Services) 
     assert _delta(i, ingest, "rlhealth_alerts_total", outcome="started") == 2
     assert _delta(i, ingest, "rlhealth_alerts_coalesced_total") == 2
     assert _delta(i, ingest, "rlhealth_dead_letters_total", reason="malformed_json") == 1
+    latency = sum(
+        _delta(w, worker, "rlhealth_alert_to_verdict_seconds_count", verdict=v)
+        for v in ("KILL", "NO-KILL", "ERROR")
+    )
+    assert latency == 2  # one alert → verdict latency per diagnosis, under its verdict
+    # each process serves only what it counts: no zeros of the other's counters
+    assert not {name for name, _labels in ingest if name.startswith("rlhealth_diagnoses")}
+    assert not {name for name, _labels in worker if name.startswith("rlhealth_alerts")}
 
 
 def test_the_html_report_is_stored_beside_the_json(pipeline_services: Services) -> None:
@@ -172,6 +180,12 @@ def test_the_board_renders_in_chromium_and_opens_the_html_report(
     assert _status(f"{board}/", "GET") == 200
 
 
+def _blocked_in_xread(services: Services) -> bool:
+    """A client of the test's Redis waits in a blocking XREAD (only the follower reads so)."""
+    clients = services.redis.client_list()
+    return any(c.get("cmd") == "xread" and "b" in c.get("flags", "") for c in clients)
+
+
 def test_verdicts_follow_shows_a_live_table_on_a_terminal(pipeline_services: Services) -> None:
     """`rl-health verdicts --follow` on a terminal draws the table with the new verdict in it."""
     services = pipeline_services
@@ -182,7 +196,8 @@ def test_verdicts_follow_shows_a_live_table_on_a_terminal(pipeline_services: Ser
         target=lambda: seen.append(_run(argv, tty_out=True, tty_err=False, **env)[2])
     )
     follower.start()
-    time.sleep(3)  # the follower anchors at the newest entry first; the verdict comes after
+    # the follower anchors at the newest entry, then blocks reading: publish only once it reads
+    wait_for(lambda: _blocked_in_xread(services), 60, "the follower's first read")
     publish_alert(services.redis, _job(services, "live"), now=NOW)
     follower.join(120)
     plain = _plain(seen[0])

@@ -14,9 +14,9 @@ from shared.alerts import publish_alert
 from shared.models import Event, VerdictEntry
 from shared.streams import ALERT_FIELD
 from shared.supervisor import VerdictReader
-from tests.integration.bundles import write_job_bundle
+from testkit.bundles import write_job_bundle
+from testkit.services import wait_for
 from tests.integration.conftest import Services
-from tests.integration.services import wait_for
 from worker.pipeline.coalesce import job_dir_of
 
 pytestmark = pytest.mark.integration
@@ -237,7 +237,7 @@ def test_verdicts_follow_channel_prints_live_entries(pipeline_services: Services
     the same entry the stream holds; `--channel` without `--follow` is a usage error (exit 2)."""
     import subprocess
 
-    from tests.integration.services import RL_HEALTH
+    from testkit.services import RL_HEALTH
 
     services = pipeline_services
     channel = services.names.verdict_channel

@@ -16,7 +16,7 @@ import pytest
 
 from shared.alerts import publish_alert
 from shared.models import VerdictEntry
-from tests.integration.bundles import write_job_bundle
+from testkit.bundles import write_job_bundle
 from tests.integration.conftest import Services
 from tests.integration.test_observability import Samples, _delta, _scrape
 from tests.integration.test_pipeline import NOW, _judgement, _key, _verdicts_for
@@ -34,7 +34,7 @@ _SUMMARY_FIELDS = ("lines", "bytes", "records", "malformed", "first_timestamp", 
 
 
 def _log_bytes(megabytes: float = 2.0) -> bytes:
-    from bench.gen_finelog import generate
+    from testkit.gen_finelog import generate
 
     with tempfile.TemporaryDirectory() as tmp:
         return generate(Path(tmp) / "f.log", megabytes).read_bytes()

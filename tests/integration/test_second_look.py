@@ -33,7 +33,8 @@ from shared.alerts import publish_alert
 from shared.models import VerdictEntry
 from shared.settings import Settings
 from shared.supervisor import VerdictReader
-from tests.integration.services import RL_HEALTH, free_port, service_env, spawn, stop, wait_for
+from testkit.iris_cluster import TOYS
+from testkit.services import RL_HEALTH, free_port, service_env, spawn, stop, wait_for
 from worker.pipeline.app import make_app
 from worker.pipeline.store import S3Store, store_from_settings
 
@@ -42,7 +43,6 @@ pytestmark = pytest.mark.integration
 PREFIX = "rlhlook"
 REOBSERVE_S = 8
 LEASE_S = 5  # shorter than the countdown: the lease must outlive the wait
-TOYS = Path(__file__).parent / "toys"
 VENV_BIN = str(Path(sys.executable).parent)
 
 

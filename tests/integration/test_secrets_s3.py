@@ -9,8 +9,8 @@ import polars as pl
 import pytest
 
 from shared.alerts import publish_alert
+from testkit.services import wait_for
 from tests.integration.conftest import Services
-from tests.integration.services import wait_for
 from tests.integration.test_pipeline import _key, _verdicts_for
 from tests.security.bundles import NOW
 from tests.security.corpus import leaks

@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
+from testkit.services import RL_HEALTH, free_port
 from tests.integration.conftest import Services
-from tests.integration.services import RL_HEALTH, free_port
 from tests.unit.test_evidence_sweep import PLACE, _evidence
 from worker.evidence.frozen import PARTS, freeze
 from worker.pipeline.parts import stored_parts
@@ -85,10 +85,11 @@ def test_sweep_on_s3(pipeline_services: Services, tmp_path: Path) -> None:
     services.store.delete(sentinel)
 
 
-def test_sweep_with_s3_away_exits_1(pipeline_services: Services) -> None:
-    """S3 unreachable (a closed port): exit 1 with one line."""
-    code, _out, err = _sweep(
-        pipeline_services, "--keep", "30d", endpoint=f"http://127.0.0.1:{free_port()}"
-    )
-    assert code == 1, err
-    assert "sweep stopped, S3 failed" in err
+def test_sweep_with_s3_away_exits_2(pipeline_services: Services) -> None:
+    """S3 unreachable (a closed port) from the start: one line naming the endpoint, exit 2, as
+    for every dependency that cannot be reached (exit 1 stays for S3 failing midway)."""
+    endpoint = f"http://127.0.0.1:{free_port()}"
+    code, _out, err = _sweep(pipeline_services, "--keep", "30d", endpoint=endpoint)
+    assert code == 2, err
+    (line,) = err.strip().splitlines()
+    assert endpoint in line and "cannot be reached" in line

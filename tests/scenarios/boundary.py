@@ -14,6 +14,7 @@ from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any
 
+from tests import ray_node
 from tests.scenarios import crafted, in_log, issue27
 from tests.scenarios import engine_lines as eng
 from tests.scenarios import real_lines as real
@@ -360,6 +361,25 @@ LOOP = {"liveness": "FAIL", "resources": "ERROR", "rollouts": "ERROR", "dynamics
 
 # --- the pairs ------------------------------------------------------------------------------------
 
+# --- a Ray node's process table (DOMAIN.md section 7): ranks, the driver, helpers ----------------
+
+NODE = (8455, 8456, 301, 302)  # two ranks, Ray's log monitor and dashboard agent
+RAYLET = ("/opt/venv/lib/python3.12/site-packages/ray/core/src/ray/raylet/raylet", "native")
+RANK_ROLE = (ray_node.RANK.args, "rank")
+
+
+def _node_text(pid: int, n: int) -> str:
+    """Ranks parked in all_reduce, helpers whose frames change between dumps, the driver in
+    `ray.get`, and pid 8457 a rank computing (a straggler)."""
+    helpers = {
+        301: ray_node.LOG_MONITOR.dump(301, 520 + 11 * n),
+        302: ray_node.AGENT.dump(302, 468 if n == 1 else 415),
+        1: ray_node.DRIVER.dump(1, 290),
+        8457: ray_node.RANK_COMPUTE.dump(8457, 100 + n),
+    }
+    return helpers.get(pid) or ray_node.RANK.dump(pid)
+
+
 ERROR = "ERROR"
 KILL = "KILL"
 NO_KILL = "NO-KILL"
@@ -422,6 +442,36 @@ PAIRS: tuple[Pair, ...] = (
         "stall_stacks: every py-spy probe succeeded vs one failed",
         side(quiet("rl-probes-ok", 50, dumps=True), KILL, liveness="FAIL"),
         side(quiet("rl-probes-failed", 50, dumps=True, failed=(8457,)), ERROR, liveness="ERROR"),
+    ),
+    Pair(
+        "stall_stacks_helpers",
+        "stall_stacks: ranks parked beside Ray helpers that change frames vs beside a rank at work",
+        side(quiet("rl-helpers-busy", 50, text=_node_text, pids=NODE), KILL, liveness="FAIL"),
+        side(
+            quiet("rl-helpers-straggler", 50, text=_node_text, pids=(*NODE, 8457)),
+            ERROR,
+            liveness="ERROR",
+        ),
+    ),
+    Pair(
+        "stall_stacks_context_once",
+        "stall_stacks: beside ranks parked in a collective, the driver dumped once vs a rank",
+        side(quiet("rl-once-driver", 50, text=_node_text, once=(1,)), KILL, liveness="FAIL"),
+        side(quiet("rl-once-rank", 50, text=_node_text, once=(8457,)), ERROR, liveness="ERROR"),
+    ),
+    Pair(
+        "stall_stacks_failed_role",
+        "stall_stacks: the failed py-spy dump is of a native process vs of a rank",
+        side(
+            quiet("rl-failed-native", 50, dumps=True, failed=(55,), roles={55: RAYLET}),
+            KILL,
+            liveness="FAIL",
+        ),
+        side(
+            quiet("rl-failed-rank", 50, dumps=True, failed=(8457,), roles={8457: RANK_ROLE}),
+            ERROR,
+            liveness="ERROR",
+        ),
     ),
     Pair(
         "stall_still_gap",

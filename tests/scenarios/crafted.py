@@ -54,13 +54,16 @@ def dumps(
     text: str | Callable[[int, int], str] = PARKED,
     failed: tuple[int, ...] = (),
     captured_at: datetime | None = None,
+    once: tuple[int, ...] = (),
+    roles: dict[int, tuple[str, str]] | None = None,
 ) -> None:
     """Two py-spy dumps of each pid, `gap_s` apart, recorded in probes.json; `failed` pids get a
-    py-spy command that exited 1 and no output."""
+    py-spy command that exited 1 and no output; `once` pids are dumped only the first time;
+    `roles` ({pid: (args, role)}) are written to processes.json as a live backend records them."""
     name = target or f"{b.name}-0"
     commands: list[dict[str, Any]] = []
     for n, moment in ((1, first), (2, first + timedelta(seconds=gap_s))):
-        for pid in (*pids, *failed):
+        for pid in (*pids, *failed, *(once if n == 1 else ())):
             argv = ["iris", "task", "exec", f"{b.job_id}/0", "--", "py-spy", "dump", "--pid"]
             out = f"stacks/{name}-pid{pid}-{n}.txt"
             ok = pid not in failed
@@ -82,6 +85,12 @@ def dumps(
         "commands": commands,
     }
     b.probe("probes.json", header)
+    if roles:
+        records = [
+            {"target": name, "pid": pid, "ppid": 1, "args": args, "role": role, "why": "crafted"}
+            for pid, (args, role) in roles.items()
+        ]
+        b.probe("processes.json", records)
 
 
 def quiet_run(

@@ -106,5 +106,5 @@ def test_engine_lines_ahead_of_now_are_a_stated_discrepancy(
     found = [d for d in report.discrepancies if "engine stat line" in d]
     assert bool(found) is stated
     if stated:
-        assert "61 s ahead" in found[0]
+        assert "1 min 1 s ahead" in found[0]
         assert "not counted" in report.gates[GateName.RESOURCES].summary

@@ -20,8 +20,8 @@ from typing import Any
 import pytest
 import yaml
 
-from tests.integration.services import free_port
-from tests.keys import TEST_KEY
+from testkit.keys import TEST_KEY
+from testkit.services import free_port, start_moto, start_redis, stop
 
 ROOT = Path(__file__).resolve().parents[2]
 LOOPBACK_PUBLISH = re.compile(r"^(?:127\.0\.0\.1|\$\{RLHEALTH_PUBLISH_ADDR:-127\.0\.0\.1\}):")
@@ -109,17 +109,38 @@ def _loopback(address: str) -> bool:
     return address in v4 | v6
 
 
+@pytest.fixture(scope="module")
+def services(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, str]]:
+    """A redis-server and moto's S3 server: worker and ingest reach both before they start (an
+    unreachable one stops them with exit 2), so the roles below run against real ones."""
+    redis_process, redis_url = start_redis(tmp_path_factory.mktemp("redis"))
+    moto_process, endpoint = start_moto(tmp_path_factory.mktemp("moto") / "moto.log")
+    yield redis_url, endpoint
+    stop(moto_process)
+    stop(redis_process)
+
+
+# a Celery worker or ingest process of its own (with a real redis-server and S3): `make test` only
+ROLE_PROCESS = pytest.mark.integration
+
+
 @pytest.fixture
-def role(tmp_path: Path) -> Iterator[Any]:
-    """Start `rl-health ROLE --metrics-port P ...` against a Redis nobody runs (it keeps
-    retrying, its metrics up); stopped by its PID."""
+def role(tmp_path: Path, services: tuple[str, str]) -> Iterator[Any]:
+    """Start `rl-health ROLE --metrics-port P ...` against the module's Redis and S3 (it runs,
+    its metrics up); stopped by its PID."""
     started: list[subprocess.Popen[bytes]] = []
+    redis_url, endpoint = services
 
     def start(argv: list[str], **env: str) -> subprocess.Popen[bytes]:
         run = "import sys; from worker.cli import main; sys.exit(main(prog_name='rl-health'))"
         full = {k: v for k, v in os.environ.items() if not k.startswith("RLHEALTH_")}
         full.update(
-            RLHEALTH_REDIS_URL=f"redis://127.0.0.1:{free_port()}/0",
+            RLHEALTH_REDIS_URL=redis_url,
+            RLHEALTH_S3_ENDPOINT_URL=endpoint,
+            RLHEALTH_STREAM_PREFIX=f"rlhsec{free_port()}",
+            AWS_ACCESS_KEY_ID="test",
+            AWS_SECRET_ACCESS_KEY="test",
+            AWS_DEFAULT_REGION="us-east-1",
             RLHEALTH_BUNDLE_ROOT=str(tmp_path),
             RLHEALTH_VERDICT_KEY=TEST_KEY,
             RLHEALTH_CACHE_DIR=str(tmp_path / "cache"),
@@ -150,6 +171,7 @@ def _bound(process: subprocess.Popen[bytes], port: int, timeout: float = 60) -> 
     raise AssertionError(f"nothing listened on {port} (exit {process.poll()})")
 
 
+@ROLE_PROCESS
 @pytest.mark.parametrize("argv", [["ingest"], ["worker", "--pool", "solo"]], ids=lambda a: a[0])
 def test_metrics_listen_on_loopback_by_default(role: Any, argv: list[str]) -> None:
     """Worker and ingest serve /metrics on 127.0.0.1 unless RLHEALTH_METRICS_ADDR opens it."""
@@ -159,6 +181,7 @@ def test_metrics_listen_on_loopback_by_default(role: Any, argv: list[str]) -> No
     assert addresses and all(_loopback(a) for a in addresses), addresses
 
 
+@ROLE_PROCESS
 def test_the_metrics_address_is_a_setting(role: Any) -> None:
     """RLHEALTH_METRICS_ADDR chooses the address (0.0.0.0 in the compose network; here another
     loopback address, 127.0.0.2)."""
@@ -167,6 +190,7 @@ def test_the_metrics_address_is_a_setting(role: Any) -> None:
     assert _bound(process, port) == ["0200007F"]
 
 
+@ROLE_PROCESS
 def test_metrics_dir_removes_only_the_files_it_writes(role: Any, tmp_path: Path) -> None:
     """`worker --metrics-dir DIR` removes the metric files of an earlier run and nothing else:
     not another file, not a folder, not what a symlink there points to."""
@@ -182,7 +206,9 @@ def test_metrics_dir_removes_only_the_files_it_writes(role: Any, tmp_path: Path)
     port = free_port()
     argv = ["worker", "--pool", "solo", "--metrics-port", str(port), "--metrics-dir"]
     _bound(role([*argv, str(directory)]), port)
-    left = sorted(p.name for p in directory.iterdir() if not p.name.startswith("counter_"))
+    # this run's own metric files (the worker now also keeps histograms from its start)
+    own = re.compile(r"^(?:counter|histogram)_\d+\.db$")
+    left = sorted(p.name for p in directory.iterdir() if not own.match(p.name))
     assert left == ["keep", "link", "notes.txt"]
     assert not (directory / "counter_1.db").exists() and not (directory / "histogram_2.db").exists()
     assert (directory / "keep" / "a.db").exists() and (outside / "precious").exists()

@@ -155,6 +155,7 @@ def test_a_verdict_for_another_question_is_not_reannounced(
         report_uri="memory://rlhealth/reports/x.json",
         captured_at=EARLY,
     )
+    pipeline.store.put_once("reports/x.json", b"{}")  # in S3, as every announced report is
     assert pipeline.coalescer.publish(error, key) is True
     assert _send(ingest, "evt-early-2", VICTIM, now=EARLY) == "reannounced"  # same question
     assert _send(ingest, "evt-genuine", VICTIM, probes=PROBES) == "started"

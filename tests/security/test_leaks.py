@@ -23,7 +23,7 @@ import pytest
 from click.testing import CliRunner
 
 from reports.sinks import S3ReportSink, VerdictStreamSink
-from tests.keys import TEST_KEY, TEST_KEYS
+from testkit.keys import TEST_KEY, TEST_KEYS
 from tests.security.bundles import NOW, crafted_bundle
 from tests.security.corpus import SAMPLES, corpus_lines, leaks
 from tests.security.spies import Spies, make_spybin

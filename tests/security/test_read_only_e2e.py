@@ -103,7 +103,12 @@ def assert_read_only(spies: Spies, settings: Settings | None = None) -> None:
             assert call[call.index("--") + 1] in LOCAL_TOOLS, call
 
 
-@pytest.mark.parametrize("backend", BACKENDS)
+# every crafted bundle through iris (the first backend) in the fast tier; the other backends, the
+# whole cross product, with the slow tests (`make test`)
+EVERY_BACKEND = [BACKENDS[0], *(pytest.param(b, marks=pytest.mark.slow) for b in BACKENDS[1:])]
+
+
+@pytest.mark.parametrize("backend", EVERY_BACKEND)
 @pytest.mark.parametrize("craft", list(BUNDLES), ids=list(BUNDLES))
 def test_diagnose_backend_stays_read_only_on_crafted_bundles(
     spies: Spies, tmp_path: Path, backend: str, craft: str

@@ -22,8 +22,8 @@ from shared.models import Confidence, Verdict, VerdictEntry
 from shared.settings import Settings
 from shared.signing import verify
 from shared.supervisor import VerdictReader
-from tests.integration.services import free_port
-from tests.keys import OTHER_KEYS, TEST_KEYS, signed_fields
+from testkit.keys import OTHER_KEYS, TEST_KEYS, signed_fields
+from testkit.services import free_port
 from worker.cli import main
 from worker.pipeline.steps import Pipeline
 from worker.pipeline.store import MemoryStore
@@ -441,9 +441,14 @@ def test_a_verdict_line_holds_no_control_character() -> None:
 
 
 def test_the_board_error_page_names_no_address(monkeypatch: pytest.MonkeyPatch) -> None:
-    """With Redis unreachable the board answers a generic 503: no host, port or exception."""
+    """With Redis gone after the board started (an unreachable one at start stops it with one
+    line, exit 2) the board answers a generic 503: no host, port or exception."""
+    import redis
+
     port = free_port()
     monkeypatch.setenv("RLHEALTH_REDIS_URL", f"redis://127.0.0.1:{port}/0")
+    gone = redis.Redis.from_url(f"redis://127.0.0.1:{port}/0", socket_connect_timeout=1)
+    monkeypatch.setattr("worker.cli.dependencies.reach_redis", lambda _settings: gone)
     response = _board(monkeypatch, MemoryStore()).get("/")
     assert response.status_code == 503 and "unavailable" in response.text
     assert str(port) not in response.text and "127.0.0.1" not in response.text

@@ -5,7 +5,6 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from datetime import UTC, datetime
 from pathlib import Path
@@ -58,7 +57,6 @@ def test_gone_process_is_missing(tmp_path: Path) -> None:
     """A pid that no longer exists gives state `missing` and no stacks."""
     process = subprocess.Popen([sys.executable, "-c", "pass"])
     process.wait()
-    time.sleep(0.1)
     tools = resolve_tools(Settings())
     backend = LocalBackend(JobRef(job_id=f"/local/{process.pid}"), tools=dict(tools.paths))
     rec = Recorder(default_runner(), timeout_s=10, retry_wait_s=0)

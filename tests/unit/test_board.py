@@ -17,7 +17,7 @@ with warnings.catch_warnings():  # starlette asks for httpx2 over httpx; both dr
 from reports.board import Board, make_board, mechanism_of, report_key_of
 from reports.html import CSP
 from shared.signing import sign
-from tests.keys import TEST_KEYS, signed_fields
+from testkit.keys import TEST_KEYS, signed_fields
 from worker.pipeline.store import MemoryStore
 
 STREAM = "rlhtest:verdicts"

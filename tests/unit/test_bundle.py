@@ -231,7 +231,7 @@ def test_old_files_are_stale(tmp_path: Path, generation: str) -> None:
         os.utime(path, (old.timestamp(), old.timestamp()))
     info = read_bundle(job, NOW, LIMITS)
     assert info.freshness["pod_logs"].stale
-    assert "7200 s old" in info.freshness["pod_logs"].reason
+    assert "2 h old" in info.freshness["pod_logs"].reason
     assert not info.freshness["finelog"].stale
 
 

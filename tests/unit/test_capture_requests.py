@@ -17,7 +17,7 @@ import pytest
 
 from shared.models import Event
 from shared.settings import Settings
-from tests.integration.bundles import write_job_bundle
+from testkit.bundles import write_job_bundle
 from tests.unit.test_frozen import assert_same
 from worker.evidence.frozen import MARKER
 from worker.pipeline.claim import CaptureClaim

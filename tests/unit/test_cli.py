@@ -10,6 +10,8 @@ from pathlib import Path
 
 import pytest
 
+from reports.text import logical_lines
+
 ROOT = Path(__file__).resolve().parents[2]
 RL_HEALTH = str(Path(sys.executable).with_name("rl-health"))
 EXAMPLE = ROOT / "examples/jobs/cw-rno2a/ops/rl-gsm8k-stalled"
@@ -33,7 +35,8 @@ def test_diagnose_example_prints_the_seed_report() -> None:
     """The shipped example (a stall proven by stacks) is KILL, in the seed's text format."""
     result = run("diagnose", EXAMPLE, "--probes", PROBES, "--now", NOW)
     assert result.returncode == 0, result.stderr
-    lines = result.stdout.splitlines()
+    assert max(len(line) for line in result.stdout.splitlines()) <= 120
+    lines = logical_lines(result.stdout)  # each field whole again, its wrapped lines joined
     assert lines[0].startswith(
         "RL-JOB-HEALTH — /ops/rl-gsm8k-stalled — captured 2026-07-30T19:17:00Z"
     )

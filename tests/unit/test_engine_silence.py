@@ -135,7 +135,7 @@ def test_an_engine_line_past_the_clock_tolerance_is_a_stated_discrepancy(
     found = [d for d in ev.facts.discrepancies() if "engine stat line" in d]
     assert bool(found) is stated
     if stated:
-        assert "61 s ahead" in found[0] and ":900" in found[0]
+        assert "1 min 1 s ahead" in found[0] and ":900" in found[0]
 
 
 def test_an_engine_line_after_now_is_never_idle_nor_busy_evidence() -> None:

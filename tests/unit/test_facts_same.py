@@ -84,6 +84,7 @@ def test_the_newest_row_is_the_one_the_sort_found(rows: list[dict[str, Any]]) ->
 SIDES = [(pair, which) for pair in PAIRS for which in ("past", "short")]
 
 
+@pytest.mark.slow  # a parse of each of the corpus's 120 bundles; the crafted ties above stay fast
 @pytest.mark.parametrize(
     ("pair", "which"), SIDES, ids=[f"{pair.name}-{which}" for pair, which in SIDES]
 )

@@ -13,8 +13,8 @@ import polars as pl
 import pytest
 
 from shared.settings import Thresholds
+from testkit.bundles import write_job_bundle
 from tests import factories
-from tests.integration.bundles import write_job_bundle
 from worker.diagnosis import collect_evidence, judge
 from worker.evidence import frozen
 from worker.evidence.frozen import (

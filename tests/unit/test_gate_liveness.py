@@ -5,8 +5,11 @@ from __future__ import annotations
 from datetime import timedelta
 from typing import Any
 
-from shared.models import GateResult, GateStatus
+import pytest
+
+from shared.models import GateResult, GateStatus, Verdict
 from tests.factories import NOW, at, evidence, logs, trials
+from worker.diagnosis import judge
 from worker.evidence.model import (
     ArtifactState,
     ArtifactStatus,
@@ -16,6 +19,7 @@ from worker.evidence.model import (
     ParseSummary,
     ProbeCommand,
     ProbeEvidence,
+    ProcessRecord,
     StackDump,
 )
 from worker.gates.liveness import STACKS_NEEDED, check
@@ -372,6 +376,35 @@ def test_a_failed_pyspy_probe_is_error_quoting_command_and_exit() -> None:
     assert result.status is GateStatus.ERROR
     assert "py-spy dump --pid 7` exited 1" in result.summary
     assert result.evidence[0].source == "probes/probes.json"
+
+
+@pytest.mark.parametrize(
+    ("role", "verdict"),
+    [("native", Verdict.KILL), ("helper", Verdict.KILL), ("rank", Verdict.ERROR)],
+)
+def test_a_failed_dump_is_a_hole_only_for_a_process_the_proof_needs(
+    role: str, verdict: Verdict
+) -> None:
+    """The rank parked in both dumps and a py-spy dump of pid 7 failed: recorded in
+    processes.json as native or a helper it is noted (an evidence gap) and the KILL stands
+    (decide's proof check agrees); recorded as a rank it is a hole, ERROR."""
+    command = ProbeCommand(
+        argv=("iris", "task", "exec", "/ops/rl-job/0", "--", "py-spy", "dump", "--pid", "7"),
+        exit_code=1,
+        output="failed/stacks/rl-job-0-pid7-1.txt",
+    )
+    record = ProcessRecord(target="rl-job-0", pid=7, args="/opt/bin/x", role=role, why="test")
+    probe = controller_probe(stacks=wedged_dumps(), commands=(command,), processes=(record,))
+    judged = evidence(log_tables=logs(timers=wedged_rows()), probes=probe)
+    result = check(judged)
+    report = judge(judged)
+    assert report.verdict is verdict, report.reasoning
+    if verdict is Verdict.KILL:
+        assert result.status is GateStatus.FAIL and f"pid 7 ({role}): failed" in result.summary
+        assert "gaps" in report.reasoning and "py-spy dump --pid 7` exited 1" in report.reasoning
+    else:
+        assert result.status is GateStatus.ERROR
+        assert "py-spy dump --pid 7` exited 1" in result.summary
 
 
 def test_unschedulable_is_terminal_not_initialising() -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import subprocess
 import sys
 import textwrap
+import threading
 import time
 from pathlib import Path
 from types import SimpleNamespace
@@ -19,6 +20,8 @@ from worker.pipeline.failures import PoisonError, StageTimeoutError, classified
 from worker.pipeline.guard import DeliveryGuard, MemoryBudget, resident_bytes
 from worker.pipeline.heartbeat import held_leads
 from worker.pipeline.tasks import _timed, workflow
+
+WAIT_S = 10  # a deadline for the budget's watcher thread, not a guess at how long it takes
 
 # --- killed twice -------------------------------------------------------------------------------
 
@@ -60,27 +63,42 @@ def test_a_recorded_memory_overrun_stops_the_next_delivery() -> None:
 def test_memory_budget_stops_the_process_past_the_budget() -> None:
     """Past the budget the overrun is recorded, then the process is stopped."""
     calls: list[str] = []
+    stopped = threading.Event()
+
+    def stop_process() -> None:
+        calls.append("stopped")
+        stopped.set()
+
     budget = MemoryBudget(
         100,
         lambda used: calls.append(f"recorded {used}"),
         interval_s=0.01,
         measure=lambda: 101 * 2**20,
-        stop_process=lambda: calls.append("stopped"),
+        stop_process=stop_process,
     )
     with budget.watching():
-        time.sleep(0.2)
+        assert stopped.wait(WAIT_S)
     assert calls == [f"recorded {101 * 2**20}", "stopped"]
 
 
 def test_memory_budget_leaves_a_process_within_it_alone() -> None:
     """Just within the budget nothing happens; a budget of 0 watches nothing."""
     calls: list[str] = []
+    measured: list[int] = []
+    checked_thrice = threading.Event()
+
+    def measure() -> int:
+        measured.append(100 * 2**20)
+        if len(measured) >= 3:
+            checked_thrice.set()
+        return measured[-1]
+
     within = MemoryBudget(
         100, lambda used: calls.append("recorded"), interval_s=0.01,
-        measure=lambda: 100 * 2**20, stop_process=lambda: calls.append("stopped"),
+        measure=measure, stop_process=lambda: calls.append("stopped"),
     )  # fmt: skip
     with within.watching():
-        time.sleep(0.1)
+        assert checked_thrice.wait(WAIT_S)
     with MemoryBudget(0, lambda used: calls.append("recorded")).watching():
         pass
     assert calls == []

@@ -17,8 +17,8 @@ from pathlib import Path
 import polars as pl
 import pytest
 
-from bench.hostile import INPUTS, NOW, Input, build, run_command
 from shared.models import Verdict
+from testkit.hostile import INPUTS, NOW, Input, build, run_command
 from worker.cli.tables import write_tables
 from worker.diagnosis import collect_evidence, judge
 from worker.evidence import parsed
@@ -246,6 +246,7 @@ def test_int64_bound_is_exact() -> None:
 # --- the memory budget ------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_metric_records_past_the_budget_give_error_with_the_reason(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -331,6 +332,7 @@ def _peak_above_base(args: list[str | Path], tmp_path: Path, memory_mb: int) -> 
     return ran.rss_mb - base
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     ("name", "memory_mb"), [("long_line", 256), ("metric_records", 256), ("nul_2gb", 256)]
 )
@@ -342,6 +344,7 @@ def test_parse_memory_stays_within_the_setting(tmp_path: Path, name: str, memory
     assert above <= memory_mb, f"{name}: {above:.0f} MB above the base, setting {memory_mb} MB"
 
 
+@pytest.mark.slow
 def test_parse_past_the_budget_exits_2_with_one_line(tmp_path: Path) -> None:
     """`rl-health parse` of logs past the budget exits 2 with one line saying why."""
     job = _built(tmp_path, "metric_records")
@@ -354,6 +357,7 @@ def test_parse_past_the_budget_exits_2_with_one_line(tmp_path: Path) -> None:
 # --- distinct keys ----------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_many_keys_full_size_pivots_only_the_gates_keys_once(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -407,6 +411,7 @@ def test_corpus_lists_every_input_of_the_issue() -> None:
     assert json.dumps([i.what for i in INPUTS])
 
 
+@pytest.mark.slow
 def test_module_command_past_the_budget_exits_2(tmp_path: Path) -> None:
     """`python -m worker.evidence.logs` (the parse command) on logs past the budget returns 2
     with the reason."""

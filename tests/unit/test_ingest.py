@@ -15,7 +15,7 @@ from shared.alerts import publish_alert
 from shared.models import Confidence, Verdict, VerdictEntry
 from shared.settings import Settings
 from shared.streams import ALERT_FIELD, INGEST_GROUP, StreamNames, read_entry, read_message
-from tests.keys import TEST_KEYS
+from testkit.keys import TEST_KEYS
 from worker.pipeline.coalesce import Coalescer
 from worker.pipeline.ingest import Entry, Ingest
 from worker.pipeline.steps import Pipeline
@@ -70,7 +70,7 @@ def _entry(verdict: Verdict = Verdict.NO_KILL, lead: str = "e1") -> VerdictEntry
         job_id="/ops/rl-job",
         verdict=verdict,
         confidence=Confidence.HIGH,
-        report_uri=f"s3://b/reports/x-{lead}.json",
+        report_uri=f"memory://rlhealth/reports/x-{lead}.json",
         captured_at=datetime(2026, 7, 30, 21, 15, tzinfo=UTC),
     )
 
@@ -118,6 +118,7 @@ def test_publish_lists_every_attached_id_once(pipeline: Pipeline, client: Any) -
 def test_alert_after_the_verdict_is_answered_by_it(pipeline: Pipeline, client: Any) -> None:
     """An alert that loses the race with the publish re-announces the verdict, listing it."""
     c = pipeline.coalescer
+    pipeline.store.put_once("reports/x-e1.json", b"{}")  # in S3, as every announced report is
     c.admit("e1", JOB)
     c.publish(_entry(), JOB)
     admission = c.admit("e3", JOB)
@@ -375,3 +376,27 @@ def test_failed_diagnosis_dead_letter_is_redacted(pipeline: Pipeline, client: An
     text = b" ".join(fields.values()).decode()
     assert secret[3:] not in text and "<redacted:hf-token>" in text
     assert json.loads(fields[b"raw"])["event_id"] == "e1"
+
+
+def test_once_with_stop_on_fault_raises_the_outage_instead_of_waiting(
+    settings: Settings, client: Any, recorder: Recorder
+) -> None:
+    """`ingest --once` runs with `stop_on_fault`: Redis failing under it raises the fault (the
+    command turns it into one line and exit 2); without it the loop backs off and tries again."""
+    pipeline = Pipeline(settings, MemoryStore(), client)
+    consumer = Ingest(pipeline, recorder, consumer="c1", block_ms=1)
+    consumer.ensure_group()
+    _alert(client, settings)
+    calls = []
+
+    def away(*_args: Any, **_kwargs: Any) -> Any:
+        calls.append(1)
+        if len(calls) > 3:
+            raise AssertionError("asked again: it did not stop on the fault")
+        raise redis.exceptions.ConnectionError("Error 111 connecting to 127.0.0.1:6379.")
+
+    client.xreadgroup = away
+    with pytest.raises(redis.exceptions.ConnectionError):
+        consumer.run(until_idle=True, stop_on_fault=True)
+    assert len(calls) == 1
+    assert recorder.started == []

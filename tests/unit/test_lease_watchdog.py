@@ -14,7 +14,7 @@ import redis
 from shared.models import Confidence, Event, Verdict, VerdictEntry
 from shared.settings import Settings
 from shared.streams import read_entry
-from tests.integration.bundles import write_job_bundle
+from testkit.bundles import write_job_bundle
 from worker.pipeline.steps import Pipeline
 from worker.pipeline.store import MemoryStore
 from worker.pipeline.watchdog import Watchdog
@@ -239,6 +239,7 @@ def test_fail_publishes_a_verdict_already_decided(pipeline: Pipeline) -> None:
     not with an ERROR, and nothing is dead-lettered."""
     _start(pipeline)
     decided = _entry().signed(pipeline.keys)  # the verdict step keeps it signed
+    pipeline.store.put_once("reports/x-e1.json", b"{}")  # and has written its report
     pipeline.redis.set(pipeline.names.entry("e1"), decided.model_dump_json())
     entry = pipeline.fail("e1", JOB, "publish failed: ConnectionError")
     assert entry is not None and entry.verdict is Verdict.NO_KILL

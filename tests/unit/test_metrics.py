@@ -13,7 +13,7 @@ from typing import Any
 import fakeredis
 import pytest
 from celery import signals
-from prometheus_client import REGISTRY
+from prometheus_client import REGISTRY, generate_latest
 
 from shared.alerts import publish_alert
 from shared.settings import Settings
@@ -72,21 +72,53 @@ def test_the_test_process_keeps_metrics_in_memory() -> None:
     assert metrics.MULTIPROC_ENV not in os.environ
 
 
-def test_a_published_verdict_counts_a_finished_diagnosis_by_kind_and_confidence() -> None:
-    """A successful publish adds one finished diagnosis and one verdict of its kind."""
-    finished = Delta("rlhealth_diagnoses_finished_total")
+def test_a_publish_task_times_its_stage_and_leaves_the_verdict_to_the_pipeline() -> None:
+    """The publish task's run is timed as stage `publish`; the verdict itself is counted by the
+    pipeline step that announced it (`test_pipeline_steps`), so a task signal counts none."""
     kills = Delta("rlhealth_verdicts_total", verdict="KILL", confidence="high")
     seconds = Delta("rlhealth_stage_seconds_count", stage="publish")
     _run("rlhealth.publish", ({},), {"verdict": "KILL", "confidence": "high"})
-    assert (finished.change, kills.change, seconds.change) == (1, 1, 1)
+    assert (kills.change, seconds.change) == (0, 1)
 
 
-def test_a_publish_that_fails_counts_nothing_finished() -> None:
-    """A publish ending in FAILURE or RETRY is neither a finished diagnosis nor a verdict."""
+def test_verdict_published_counts_the_kind_and_the_latency_from_the_alert() -> None:
+    """One verdict published 42 s after its alert: one finished diagnosis, one verdict of its
+    kind and confidence, one latency observation of 42 s under its kind."""
     finished = Delta("rlhealth_diagnoses_finished_total")
-    for state in ("FAILURE", "RETRY"):
-        _run("rlhealth.publish", ({},), {"verdict": "KILL", "confidence": "high"}, state=state)
-    assert finished.change == 0
+    kills = Delta("rlhealth_verdicts_total", verdict="KILL", confidence="high")
+    count = Delta("rlhealth_alert_to_verdict_seconds_count", verdict="KILL")
+    total = Delta("rlhealth_alert_to_verdict_seconds_sum", verdict="KILL")
+    metrics.verdict_published("KILL", "high", 42.0)
+    assert (finished.change, kills.change, count.change, total.change) == (1, 1, 1, 42.0)
+
+
+def test_a_latency_from_a_clock_ahead_is_not_observed() -> None:
+    """A verdict 'before' its alert (the watcher's clock ahead) is counted, its latency not:
+    -0.5 s is left out, 0 s is kept."""
+    count = Delta("rlhealth_alert_to_verdict_seconds_count", verdict="ERROR")
+    metrics.verdict_published("ERROR", "low", -0.5)
+    assert count.change == 0
+    metrics.verdict_published("ERROR", "low", 0.0)
+    assert count.change == 1
+
+
+def _served(role: metrics.Role) -> set[str]:
+    text = generate_latest(metrics.registry_for(role)).decode()
+    return {line.split("{")[0].split(" ")[0] for line in text.splitlines() if line[:1] != "#"}
+
+
+def test_each_process_serves_only_what_it_counts() -> None:
+    """Ingest's endpoint has no worker counter (diagnoses started, stages) and the worker's no
+    ingest counter (alerts), though both live in this one process's registry."""
+    metrics.alert_handled("started")
+    metrics.verdict_published("NO-KILL", "high", 1.0)
+    ingest, worker = _served("ingest"), _served("worker")
+    assert "rlhealth_alerts_total" in ingest and "rlhealth_alerts_total" not in worker
+    assert "rlhealth_verdicts_total" in worker and "rlhealth_verdicts_total" not in ingest
+    assert "rlhealth_diagnoses_started_total" in worker
+    assert not {n for n in ingest if n.startswith("rlhealth_diagnoses")}
+    assert "rlhealth_watchdog_actions_total" in ingest
+    assert "rlhealth_alert_to_verdict_seconds_count" in worker
 
 
 def test_gates_are_timed_under_their_own_names() -> None:

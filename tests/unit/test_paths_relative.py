@@ -77,6 +77,7 @@ def _diagnose(cwd: Path, job: str | Path) -> dict[str, object]:
     return report
 
 
+@pytest.mark.slow
 def test_diagnose_is_the_same_with_relative_and_absolute_paths(workdir: Path) -> None:
     """`diagnose job` and `diagnose /abs/job` give the same report, trials included."""
     relative = _diagnose(workdir, "job")
@@ -87,6 +88,7 @@ def test_diagnose_is_the_same_with_relative_and_absolute_paths(workdir: Path) ->
     assert "no finished trial" not in gates["rollouts"]["summary"]
 
 
+@pytest.mark.slow
 def test_parse_is_the_same_with_relative_and_absolute_paths(workdir: Path) -> None:
     """`parse job` and `parse /abs/job` print and write the same tables, trials included."""
     outputs = []
@@ -99,6 +101,7 @@ def test_parse_is_the_same_with_relative_and_absolute_paths(workdir: Path) -> No
     assert "trials.csv" in outputs[0][1]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("target", ["job", "job/finelog.log"])
 def test_signatures_is_the_same_with_relative_and_absolute_paths(
     workdir: Path, target: str

@@ -5,6 +5,7 @@ refusals, the frozen probe layout, and that nothing but a fresh capture probes."
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from collections.abc import Sequence
@@ -18,7 +19,8 @@ import pytest
 
 from shared.models import Confidence, Event, Verdict, VerdictEntry
 from shared.settings import Settings
-from tests.integration.bundles import write_job_bundle
+from testkit.bundles import write_job_bundle
+from testkit.keys import TEST_KEY
 from worker.backends import ProbeResult, Toolbox
 from worker.backends.allowlist import RefusedCommandError
 from worker.diagnosis import collect_evidence, judge
@@ -364,6 +366,8 @@ def test_the_worker_refuses_a_budget_that_does_not_fit(tmp_path: Path) -> None:
         "RLHEALTH_CAPTURE_BUDGET_S": "300",
         "RLHEALTH_REDIS_URL": "redis://127.0.0.1:1/0",
         "RLHEALTH_CACHE_DIR": str(tmp_path),
+        "RLHEALTH_VERDICT_KEY": TEST_KEY,  # every pipeline role needs one (issue 28)
+        "PYTHONPATH": os.environ.get("PYTHONPATH", ""),
     }
     result = subprocess.run(
         [RL_HEALTH, "worker"], env=env, capture_output=True, text=True, timeout=60, check=False

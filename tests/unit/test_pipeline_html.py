@@ -13,7 +13,7 @@ import pytest
 from reports import html as html_module
 from shared.models import Event, VerdictEntry
 from shared.settings import Settings
-from tests.integration.bundles import write_job_bundle
+from testkit.bundles import write_job_bundle
 from worker.pipeline import steps
 from worker.pipeline.metrics import HTML_REPORTS
 from worker.pipeline.steps import Pipeline

@@ -22,7 +22,7 @@ import pytest
 from polars.testing import assert_frame_equal
 
 from shared.settings import Settings
-from tests.integration.bundles import write_job_bundle
+from testkit.bundles import write_job_bundle
 from tests.unit.test_capture_requests import CountingStore
 from worker.diagnosis import collect_evidence
 from worker.evidence.logs import LogCache, incremental, reader
@@ -42,7 +42,7 @@ _GENERATED: list[bytes] = []
 def _log_bytes() -> bytes:
     """1 MB of the benchmark's generated finelog, made once."""
     if not _GENERATED:
-        from bench.gen_finelog import generate
+        from testkit.gen_finelog import generate
 
         with tempfile.TemporaryDirectory() as tmp:
             _GENERATED.append(generate(Path(tmp) / "f.log", 1.0).read_bytes())

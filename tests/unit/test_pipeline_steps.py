@@ -15,7 +15,7 @@ from celery.exceptions import SoftTimeLimitExceeded
 
 from shared.models import Event, VerdictEntry
 from shared.settings import Settings
-from tests.integration.bundles import write_job_bundle
+from testkit.bundles import write_job_bundle
 from tests.unit.test_frozen import assert_same
 from worker.diagnosis import collect_evidence
 from worker.evidence import frozen
@@ -102,6 +102,89 @@ def test_a_replay_whose_evidence_is_gone_says_so(pipeline: Pipeline) -> None:
     _admit(pipeline, "e2")
     with pytest.raises(EvidenceLostError, match="replay --fresh"):
         pipeline.capture("e2", "e1", claim="t1")
+
+
+# --- a verdict entry never points at a report that is not in S3 ---------------------------------
+
+
+def _reports(pipeline: Pipeline) -> list[str]:
+    return sorted(k for k in _objects(pipeline) if k.startswith("reports/"))
+
+
+def _lose_reports(pipeline: Pipeline, *, kept_too: bool = False) -> None:
+    """S3 restarted empty of reports (and, with `kept_too`, Redis's copies of them gone)."""
+    for key in _reports(pipeline):
+        del _objects(pipeline)[key]
+    if kept_too:
+        for key in pipeline.redis.keys(f"{pipeline.names.prefix}:report:*"):
+            pipeline.redis.delete(key)
+
+
+def _announced(pipeline: Pipeline) -> list[str]:
+    """The report URIs of the verdict entries on the stream, in order."""
+    return [f[b"report_uri"].decode() for _id, f in pipeline.redis.xrange(pipeline.names.verdicts)]
+
+
+def _in_store(pipeline: Pipeline, uri: str) -> bool:
+    return uri.removeprefix(pipeline.store.uri("")) in _objects(pipeline)
+
+
+def test_a_report_lost_before_its_publish_is_written_again(pipeline: Pipeline) -> None:
+    """A report S3 lost between the verdict step and the publish is written again (from the
+    copy Redis keeps) before the entry pointing at it is announced."""
+    _admit(pipeline)
+    entry = _diagnose(pipeline)
+    written = _reports(pipeline)
+    _lose_reports(pipeline)
+    pipeline.publish(entry.model_dump(mode="json"), JOB)
+    assert _announced(pipeline) == [entry.report_uri]
+    assert _reports(pipeline) == written
+    assert _in_store(pipeline, entry.report_uri)
+
+
+def test_a_report_lost_everywhere_is_not_announced_but_written_anew(pipeline: Pipeline) -> None:
+    """A decided verdict whose report is gone from S3 and Redis is not announced: the decision
+    is withdrawn (ReportLostError sends the diagnosis again), and the verdict step run again
+    writes the report before its entry goes out."""
+    _admit(pipeline)
+    entry = _diagnose(pipeline)
+    _lose_reports(pipeline, kept_too=True)
+    with pytest.raises(EvidenceLostError, match="gone from S3"):
+        pipeline.publish(entry.model_dump(mode="json"), JOB)
+    assert _announced(pipeline) == []
+    assert pipeline.decided("e1") is None
+    again = _diagnose(pipeline)
+    pipeline.publish(again.model_dump(mode="json"), JOB)
+    (uri,) = _announced(pipeline)
+    assert _in_store(pipeline, uri)
+
+
+def test_the_error_callback_answers_with_a_report_that_is_there(pipeline: Pipeline) -> None:
+    """A decided verdict the error callback would publish, whose report is lost everywhere,
+    gives way to an ERROR with a report of its own."""
+    _admit(pipeline)
+    _diagnose(pipeline)
+    _lose_reports(pipeline, kept_too=True)
+    answered = pipeline.fail("e1", JOB, "publish failed")
+    assert answered is not None and answered.verdict.value == "ERROR"
+    (uri,) = _announced(pipeline)
+    assert _in_store(pipeline, uri)
+
+
+@pytest.mark.parametrize(("lost", "outcome"), [(False, "reannounced"), (True, "started")])
+def test_a_cooldown_verdict_is_reannounced_only_with_its_report(
+    pipeline: Pipeline, lost: bool, outcome: str
+) -> None:
+    """An alert in the job's cooldown is answered by the published verdict while its report is
+    in S3; once S3 lost it, the alert starts a diagnosis of its own instead of an entry
+    pointing at nothing."""
+    _admit(pipeline)
+    entry = _diagnose(pipeline)
+    pipeline.publish(entry.model_dump(mode="json"), JOB)
+    if lost:
+        _lose_reports(pipeline)
+    assert pipeline.coalescer.admit("e2", JOB).outcome == outcome
+    assert all(_in_store(pipeline, uri) for uri in _announced(pipeline)[1:])
 
 
 # --- the capture claim --------------------------------------------------------------------------
@@ -328,3 +411,45 @@ def test_a_lead_whose_part_is_gone_is_captured_again(pipeline: Pipeline) -> None
     pipeline.capture("e1", "e1", claim="t3")
     assert key in _objects(pipeline)
     assert pipeline.gate("e1", "liveness")["name"] == "liveness"
+
+
+def test_a_published_verdict_is_counted_and_logged_once(
+    pipeline: Pipeline, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Publishing a verdict counts it (kind, confidence, latency from its alert) and logs one
+    `verdict event=... job=...` line; the same entry published again (a task run twice) counts
+    and logs nothing more."""
+    from tests.unit.test_metrics import Delta
+
+    _admit(pipeline)
+    entry = _diagnose(pipeline)
+    kind = {"verdict": entry.verdict.value, "confidence": entry.confidence.value}
+    counted = Delta("rlhealth_verdicts_total", **kind)
+    latency = Delta("rlhealth_alert_to_verdict_seconds_count", verdict=entry.verdict.value)
+    with caplog.at_level("INFO", logger="worker.pipeline.steps"):
+        pipeline.publish(entry.model_dump(mode="json"), JOB)
+        pipeline.publish(entry.model_dump(mode="json"), JOB)
+    lines = [r.getMessage() for r in caplog.records if r.getMessage().startswith("verdict ")]
+    assert (counted.change, latency.change, len(lines)) == (1, 1, 1)
+    assert lines[0].startswith(
+        f"verdict event=e1 job={entry.job_id} verdict={entry.verdict.value} "
+        f"confidence={entry.confidence.value} duration="
+    )
+    assert f"report={entry.report_uri}" in lines[0]
+
+
+def test_a_failed_diagnosis_answered_error_is_counted_as_an_error_verdict(
+    pipeline: Pipeline, caplog: pytest.LogCaptureFixture
+) -> None:
+    """`fail` answers the lead ERROR: one ERROR verdict counted and logged, with its latency."""
+    from tests.unit.test_metrics import Delta
+
+    _admit(pipeline)
+    errors = Delta("rlhealth_verdicts_total", verdict="ERROR", confidence="low")
+    latency = Delta("rlhealth_alert_to_verdict_seconds_count", verdict="ERROR")
+    with caplog.at_level("INFO", logger="worker.pipeline.steps"):
+        assert pipeline.fail("e1", JOB, "capture ran past its time limit") is not None
+        assert pipeline.fail("e1", JOB, "again") is None
+    lines = [r.getMessage() for r in caplog.records if r.getMessage().startswith("verdict ")]
+    assert (errors.change, latency.change, len(lines)) == (1, 1, 1)
+    assert "verdict=ERROR confidence=low" in lines[0]

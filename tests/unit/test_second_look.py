@@ -11,6 +11,7 @@ import pytest
 
 from shared.models import Confidence, Quote, Report, SecondLookOutcome, Verdict
 from tests.factories import NOW, evidence, logs
+from tests.ray_node import AGENT, DRIVER, IDLE_WORKER, LOG_MONITOR
 from tests.unit.test_gate_liveness import steady_steps, timer
 from worker.diagnosis import judge
 from worker.evidence.model import (
@@ -20,6 +21,7 @@ from worker.evidence.model import (
     ParseSummary,
     ProbeCommand,
     ProbeEvidence,
+    ProcessRecord,
     StackDump,
 )
 from worker.second_look import compare, observe, rests_on_stacks, settle
@@ -299,3 +301,130 @@ def test_only_a_kill_whose_proof_quotes_stacks_needs_a_second_look(killed: Repor
     assert not rests_on_stacks(killed.model_copy(update={"kill_proof": log_only}))
     healthy = killed.model_copy(update={"verdict": Verdict.NO_KILL, "kill_proof": None})
     assert not rests_on_stacks(healthy)
+
+
+# --- roles: only the processes that matter move -------------------------------------------------
+
+
+def _ray(at: datetime, pid: int, *texts: str) -> tuple[StackDump, ...]:
+    """Dumps of one process of a Ray node, the way `_dumps` dates them."""
+    return tuple(
+        StackDump(
+            target="rl-job-0", pid=pid, n=n, source=f"probes/stacks/rl-job-0-pid{pid}-{n}.txt",
+            captured_at=at - timedelta(seconds=20 - 10 * n), text=text,
+        )
+        for n, text in enumerate(texts, start=1)
+    )  # fmt: skip
+
+
+def _node(at: datetime, monitor_line: int, *extra: StackDump) -> ProbeEvidence:
+    """The wedged rank beside a log monitor at `monitor_line` and a dashboard agent in select."""
+    helpers = (
+        *_ray(
+            at, 301, LOG_MONITOR.dump(301, monitor_line), LOG_MONITOR.dump(301, monitor_line + 3)
+        ),
+        *_ray(at, 302, AGENT.dump(302, 468), AGENT.dump(302, 415)),
+    )
+    return _probe(at, stacks=(*_dumps(at), *helpers, *extra))
+
+
+def test_helpers_that_move_come_or_go_are_ignored_and_the_kill_stands(killed: Report) -> None:
+    """The log monitor moved on, the agent churned between waits and a new idle worker appeared:
+    confirmed, the summary saying what was ignored, and no helper quoted."""
+    idle = _ray(LATER, 9, IDLE_WORKER.dump(9), IDLE_WORKER.dump(9))
+    first = _look(now=NOW, probes=_node(NOW, 520))
+    look = _judge(first, _second(probes=_node(LATER, 580, *idle)))
+    assert look.outcome is SecondLookOutcome.CONFIRMED, look.summary
+    assert "ignored, not progress" in look.summary and "pid 301" in look.summary
+    assert "pid 9 is new" in look.summary
+    assert all("pid4242" in q.source for q in look.evidence if "stacks/" in q.source)
+    assert settle(killed, look).verdict is Verdict.KILL
+
+
+SIDECAR = 'Process 400: python sidecar.py\n\nThread 400 (idle): "MainThread"\n    {top}\n'
+
+
+def test_an_unknown_process_at_work_is_movement_and_one_between_idle_waits_is_not() -> None:
+    """Beside the same helpers, an unnamed process in two different compute frames moved; one
+    that went from `select` to a connection's `_recv` only waited."""
+    work = _look(now=NOW, probes=_node(NOW, 520, *_ray(NOW, 400, SIDECAR.format(top="a (s.py:1)"))))
+    moved = _judge(
+        work, _second(probes=_node(LATER, 580, *_ray(LATER, 400, SIDECAR.format(top="b (s.py:9)"))))
+    )
+    assert moved.outcome is SecondLookOutcome.MOVED
+    assert moved.moved == ("rl-job-0 pid 400: stack changed from `a (s.py:1)` to `b (s.py:9)`",)
+    select = SIDECAR.format(top="_PollLikeSelector.select (selectors.py:415)")
+    recv = SIDECAR.format(top="Connection._recv (multiprocessing/connection.py:395)")
+    waiting = _look(now=NOW, probes=_node(NOW, 520, *_ray(NOW, 400, select)))
+    look = _judge(waiting, _second(probes=_node(LATER, 580, *_ray(LATER, 400, recv))))
+    assert look.outcome is SecondLookOutcome.CONFIRMED, look.summary
+    assert "only idle waits" in look.summary
+
+
+def _failed_dump(pid: int) -> ProbeCommand:
+    argv = ("iris", "task", "exec", "/ops/rl-job/0", "--", "py-spy", "dump", "--pid", str(pid))
+    return ProbeCommand(
+        argv=argv, started_at=LATER, exit_code=1, output=f"failed/stacks/rl-job-0-pid{pid}-2.txt"
+    )
+
+
+@pytest.mark.parametrize(
+    ("pid", "outcome"), [(301, "confirmed"), (1, "confirmed"), (4242, "blind")]
+)
+def test_a_failed_dump_blinds_the_look_only_for_a_process_that_matters(
+    pid: int, outcome: str
+) -> None:
+    """The log monitor's second dump failed, or the driver's beside the rank parked in a
+    collective: noted, the KILL confirmed; the rank's: blind."""
+    driver = _ray(NOW, 1, DRIVER.dump(1, 290), DRIVER.dump(1, 290))
+    first = _look(now=NOW, probes=_node(NOW, 520, *driver))
+    again = _node(LATER, 520, *_ray(LATER, 1, DRIVER.dump(1, 290), DRIVER.dump(1, 290)))
+    kept = tuple(d for d in again.stacks if not (d.pid == pid and d.n == 2))
+    probes = _probe(LATER, stacks=kept, commands=(_failed_dump(pid),))
+    look = _judge(first, _second(probes=probes))
+    assert look.outcome.value == outcome, look.summary
+    if outcome == "confirmed":
+        assert f"pid {pid}: `iris task exec" in look.summary
+
+
+def test_a_failed_driver_dump_blinds_a_look_at_a_queue_deadlock() -> None:
+    """Without ranks parked in a collective (a coordinator on its queue), the driver's failed
+    dump is a hole: blind."""
+    queue = (
+        "Process {pid}: ray::AgenticRolloutCoordinator.run\n\n"
+        'Thread {pid} (idle): "MainThread"\n    get (queue.py:180)\n    run (coordinator.py:40)\n'
+    )
+    first = _look(
+        now=NOW,
+        probes=_probe(
+            NOW, stacks=(*_dumps(NOW, texts=(queue, queue)), *_ray(NOW, 1, DRIVER.dump(1, 290)))
+        ),
+    )
+    driver = _ray(LATER, 1, DRIVER.dump(1, 290))  # its second dump failed
+    second = _probe(
+        LATER, stacks=(*_dumps(LATER, texts=(queue, queue)), *driver), commands=(_failed_dump(1),)
+    )
+    assert _judge(first, _second(probes=second)).outcome is SecondLookOutcome.BLIND
+
+
+def test_the_driver_dumped_once_beside_ranks_in_a_collective_does_not_move_the_job() -> None:
+    """The driver (in `ray.get`) dumped only in the first look and once in the second: the
+    ranks still parked, the look confirms."""
+    first = _look(
+        now=NOW, probes=_probe(NOW, stacks=(*_dumps(NOW), *_ray(NOW, 1, DRIVER.dump(1, 290))))
+    )
+    second = _probe(LATER, stacks=(*_dumps(LATER), *_ray(LATER, 1, DRIVER.dump(1, 290))))
+    assert _judge(first, _second(probes=second)).outcome is SecondLookOutcome.CONFIRMED
+    moved = _probe(LATER, stacks=(*_dumps(LATER), *_ray(LATER, 1, DRIVER.dump(1, 291))))
+    assert _judge(first, _second(probes=moved)).outcome is SecondLookOutcome.MOVED
+
+
+def test_a_driver_whose_dumps_both_failed_is_not_gone() -> None:
+    """processes.json names pid 1 the driver and both its dumps failed in the second look: it is
+    not gone (no movement) and, beside the rank parked in a collective, not a hole."""
+    first = _look(now=NOW, probes=_node(NOW, 520, *_ray(NOW, 1, DRIVER.dump(1, 290))))
+    record = ProcessRecord(target="rl-job-0", pid=1, args=DRIVER.args, role="driver", why="x")
+    failed = (_failed_dump(1), _failed_dump(1).model_copy(update={"output": None}))
+    probes = _node(LATER, 520).model_copy(update={"commands": failed, "processes": (record,)})
+    look = _judge(first, _second(probes=probes))
+    assert look.outcome is SecondLookOutcome.CONFIRMED, look.summary

@@ -88,7 +88,8 @@ def _look(
 def test_the_second_look_forces_the_stacks_through_the_local_backend(
     job: tuple[Path, Event],
 ) -> None:
-    """The log is fresh, yet the look takes two dumps of the process and reads its state."""
+    """The log is fresh, yet the look takes two dumps of the process and reads its state; it
+    asks for no GPU state (not part of the look)."""
     root, event = job
     runner = FakeRunner()
     second = _look(root, event, runner, backend="local")
@@ -97,6 +98,7 @@ def test_the_second_look_forces_the_stacks_through_the_local_backend(
     assert second.probes.controller.state == "running"
     assert [(d.pid, d.n) for d in second.probes.stacks] == [(PID, 1), (PID, 2)]
     assert sum("py-spy" in " ".join(c) for c in runner.calls) == 2
+    assert not any("nvidia-smi" in " ".join(c) for c in runner.calls)
     seen = observe(second, prefix="second_look/")
     assert seen.blind == () and seen.stacks[0].newest[0] == "all_reduce (train.py:14)"
 

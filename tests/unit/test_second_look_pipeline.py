@@ -33,7 +33,7 @@ from worker.evidence.frozen import freeze
 from worker.evidence.model import Evidence
 from worker.pipeline import steps as steps_module
 from worker.pipeline import tasks
-from worker.pipeline.steps import Pipeline
+from worker.pipeline.steps import MIN_LOOK_WAIT_S, Pipeline
 from worker.pipeline.store import MemoryStore
 from worker.pipeline.watchdog import Watchdog
 
@@ -84,12 +84,18 @@ def _report(p: Pipeline, entry: dict[str, Any]) -> dict[str, Any]:
 # --- when it is due -------------------------------------------------------------------------------
 
 
+def _at_first_dumps(p: Pipeline, later_s: float = 0.0) -> None:
+    """The pipeline's clock `later_s` after the first look's newest dump (`_first`: at NOW)."""
+    p.clock = lambda: NOW.timestamp() + later_s
+
+
 @pytest.mark.parametrize(("reobserve_s", "due"), [(60.0, 60.0), (0.0, None)])
 def test_a_stall_kill_waits_reobserve_s_and_zero_turns_it_off(
     tmp_path: Path, reobserve_s: float, due: float | None
 ) -> None:
     """A KILL on stacks waits RLHEALTH_REOBSERVE_S; with 0 it is decided at once, no look."""
     p = _pipeline(tmp_path, reobserve_s=reobserve_s)
+    _at_first_dumps(p)
     results = _frozen(p, _first())
     plan = p.plan_verdict(results, LEAD, LEAD)
     if due is None:
@@ -98,6 +104,21 @@ def test_a_stall_kill_waits_reobserve_s_and_zero_turns_it_off(
     else:
         assert plan == {"look_in_s": due}
         assert p.decided(LEAD) is None  # nothing stored or decided before the second look
+
+
+@pytest.mark.parametrize(
+    ("later_s", "due"), [(15.0, 45.0), (59.0, 1.0), (61.0, MIN_LOOK_WAIT_S), (-5.0, 60.0)]
+)
+def test_the_look_is_due_reobserve_s_after_the_first_look_dumps(
+    tmp_path: Path, later_s: float, due: float
+) -> None:
+    """The countdown runs from the newest dump the proof quotes, not from the verdict: 15 s
+    after it, 45 s are left; past RLHEALTH_REOBSERVE_S, the shortest countdown; a clock behind
+    the dumps waits the whole of it."""
+    p = _pipeline(tmp_path, reobserve_s=60)
+    _at_first_dumps(p, later_s)
+    plan = p.plan_verdict(_frozen(p, _first()), LEAD, LEAD)
+    assert plan == {"look_in_s": due}
 
 
 @pytest.mark.parametrize("backends", [{"backend": "none"}, {"backend": "iris"}])
@@ -152,6 +173,7 @@ def test_the_verdict_task_hands_over_to_a_countdown_not_a_sleep(
     (the worker's main process holds the message: no slot waits); nothing sleeps; the lease
     runs out no sooner than the countdown plus a lease."""
     p = _pipeline(tmp_path, reobserve_s=30)
+    _at_first_dumps(p)
     results = _frozen(p, _first())
     monkeypatch.setattr(tasks, "pipeline", lambda: p)
     monkeypatch.setattr(tasks, "settings", lambda: p.settings)
@@ -212,7 +234,8 @@ def test_still_wedged_is_kill_frozen_and_replayed_without_probing(
     report = _report(p, entry)
     assert entry["verdict"] == "KILL" and looks.calls == 1
     assert report["second_look"]["outcome"] == "confirmed"
-    assert report["second_look"]["waited_s"] >= 61
+    since_first_dumps = time.time() - NOW.timestamp()  # counted from the first look's dumps
+    assert report["second_look"]["waited_s"] >= since_first_dumps - 60
     sources = [q["source"] for q in report["kill_proof"]["evidence"]]
     assert any(s.startswith("probes/stacks/") for s in sources)
     assert any(s.startswith("second_look/probes/stacks/") for s in sources)
@@ -278,7 +301,8 @@ def test_the_text_report_closes_liveness_with_the_second_look() -> None:
     """One `second look —` line right after the LIVENESS lines, its quotes indented under it."""
     lines = render_text(_settled()).splitlines()
     at = next(i for i, line in enumerate(lines) if line.startswith("  second look — "))
-    assert lines[at].startswith("  second look — confirmed after 60 s (taken 2026-07-30T21:16:00Z)")
+    head = "  second look — confirmed after 1 min (taken 2026-07-30T21:16:00Z)"
+    assert lines[at].startswith(head)
     resources = next(i for i, line in enumerate(lines) if line.startswith("RESOURCES:"))
     liveness = next(i for i, line in enumerate(lines) if line.startswith("LIVENESS:"))
     assert liveness < at < resources

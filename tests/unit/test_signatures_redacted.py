@@ -17,7 +17,7 @@ import polars as pl
 import pytest
 from click.testing import CliRunner
 
-from bench.hostile import INPUTS, build
+from testkit.hostile import INPUTS, build
 from tests.security.corpus import AWS_ID, AWS_SECRET, HF, JWT, URL_PASSWORD, leaks
 from worker.cli import main
 from worker.evidence.failures import signature
@@ -167,6 +167,7 @@ def _cli(*args: str | Path, memory_mb: int) -> subprocess.CompletedProcess[str]:
     )
 
 
+@pytest.mark.slow
 def test_signatures_past_the_budget_exits_2_with_one_line(tmp_path: Path) -> None:
     """40 MB of metric records under a 256 MB setting: exit 2, one line saying why (no
     traceback); the same records cut to 1 MB are read (exit 0)."""
@@ -184,6 +185,7 @@ def test_signatures_past_the_budget_exits_2_with_one_line(tmp_path: Path) -> Non
     assert "0 failure row(s)" in done.stdout
 
 
+@pytest.mark.slow
 def test_signatures_refuses_an_unusable_memory_setting(tmp_path: Path) -> None:
     """An unusable RLHEALTH_PARSE_MEMORY_MB is one line naming the setting, exit 2."""
     log = _log(tmp_path / "finelog.log", SECRETS)

@@ -1,4 +1,4 @@
-"""py-spy dump parsing and stall proof (worker.gates.stacks)."""
+"""py-spy dump parsing and stall proof (worker.gates.stacks), judged by role."""
 
 from __future__ import annotations
 
@@ -7,17 +7,32 @@ from pathlib import Path
 
 import pytest
 
+from shared.models import Quote
 from tests.factories import NOW
+from tests.ray_node import (
+    AGENT,
+    DRIVER,
+    ENGINE_QUEUE,
+    IDLE_WORKER,
+    LOG_MONITOR,
+    RANK_COMPUTE,
+    RAYLET_FAILED,
+)
+from tests.ray_node import RANK as RANK_PARKED
+from worker.evidence.facts import ProbeFailure
 from worker.evidence.model import StackDump
+from worker.evidence.roles import Role, Roles, classify
 from worker.gates.stacks import (
     MIN_STILL_GAP_S,
     DumpWindow,
     ParkingKind,
     ProcessState,
+    StackFinding,
     judge_stacks,
     parking,
     parse_dump,
     primary_thread,
+    stack_holes,
 )
 
 FIXTURES = Path(__file__).parents[1] / "fixtures" / "stacks"
@@ -311,3 +326,163 @@ def test_identical_stacks_outside_collectives_need_the_probe_interval(
         assert (
             finding.still_frame == "_poll_results (skyrl_train/generators/async_collector.py:212)"
         )
+
+
+# --- proofs rest on the processes that matter (roles) --------------------------------------------
+
+
+def node(pid: int, *texts: str, target: str = "rl-job-0") -> list[StackDump]:
+    """Dumps of one process, ten seconds apart, the first thirty seconds before NOW."""
+    return [
+        StackDump(
+            target=target,
+            pid=pid,
+            n=n,
+            source=f"probes/stacks/{target}-pid{pid}-{n}.txt",
+            captured_at=NOW - timedelta(seconds=30 - 10 * (n - 1)),
+            text=text,
+        )
+        for n, text in enumerate(texts, start=1)
+    ]
+
+
+def parked_ranks(*pids: int) -> list[StackDump]:
+    return [d for pid in pids for d in node(pid, RANK_PARKED.dump(pid), RANK_PARKED.dump(pid))]
+
+
+def busy_helpers() -> list[StackDump]:
+    """A log monitor and a dashboard agent whose frames change, an idle Ray worker."""
+    return [
+        *node(301, LOG_MONITOR.dump(301, 520), LOG_MONITOR.dump(301, 531)),
+        *node(302, AGENT.dump(302, 468), AGENT.dump(302, 415)),
+        *node(9, IDLE_WORKER.dump(9), IDLE_WORKER.dump(9)),
+    ]
+
+
+def failure(pid: int, n: int = 2, why: str = "exited 1") -> ProbeFailure:
+    text = f"`iris task exec /ops/rl-job/0 -- py-spy dump --pid {pid}` {why}"
+    cited = Quote(source="probes/probes.json", text=text, timestamp=NOW)
+    return ProbeFailure("stacks", text, cited, pid=pid, target="rl-job-0")
+
+
+def states(finding: StackFinding) -> dict[int, ProcessState]:
+    return {p.pid: p.state for p in finding.processes}
+
+
+def test_ranks_parked_beside_busy_helpers_are_proven_and_a_straggler_rank_is_not() -> None:
+    """Helpers that change frames are noted, never movement, and their dumps are not quoted; a
+    rank computing while the others wait in the collective still blocks the proof."""
+    finding = judge_stacks([*parked_ranks(100, 101), *busy_helpers()])
+    assert finding.proven, finding.summary
+    assert states(finding)[301] is ProcessState.MOVING
+    assert any("pid 301 (helper): moving, ignored" in note for note in finding.notes)
+    assert {q.source.split("-pid")[1].split("-")[0] for q in finding.quotes} == {"100", "101"}
+    straggler = node(101, RANK_COMPUTE.dump(101, 116), RANK_COMPUTE.dump(101, 120))
+    blocked = judge_stacks([*parked_ranks(100), *straggler, *busy_helpers()])
+    assert not blocked.proven
+    assert [(j.pid, j.state) for j in blocked.holes] == [(101, ProcessState.MOVING)]
+
+
+def test_a_driver_dumped_once_is_context_and_a_rank_dumped_once_is_not() -> None:
+    """Every rank parked, the driver (in `ray.get`) dumped once: proven, the driver noted; a
+    rank dumped once instead: not proven."""
+    once = judge_stacks([*parked_ranks(100, 101), *node(1, DRIVER.dump(1, 290))])
+    assert once.proven and states(once)[1] is ProcessState.UNPAIRED
+    assert any("pid 1 (driver): unpaired" in note and "context" in note for note in once.notes)
+    rank_once = judge_stacks([*parked_ranks(100), *node(101, RANK_PARKED.dump(101))])
+    assert not rank_once.proven
+    assert [(j.pid, j.state) for j in rank_once.holes] == [(101, ProcessState.UNPAIRED)]
+
+
+def test_a_driver_that_leaves_its_frame_blocks_the_proof() -> None:
+    """The driver moving on from `main` line 290 to 291 between dumps is movement."""
+    moved = node(1, DRIVER.dump(1, 290), DRIVER.dump(1, 291))
+    still = node(1, DRIVER.dump(1, 290), DRIVER.dump(1, 290))
+    assert not judge_stacks([*parked_ranks(100, 101), *moved]).proven
+    assert judge_stacks([*parked_ranks(100, 101), *still]).proven
+
+
+def test_a_failed_dump_of_a_native_process_is_noted_and_of_a_rank_is_a_hole() -> None:
+    """A raylet whose dump found no Python, a log monitor whose second dump timed out, or the
+    driver's failed dump is noted and not quoted; a rank whose second dump failed blocks the
+    proof."""
+    native = Roles({
+        ("rl-job-0", 55): classify("/opt/bin/sidecar", failures=[RAYLET_FAILED]),
+        ("rl-job-0", 1): classify(DRIVER.args),
+    })  # fmt: skip
+    dumps = [*parked_ranks(100, 101), *node(301, LOG_MONITOR.dump(301, 520))]
+    failed = [failure(55, 1), failure(55, 2), failure(301, 2, "timed out"), failure(1, 1)]
+    finding = judge_stacks(dumps, roles=native, failed=failed)
+    assert finding.proven, finding.summary
+    assert all("probes.json" not in q.source for q in finding.quotes)  # the proof quotes dumps
+    assert (
+        states(finding)[55] is ProcessState.FAILED and states(finding)[301] is ProcessState.FAILED
+    )
+    assert any("pid 55 (native): failed, ignored" in note for note in finding.notes)
+    rank = judge_stacks(
+        [*parked_ranks(100), *node(101, RANK_PARKED.dump(101))], failed=[failure(101)]
+    )
+    assert not rank.proven
+    assert [(j.pid, j.role, j.state) for j in rank.holes] == [(101, Role.RANK, ProcessState.FAILED)]
+
+
+def test_an_unknown_process_between_idle_waits_does_not_block_and_one_at_work_does() -> None:
+    """An unnamed process going from `select` to a connection's `_recv` waits idly: proven; the
+    same process in two different compute frames: not proven."""
+    sidecar = 'Process 400: python sidecar.py\n\nThread 400 (idle): "MainThread"\n    {top}\n'
+    idle = node(
+        400,
+        sidecar.format(top="_PollLikeSelector.select (selectors.py:415)"),
+        sidecar.format(top="Connection._recv (multiprocessing/connection.py:395)"),
+    )
+    busy = node(
+        400,
+        sidecar.format(top="tokenize (sidecar.py:40)"),
+        sidecar.format(top="score (sidecar.py:71)"),
+    )
+    waiting = judge_stacks([*parked_ranks(100, 101), *idle])
+    assert waiting.proven and states(waiting)[400] is ProcessState.IDLE
+    working = judge_stacks([*parked_ranks(100, 101), *busy])
+    assert not working.proven and states(working)[400] is ProcessState.MOVING
+
+
+def test_an_engine_on_its_input_queue_proves_nothing_and_a_coordinator_on_its_queue_does() -> None:
+    """A vLLM engine core waiting on its input queue is idle by design; the coordinator on its
+    own queue is a deadlock."""
+    engine = judge_stacks(node(777, ENGINE_QUEUE.dump(777), ENGINE_QUEUE.dump(777)))
+    assert not engine.proven and states(engine)[777] is ProcessState.ENGINE_IDLE
+    coordinator = judge_stacks(node(4242, COORDINATOR, COORDINATOR))
+    assert coordinator.proven
+
+
+def test_a_queue_deadlock_rests_on_the_coordinator_and_not_on_helpers() -> None:
+    """Beside a coordinator parked on its queue, a helper dumped once is context; another
+    entrypoint process dumped once is a hole (the deadlock rests on it)."""
+    parked = node(4242, COORDINATOR, COORDINATOR)
+    assert judge_stacks([*parked, *node(301, LOG_MONITOR.dump(301, 520))]).proven
+    assert not judge_stacks([*parked, *node(1, DRIVER.dump(1, 290))]).proven
+
+
+def test_still_rests_on_the_load_bearing_processes() -> None:
+    """Every load-bearing process identical outside a collective is still beside busy helpers;
+    an unknown process at work beside it is not."""
+    driver = node(1, STILL.format(pid=1), STILL.format(pid=1))
+    beside_helpers = judge_stacks([*driver, *busy_helpers()])
+    assert beside_helpers.still and not beside_helpers.proven
+    work = 'Process 400: python sidecar.py\n\nThread 400 (idle): "MainThread"\n    {top}\n'
+    busy = node(400, work.format(top="tokenize (sidecar.py:40)"), work.format(top="x (a.py:1)"))
+    assert not judge_stacks([*driver, *busy]).still
+
+
+def test_stack_holes_keep_what_a_proof_needs() -> None:
+    """A failed dump naming no pid is a hole; a helper's is not; the driver's is one only when
+    the proof does not rest on ranks parked in a collective."""
+    roles = Roles({
+        ("rl-job-0", 301): classify(LOG_MONITOR.args),
+        ("rl-job-0", 1): classify(DRIVER.args),
+        ("rl-job-0", 100): classify(RANK_PARKED.args),
+    })  # fmt: skip
+    note = ProbeFailure("stacks", "no Python process found", Quote(source="p", text="n"))
+    failures = [note, failure(301), failure(1), failure(100)]
+    assert [f.pid for f in stack_holes(failures, roles, collective=True)] == [None, 100]
+    assert [f.pid for f in stack_holes(failures, roles, collective=False)] == [None, 1, 100]

@@ -14,7 +14,7 @@ from shared.models import Confidence, Event, Verdict, VerdictEntry
 from shared.settings import Settings
 from shared.streams import ALERT_FIELD, StreamNames, entry_fields, read_entry
 from shared.supervisor import VerdictReader
-from tests.keys import TEST_KEYS, signed_fields
+from testkit.keys import TEST_KEYS, signed_fields
 
 
 def test_contract_names_follow_the_prefix() -> None:

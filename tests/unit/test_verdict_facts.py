@@ -112,9 +112,9 @@ def test_finished_trials_are_progress_and_future_ones_are_stated() -> None:
     ("clock", "expected"),
     [
         (ClockSkew(lines=40, min_s=7190, max_s=7210, off_lines=40, source="finelog.log"),
-         "constant 2.0 h ahead of the Iris prefix"),
+         "constant 2 h ahead of the Iris prefix"),
         (ClockSkew(lines=40, min_s=-25230, max_s=-25170, off_lines=40, source="finelog.log"),
-         "constant 7.0 h behind the Iris prefix"),
+         "constant 7 h behind the Iris prefix"),
         (ClockSkew(lines=40, min_s=0, max_s=7200, off_lines=1, first_line=77,
                    source="finelog.log"), "1 of 40 lines"),
         (ClockSkew(lines=40, min_s=-2, max_s=3, off_lines=0), None),

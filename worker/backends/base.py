@@ -12,15 +12,24 @@ from __future__ import annotations
 import re
 import time
 from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Protocol
+from typing import Final, Protocol
 
 from worker.backends.connections import ClusterConnection
 from worker.backends.identifiers import checked
+from worker.backends.processes import TaskProcess
 from worker.backends.retry import with_retries
 from worker.backends.spawn import ProbeResult
-from worker.evidence.model import AttemptRecord, ControllerView, ProbeCommand, ProbeEvidence
+from worker.evidence.model import (
+    AttemptRecord,
+    ControllerView,
+    ProbeCommand,
+    ProbeEvidence,
+    ProcessRecord,
+)
+from worker.evidence.roles import Role, classify
 
 __all__ = [
     "Backend",
@@ -74,6 +83,7 @@ class Recorder:
     commands: list[ProbeCommand] = field(default_factory=list)
     outputs: dict[str, str] = field(default_factory=dict)
     failures: list[str] = field(default_factory=list)
+    processes: list[ProcessRecord] = field(default_factory=list)
 
     def run(self, argv: Sequence[str], output: str, *, tool: str = "") -> ProbeResult:
         """Run `argv`; its stdout goes to `output` on success, else to `failed/<output>`."""
@@ -88,6 +98,7 @@ class Recorder:
                 started_at=result.started_at,
                 exit_code=result.exit_code,
                 output=path,
+                why=None if result.ok else result.why(),
             )
         )
         if not result.ok:
@@ -117,6 +128,7 @@ class Recorder:
             commands=tuple(self.commands),
             controller=controller,
             attempts=attempts,
+            processes=tuple(self.processes),
             failures=tuple(self.failures),
         )
 
@@ -148,8 +160,8 @@ class Backend(Protocol):
         """The running tasks or pods whose processes can be probed."""
         ...
 
-    def pids(self, rec: Recorder, target: str) -> tuple[int, ...]:
-        """The Python processes of `target` worth a stack dump."""
+    def processes(self, rec: Recorder, target: str) -> tuple[TaskProcess, ...]:
+        """The Python processes of `target` worth a stack dump, with their command lines."""
         ...
 
     def stack(self, rec: Recorder, target: str, pid: int, n: int) -> None:
@@ -163,12 +175,76 @@ class Backend(Protocol):
 
 @dataclass(frozen=True)
 class ProbePlan:
-    """What to ask: stacks (two dumps `interval_s` apart) only when a stall must be judged."""
+    """What to ask: stacks (two dumps `interval_s` apart) only when a stall must be judged; the
+    log tail and GPU state unless `context` is off (the second look compares the stacks, the log
+    and the controller, and needs neither). The dumps of one round run `parallel` at a time, so
+    they show the task at nearly one instant and a round costs about one probe's time."""
 
     stacks: bool = False
     interval_s: float = 5.0
     dumps: int = 2
     max_pids: int = 8
+    context: bool = True
+    parallel: int = 8
+
+
+_DUMP_FIRST: Final = (
+    Role.RANK, Role.DRIVER, Role.COORDINATOR, Role.ENGINE, Role.UNKNOWN, Role.HELPER, Role.NATIVE,
+)  # fmt: skip
+"""The order in which processes are chosen when a task holds more than `max_pids`."""
+ARGS_MAX_CHARS: Final = 4096
+"""A recorded command line is cut here (a launcher's may carry a whole environment)."""
+
+
+def _worth_dumping(found: Sequence[TaskProcess], limit: int) -> tuple[TaskProcess, ...]:
+    """At most `limit` processes, the load-bearing ones first as their command lines name them
+    (a Ray node's helpers never crowd its ranks out), in pid order."""
+
+    def order(process: TaskProcess) -> tuple[int, int]:
+        role = classify(process.args, pid=process.pid, parent_args=process.parent_args).role
+        return _DUMP_FIRST.index(role), process.pid
+
+    return tuple(sorted(sorted(found, key=order)[:limit], key=lambda p: p.pid))
+
+
+def _record(rec: Recorder, target: str, process: TaskProcess, dumps: int) -> ProcessRecord:
+    """The process and its role, decided from its command line and what its dumps returned."""
+    name = f"{safe_name(target)}-pid{process.pid}"
+    outputs = [f"stacks/{name}-{n}.txt" for n in range(1, dumps + 1)]
+    texts = [rec.outputs[path] for path in outputs if path in rec.outputs]
+    failures = [
+        rec.outputs[f"failed/{path}"] for path in outputs if f"failed/{path}" in rec.outputs
+    ]
+    found = classify(
+        process.args, texts, pid=process.pid, parent_args=process.parent_args, failures=failures
+    )
+    return ProcessRecord(
+        target=safe_name(target),
+        pid=process.pid,
+        ppid=process.ppid,
+        args=process.args[:ARGS_MAX_CHARS],
+        role=found.role.value,
+        why=found.why,
+    )
+
+
+def _by_file(command: ProbeCommand) -> str:
+    return (command.output or "").removeprefix("failed/")
+
+
+def _dump_round(
+    backend: Backend, rec: Recorder, pids: Sequence[tuple[str, int]], n: int, parallel: int
+) -> None:
+    """Dump `n` of every (target, pid), `parallel` at a time; recorded in (target, pid) order
+    whatever order they finish in."""
+    start = len(rec.commands)
+    if parallel <= 1 or len(pids) <= 1:
+        for target, pid in pids:
+            backend.stack(rec, target, pid, n)
+    else:
+        with ThreadPoolExecutor(max_workers=min(parallel, len(pids))) as pool:
+            list(pool.map(lambda key: backend.stack(rec, key[0], key[1], n), pids))
+    rec.commands[start:] = sorted(rec.commands[start:], key=_by_file)
 
 
 def _dump_stacks(
@@ -178,16 +254,17 @@ def _dump_stacks(
     plan: ProbePlan,
     sleep: Callable[[float], None],
 ) -> None:
-    pids = {target: backend.pids(rec, target)[: plan.max_pids] for target in targets}
-    for target, found in pids.items():
+    chosen = {t: _worth_dumping(backend.processes(rec, t), plan.max_pids) for t in targets}
+    for target, found in chosen.items():
         if not found:
             rec.note(f"no Python process found in {target}: no stacks")
+    pids = [(target, process.pid) for target, found in chosen.items() for process in found]
     for n in range(1, plan.dumps + 1):
         if n > 1:
             sleep(plan.interval_s)
-        for target, found in pids.items():
-            for pid in found:
-                backend.stack(rec, target, pid, n)
+        _dump_round(backend, rec, pids, n, plan.parallel)
+    for target, found in chosen.items():
+        rec.processes.extend(_record(rec, target, process, plan.dumps) for process in found)
 
 
 def probe_job(
@@ -203,13 +280,14 @@ def probe_job(
     captured_at = clock()
     controller = backend.controller(rec)
     attempts = backend.attempts(rec, controller)
-    backend.logs_tail(rec, controller)
+    if plan.context:
+        backend.logs_tail(rec, controller)
     if plan.stacks:
         targets = backend.targets(controller)
         if not targets:
             rec.note("no running task or pod: stacks and GPU state cannot be captured")
         _dump_stacks(backend, rec, targets, plan, sleep)
-        for target in targets:
+        for target in targets if plan.context else ():
             backend.gpus(rec, target)
     return rec.evidence(
         backend=backend.name,

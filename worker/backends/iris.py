@@ -22,7 +22,7 @@ from pydantic import ValidationError
 
 from worker.backends.base import JobRef, Recorder, safe_name
 from worker.backends.identifiers import PATTERNS, like_prefix
-from worker.backends.processes import PS_ARGV, python_pids
+from worker.backends.processes import PS_ARGV, TaskProcess, task_processes
 from worker.evidence.model import AttemptRecord, ControllerView
 from worker.evidence.probes import attempts_from_iris_query_csv, controller_from_iris_summary
 
@@ -125,9 +125,9 @@ class IrisBackend:
         timeout = str(self.exec_timeout_s)
         return self._run(rec, output, "task", "exec", target, "--timeout", timeout, "--", *probe)
 
-    def pids(self, rec: Recorder, target: str) -> tuple[int, ...]:
+    def processes(self, rec: Recorder, target: str) -> tuple[TaskProcess, ...]:
         text = self._exec(rec, f"raw/ps-{safe_name(target)}.txt", target, *PS_ARGV)
-        return python_pids(text, self.job.process_match) if text is not None else ()
+        return task_processes(text, self.job.process_match) if text is not None else ()
 
     def stack(self, rec: Recorder, target: str, pid: int, n: int) -> None:
         output = f"stacks/{safe_name(target)}-pid{pid}-{n}.txt"

@@ -21,7 +21,7 @@ from typing import Any, Final
 from worker.backends.base import JobRef, Recorder, safe_name
 from worker.backends.identifiers import PATTERNS
 from worker.backends.iris import GPU_QUERY
-from worker.backends.processes import PS_ARGV, python_pids
+from worker.backends.processes import PS_ARGV, TaskProcess, task_processes
 from worker.evidence.model import AttemptRecord, ControllerView
 
 __all__ = ["KubernetesBackend", "attempts_from_pods", "controller_from_pods"]
@@ -193,9 +193,9 @@ class KubernetesBackend:
             return None
         return self._run(rec, output, "exec", target, "--", *probe)
 
-    def pids(self, rec: Recorder, target: str) -> tuple[int, ...]:
+    def processes(self, rec: Recorder, target: str) -> tuple[TaskProcess, ...]:
         text = self._exec(rec, f"raw/ps-{safe_name(target)}.txt", target, *PS_ARGV)
-        return python_pids(text, self.job.process_match) if text is not None else ()
+        return task_processes(text, self.job.process_match) if text is not None else ()
 
     def stack(self, rec: Recorder, target: str, pid: int, n: int) -> None:
         output = f"stacks/{safe_name(target)}-pid{pid}-{n}.txt"

@@ -13,6 +13,7 @@ from typing import Final
 from worker.backends.base import JobRef, Recorder
 from worker.backends.identifiers import PATTERNS
 from worker.backends.iris import GPU_QUERY
+from worker.backends.processes import TaskProcess
 from worker.evidence.model import AttemptRecord, ControllerView
 
 __all__ = ["LocalBackend", "proc_state"]
@@ -71,8 +72,10 @@ class LocalBackend:
         running = controller is not None and controller.state == "running"
         return (self.target,) if running else ()
 
-    def pids(self, rec: Recorder, target: str) -> tuple[int, ...]:
-        return (int(self.pid),)
+    def processes(self, rec: Recorder, target: str) -> tuple[TaskProcess, ...]:
+        cmdline = rec.outputs.get("raw/proc-cmdline.txt", "")
+        args = " ".join(part for part in cmdline.split("\0") if part)
+        return (TaskProcess(int(self.pid), None, args),)
 
     def stack(self, rec: Recorder, target: str, pid: int, n: int) -> None:
         argv = (self._tool("py-spy"), "dump", "--pid", str(pid))

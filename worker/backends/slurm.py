@@ -14,6 +14,7 @@ from typing import Final
 
 from worker.backends.base import JobRef, Recorder
 from worker.backends.identifiers import PATTERNS
+from worker.backends.processes import TaskProcess
 from worker.evidence.model import AttemptRecord, ControllerView
 
 __all__ = ["SACCT_FIELDS", "SlurmBackend", "attempts_from_sacct", "slurm_state"]
@@ -126,7 +127,7 @@ class SlurmBackend:
     def targets(self, controller: ControllerView | None) -> tuple[str, ...]:
         return ()
 
-    def pids(self, rec: Recorder, target: str) -> tuple[int, ...]:
+    def processes(self, rec: Recorder, target: str) -> tuple[TaskProcess, ...]:
         return ()
 
     def stack(self, rec: Recorder, target: str, pid: int, n: int) -> None:

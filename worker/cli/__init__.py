@@ -7,6 +7,7 @@ Each command lives in its own module of this package and is named in `COMMANDS`.
 from __future__ import annotations
 
 import importlib
+import os
 from typing import Any, Final
 
 import click
@@ -19,6 +20,10 @@ COMMANDS: Final[dict[str, tuple[str, str]]] = {
     "eval": (
         "worker.cli.eval_cmd",
         "Score the verdict rules on a folder of labelled bundles (case.json each).",
+    ),
+    "check": (
+        "worker.cli.check_cmd",
+        "Check that Redis, S3 and the verdict key are usable (--wait: until they are).",
     ),
     "alert": ("worker.cli.pipeline_cmd", "Publish a suspect-job event (the watcher side)."),
     "ingest": (
@@ -54,19 +59,57 @@ class LazyGroup(click.Group):
         assert isinstance(command, click.Command)
         return command
 
+    def invoke(self, ctx: click.Context) -> Any:
+        """Run the command; a dependency failing in it (Redis, S3, credentials) is one line and
+        exit 2 (`worker.cli.dependencies`), unless --debug asks for the traceback."""
+        try:
+            return super().invoke(ctx)
+        except click.ClickException:
+            raise
+        except Exception as exc:
+            _raise_dependency_error(exc)
+            raise
+
     def format_commands(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
         rows = [(name, help_text) for name, (_, help_text) in COMMANDS.items()]
         with formatter.section("Commands"):
             formatter.write_dl(rows)
 
 
+def _raise_dependency_error(exc: Exception) -> None:
+    """Raise `DependencyError` for a dependency failure (nothing when --debug is on: the caller
+    re-raises with the whole traceback)."""
+    from worker.cli.dependencies import DependencyError, dependency_failure
+    from worker.cli.options import debugging
+
+    if debugging():
+        return
+    try:
+        from shared.settings import Settings
+
+        settings: Settings | None = Settings()
+    except Exception:  # the settings were refused earlier, or cannot be read: name no address
+        settings = None
+    message = dependency_failure(exc, settings)
+    if message is not None:
+        raise DependencyError(message) from exc
+
+
 @click.group(cls=LazyGroup, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(package_name="rl-job-health")
-def main() -> None:
+@click.option(
+    "--debug",
+    is_flag=True,
+    help="Show the traceback behind an error line (also RLHEALTH_DEBUG=1) and log at DEBUG.",
+)
+def main(debug: bool) -> None:
     """rl-job-health: evidence-backed KILL / NO-KILL / ERROR verdicts for suspect RL jobs.
 
     Read-only by construction: it never kills, restarts or edits a job.
     """
     from shared.redact import install_log_redaction
+    from worker.cli.options import DEBUG_ENV
 
+    if debug:
+        os.environ[DEBUG_ENV] = "1"  # read by every command and the processes they start
     install_log_redaction()  # every log message of every command is redacted and escaped

@@ -33,18 +33,17 @@ def board_command(host: str, port: int, limit: int, refresh: int) -> None:
     Only verdicts signed with the verdict key are shown as verdicts; other entries are marked
     REFUSED.
     """
-    import redis
     import uvicorn
 
     from reports.board import Board, make_board
     from shared.streams import StreamNames
-    from worker.pipeline.store import store_from_settings
+    from worker.cli.dependencies import reach_redis, reach_s3
 
     settings = load_settings()  # exit 2 with one line for an unusable setting
     keys = load_verdict_keys(settings)
-    client = redis.Redis.from_url(settings.redis_url, health_check_interval=30)
+    client = reach_redis(settings)  # Redis and S3 reached first: exit 2 with one line if not
+    store = reach_s3(settings)
     stream = StreamNames(settings.stream_prefix).verdicts
-    store = store_from_settings(settings)
     board = Board(client, store, stream, keys=keys, limit=limit, refresh_s=refresh)
     click.echo(f"rl-health board on http://{host}:{port}/ (read-only)", err=True)
     uvicorn.run(make_board(board), host=host, port=port, log_level="warning", access_log=False)

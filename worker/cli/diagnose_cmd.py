@@ -12,10 +12,10 @@ from __future__ import annotations
 
 import sys
 import tempfile
-from datetime import UTC, datetime
+from datetime import UTC, date, datetime
 from functools import partial
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import click
 
@@ -25,6 +25,7 @@ from shared.safefs import CACHE_MODE, write_file
 from shared.settings import Settings
 from worker.cli.options import (
     ISO_DATETIME,
+    UnusableError,
     load_campaign_thresholds,
     load_settings,
     own_directory,
@@ -81,13 +82,48 @@ def _render(report: Report, evidence: Evidence, fmt: str) -> str:
     return render_json(report) if fmt == "json" else render_text(report)
 
 
+class LogDate(click.ParamType[date]):
+    """A calendar date, `YYYY-MM-DD`."""
+
+    name = "YYYY-MM-DD"
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> date:
+        if isinstance(value, date):
+            return value
+        try:
+            return date.fromisoformat(str(value))
+        except ValueError:
+            self.fail(f"{value!r} is not a date YYYY-MM-DD (e.g. 2026-07-30)", param, ctx)
+
+
+def _probe_folder(probes_dir: Path | None) -> Path | None:
+    """The folder holding probes.json: the one given, or its `probes/` (what `--out` wrote);
+    exit 2 with one line when neither holds it (nothing given is ignored in silence)."""
+    if probes_dir is None or (probes_dir / "probes.json").is_file():
+        return probes_dir
+    inner = probes_dir / "probes"
+    if (inner / "probes.json").is_file():
+        click.echo(f"--probes: reading {inner} (the probes.json of {probes_dir})", err=True)
+        return inner
+    raise UnusableError(
+        f"--probes {probes_dir} holds no probes.json: give the folder a diagnosis recorded its "
+        "probes in (`diagnose --out DIR` writes DIR/probes)"
+    )
+
+
 @click.command("diagnose")
-@click.argument("job_dir", type=click.Path(path_type=Path, file_okay=False))
+@click.argument("job_dir", metavar="PATH", type=click.Path(path_type=Path))
 @click.option(
     "--probes",
     "probes_dir",
     type=click.Path(path_type=Path, exists=True, file_okay=False),
     help="A recorded probe directory (the one holding probes.json).",
+)
+@click.option(
+    "--log-date",
+    type=LogDate(),
+    help="The date of the log's time-only [HH:MM:SS] lines (default: inferred, and the report "
+    "says from what).",
 )
 @click.option(
     "--backend",
@@ -134,8 +170,14 @@ def diagnose_command(
     out: Path | None,
     campaign: Path | None,
     cache_dir: Path | None,
+    log_date: date | None,
 ) -> None:
-    """Diagnose JOB_DIR (a watcher job directory) and print KILL, NO-KILL or ERROR with evidence.
+    """Diagnose PATH and print KILL, NO-KILL or ERROR with evidence.
+
+    PATH is a watcher job directory, a folder of logs with any names (a trainer's stdout, pod
+    logs, vLLM logs, Harbor trial folders) or a single log file: the report's INPUTS say what
+    each file was taken to be, what was skipped and why, and where the dates of time-only lines
+    came from.
 
     Exit 0 whenever a report was made, whatever the verdict; 2 for unusable arguments. On a
     terminal, progress goes to stderr and the text report is coloured; piped, stdout is exactly
@@ -143,15 +185,15 @@ def diagnose_command(
     """
     from worker.cli.terminal import log_progress, write_report
     from worker.diagnosis import collect_evidence, judge
+    from worker.evidence.layout import discover
     from worker.evidence.logs import LogCache
     from worker.evidence.logs.budget import parse_settings
 
-    if not job_dir.is_dir():
-        raise click.BadParameter(
-            f"{job_dir} does not exist or is not a directory", param_hint="JOB_DIR"
-        )
+    if not (job_dir.is_dir() or job_dir.is_file()):
+        raise click.BadParameter(f"{job_dir} is neither a directory nor a file", param_hint="PATH")
     if probes_dir is not None and backend is not None:
         raise click.UsageError("give --probes or --backend, not both")
+    probes_dir = _probe_folder(probes_dir)
     try:
         parse_settings()
     except ValueError as exc:
@@ -171,6 +213,8 @@ def diagnose_command(
         thresholds=thresholds,
         evidence_label=str(job_dir),
         log_cache=cache,
+        layout=discover(job_dir),
+        log_date=log_date,
     )
     notes: tuple[str, ...] = ()
     if backend is not None:

@@ -3,7 +3,10 @@ the commands."""
 
 from __future__ import annotations
 
+import os
+import sys
 import tempfile
+import traceback
 from collections.abc import Callable
 from datetime import UTC, datetime
 from pathlib import Path
@@ -17,8 +20,10 @@ from shared.settings import CampaignError, Settings, Thresholds, load_thresholds
 from shared.signing import KeyRing, VerdictKeyError
 
 __all__ = [
+    "DEBUG_ENV",
     "ISO_DATETIME",
     "UnusableError",
+    "debugging",
     "load_campaign_thresholds",
     "load_settings",
     "load_verdict_keys",
@@ -49,12 +54,23 @@ class IsoDatetime(click.ParamType[datetime]):
 ISO_DATETIME = IsoDatetime()
 
 
+DEBUG_ENV = "RLHEALTH_DEBUG"
+
+
+def debugging() -> bool:
+    """True when `rl-health --debug` or RLHEALTH_DEBUG=1 asks for tracebacks."""
+    return os.environ.get(DEBUG_ENV, "").strip().lower() in {"1", "true", "yes", "on"}
+
+
 class UnusableError(click.ClickException):
-    """An unusable argument or setting: one line on stderr, exit status 2."""
+    """An unusable argument, setting or dependency: one line on stderr, exit status 2 (with
+    `--debug`, the traceback of its cause above that line)."""
 
     exit_code = 2
 
     def show(self, file: Any = None) -> None:
+        if debugging() and self.__cause__ is not None:
+            sys.stderr.write("".join(traceback.format_exception(self.__cause__)))
         click.echo(f"rl-health: {self.format_message()}", err=True)
 
 

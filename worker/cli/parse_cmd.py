@@ -84,19 +84,23 @@ def _progress() -> AbstractContextManager[LogProgress | None]:
 
 def _read_logs(path: Path, cache: LogCache | None) -> tuple[LogTables | None, list[str]]:
     """The tables and the notes to print (refused paths, lines cut, compressed files)."""
+    from worker.evidence.layout import discover
     from worker.evidence.logs import LogBudgetError, parse_job_logs, parse_log_file
     from worker.evidence.paths import BundleFiles
 
     files = BundleFiles(path)
+    inputs: tuple[str, ...] = ()
     try:
         with _progress() as progress:  # a bar on stderr, only on a terminal
-            if path.is_dir():
-                tables = parse_job_logs(path, files=files, progress=progress, cache=cache)
+            if path.is_dir():  # any folder of logs, mapped onto the bundle layout
+                layout = discover(path)
+                files, inputs = layout.files, () if layout.quiet() else layout.inputs()
+                tables = parse_job_logs(layout.root, files=files, progress=progress, cache=cache)
             else:
                 tables = parse_log_file(path, source=path.name, progress=progress, cache=cache)
     except LogBudgetError as exc:
         _fail(str(exc))
-    notes = [*files.refused, *(tables.summary.notes if tables is not None else ())]
+    notes = [*inputs, *files.refused, *(tables.summary.notes if tables is not None else ())]
     return tables, notes
 
 
@@ -114,10 +118,12 @@ def _read(path: Path, cache_dir: Path | None) -> tuple[LogTables | None, list[st
 def _read_trials(path: Path, trace_jobs_dir: Path | None) -> TrialTables | None:
     if not path.is_dir() and trace_jobs_dir is None:
         return None  # a single log file: the trials module is not even imported
+    from worker.evidence.layout import discover
     from worker.evidence.trials import read_trials
 
     if path.is_dir():
-        return read_trials(path, trace_jobs_dir)
+        found = discover(path).trials if trace_jobs_dir is None else None
+        return read_trials(path, path / found if found else trace_jobs_dir)
     assert trace_jobs_dir is not None
     return read_trials(trace_jobs_dir.parent, trace_jobs_dir)
 

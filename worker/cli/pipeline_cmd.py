@@ -4,7 +4,12 @@ Connections come from settings: RLHEALTH_REDIS_URL, RLHEALTH_S3_ENDPOINT_URL, RL
 RLHEALTH_S3_PREFIX, RLHEALTH_BUNDLE_ROOT, RLHEALTH_STREAM_PREFIX, RLHEALTH_COALESCE_S. Every role
 that signs or reads verdicts (ingest, worker, verdicts, replay) needs the verdict key
 (RLHEALTH_VERDICT_KEY or RLHEALTH_VERDICT_KEY_FILE) and exits 2 naming it when it is missing;
-`alert` only publishes an event and needs none. Metrics are served on RLHEALTH_METRICS_ADDR.
+`alert` only publishes an event and needs none (with `--wait` it verifies the verdict it prints,
+so it needs the key too). Metrics are served on RLHEALTH_METRICS_ADDR.
+
+Every command reaches Redis (and S3, where it uses it) before anything else
+(`worker.cli.dependencies`): one that is down, refuses the credentials or is named by a
+malformed setting stops the command within seconds with one line and exit 2.
 """
 
 from __future__ import annotations
@@ -16,20 +21,25 @@ import re
 import signal
 import sys
 import tempfile
+import time
 from collections.abc import Callable, Iterator
 from datetime import UTC, datetime
 from itertools import islice
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any, NoReturn, TypeVar
 
 import click
 
 from shared.models import Event, Mode, VerdictEntry
 from shared.redact import escape_controls
 from shared.settings import Settings
+from worker.cli.dependencies import reach_redis, reach_s3, redis_address, s3_address
 from worker.cli.options import ISO_DATETIME, load_settings, load_verdict_keys
 
 if TYPE_CHECKING:
+    from shared.alerts import Refusals
+    from shared.signing import KeyRing
+    from shared.supervisor import VerdictReader
     from worker.pipeline.steps import Pipeline
 
 __all__ = [
@@ -41,28 +51,23 @@ __all__ = [
 ]
 
 MODES = [m.value for m in Mode if m is not Mode.UNDECLARED]
+WAIT_S = 120.0  # `alert --wait` without a value: a diagnosis with live probes and a second look
+log = logging.getLogger("rlhealth.cli")
 FC = TypeVar("FC", bound=Callable[..., Any] | click.Command)
 # the names prometheus-client's multiprocess mode gives its files: `<type>_<pid>.db`
 _METRIC_FILE = re.compile(r"^(?:counter|histogram|summary|gauge_[a-z]+)_\d+\.db$")
 
 
-def _redis(settings: Settings) -> Any:
-    import redis
-
-    return redis.Redis.from_url(settings.redis_url, health_check_interval=30)
-
-
 def _pipeline(settings: Settings) -> Pipeline:
+    """The adapters of a command that reads and writes both Redis and S3, each reached first
+    (exit 2 with one line when one cannot be; a local S3 gets its bucket on first use)."""
     from worker.pipeline.steps import Pipeline
-    from worker.pipeline.store import store_from_settings
 
-    store = store_from_settings(settings)
-    if settings.s3_endpoint_url:  # a local S3 (moto, MinIO): make the bucket on first use
-        store.ensure_bucket()
-    return Pipeline(settings, store, _redis(settings))
+    redis = reach_redis(settings)
+    return Pipeline(settings, reach_s3(settings), redis)
 
 
-def _fail(message: str, code: int = 2) -> None:
+def _fail(message: str, code: int = 2) -> NoReturn:
     click.echo(f"rl-health: {message}", err=True)
     sys.exit(code)
 
@@ -123,16 +128,50 @@ def _prepare_metrics_dir(directory: Path | None) -> Path:
 @click.option("--mode", type=click.Choice(MODES), help="Declare the mode explicitly.")
 @click.option("--probes", help="A recorded probe directory under the bundle root.")
 @click.option("--now", type=ISO_DATETIME, help="Judge the evidence as of this time.")
+@click.option(
+    "--wait",
+    "wait_s",
+    type=click.FloatRange(min=1),
+    is_flag=False,
+    flag_value=WAIT_S,
+    default=None,
+    metavar="[SECONDS]",
+    help=f"Then wait up to SECONDS (default {WAIT_S:g}) for this event's verdict and print it; "
+    "exit 1 when none came, or when ingest refused the alert.",
+)
+@click.option("--json", "as_json", is_flag=True, help="With --wait: the verdict entry as JSON.")
 def alert_command(
-    job_dir: str, reason: str, mode: str | None, probes: str | None, now: datetime | None
+    job_dir: str,
+    reason: str,
+    mode: str | None,
+    probes: str | None,
+    now: datetime | None,
+    wait_s: float | None,
+    as_json: bool,
 ) -> None:
     """Publish a suspect-job event for JOB_DIR and print its event id.
 
     JOB_DIR is resolved against RLHEALTH_BUNDLE_ROOT when relative, and must stay inside it.
+    With --wait the verdict stream is read from before the alert is published, so a verdict
+    that comes quickly is not missed; only a verdict signed with the verdict key is printed.
     """
-    from shared.alerts import OutsideBundleRootError, confine, publish_alert
+    from shared.alerts import publish_alert
 
     settings = load_settings()
+    _check_alert_paths(settings, job_dir, probes)
+    keys = load_verdict_keys(settings) if wait_s is not None else None
+    client = reach_redis(settings)
+    watch = _answer_watch(client, settings, keys) if keys is not None else None
+    kwargs: dict[str, Any] = {"reason": reason, "mode": mode, "probes": probes, "now": now}
+    event_id = publish_alert(client, job_dir, settings=settings, **kwargs)
+    click.echo(event_id)
+    if watch is not None and wait_s is not None:
+        click.echo(_entry_line(_await_verdict(*watch, event_id, wait_s), as_json))
+
+
+def _check_alert_paths(settings: Settings, job_dir: str, probes: str | None) -> None:
+    from shared.alerts import OutsideBundleRootError, confine
+
     if not job_dir.strip():
         _fail("JOB_DIR is empty: name a job directory under the bundle root")
     try:
@@ -143,8 +182,39 @@ def alert_command(
         _fail(str(exc))
     except (OSError, ValueError) as exc:  # a NUL byte, a name too long, a loop of links
         _fail(f"{job_dir!r} is not a usable path: {exc}")
-    kwargs: dict[str, Any] = {"reason": reason, "mode": mode, "probes": probes, "now": now}
-    click.echo(publish_alert(_redis(settings), job_dir, settings=settings, **kwargs))
+
+
+def _answer_watch(client: Any, settings: Settings, keys: KeyRing) -> tuple[VerdictReader, Refusals]:
+    """A verdict reader anchored at the newest entry and a watch on the dead-letter stream,
+    both made before the alert is published: nothing said about it can come before them."""
+    from shared.alerts import Refusals
+    from shared.supervisor import VerdictReader
+
+    reader = VerdictReader(client, settings, keys=keys, on_refused=_refused, reader="cli")
+    reader.anchor()
+    return reader, Refusals(client, settings)
+
+
+def _await_verdict(
+    reader: VerdictReader, refusals: Refusals, event_id: str, wait_s: float
+) -> VerdictEntry:
+    """The first verified verdict answering `event_id` within `wait_s`; exit 1 (one line) on
+    time-out or when ingest dead-lettered the alert."""
+    deadline = time.monotonic() + wait_s
+    while (left := deadline - time.monotonic()) > 0:
+        for entry in reader.follow(timeout_s=min(left, 2.0)):
+            if event_id in entry.event_ids:
+                return entry
+        refused = refusals.reason(event_id)
+        if refused is not None:
+            _fail(
+                f"alert {event_id} was refused (dead-letter stream): {escape_controls(refused)}", 1
+            )
+    _fail(
+        f"no verdict for {event_id} within {wait_s:g} s: are `rl-health worker` and "
+        "`rl-health ingest` running? (`rl-health verdicts --event ID` asks again later)",
+        1,
+    )
 
 
 # --- ingest ---------------------------------------------------------------------------------------
@@ -163,24 +233,40 @@ def ingest_command(
 
     settings = load_settings()  # before the app module reads them
     load_verdict_keys(settings)  # ingest signs re-announced verdicts and ERROR answers
+    pipeline = _pipeline(settings)  # Redis and S3 reached first: exit 2 with one line if not
     from worker.pipeline.ingest import Ingest
+    from worker.pipeline.logsetup import configure_logging
     from worker.pipeline.tasks import dispatch, draw_later, resend
     from worker.pipeline.watchdog import Watchdog
 
     if metrics_port is not None:
         from worker.pipeline.metrics import serve
 
-        serve(metrics_port, settings.metrics_addr)
+        serve(metrics_port, settings.metrics_addr, role="ingest")
 
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
+    configure_logging(logging.DEBUG if _debugging() else logging.INFO)
     stopping: list[int] = []
     signal.signal(signal.SIGTERM, lambda signum, _frame: stopping.append(signum))
-    pipeline = _pipeline(settings)
     started = partial(dispatch, register=False)  # the admission registered the lead
     watchdog = Watchdog(pipeline, resend, draw=draw_later)
     ingest = Ingest(pipeline, started, consumer=consumer, watchdog=watchdog)
+    log.info(
+        "ingest started: consumer %s reads %s (group ingest) at Redis %s; events archived in "
+        "S3 %s; bundle root %s%s",
+        ingest.consumer,
+        pipeline.names.alerts,
+        redis_address(settings.redis_url),
+        s3_address(settings),
+        settings.bundle_root,
+        f"; metrics on {settings.metrics_addr}:{metrics_port}" if metrics_port else "",
+    )
     try:
-        handled = ingest.run(stop=lambda: bool(stopping), max_events=max_events, until_idle=once)
+        handled = ingest.run(
+            stop=lambda: bool(stopping),
+            max_events=max_events,
+            until_idle=once,
+            stop_on_fault=once,  # `--once` reports an outage (exit 2) instead of waiting it out
+        )
     except KeyboardInterrupt:
         handled = sum(ingest.outcomes.values())
     summary = ", ".join(f"{n} {outcome}" for outcome, n in sorted(ingest.outcomes.items()))
@@ -220,20 +306,22 @@ def worker_command(
     load_verdict_keys(settings)  # the worker signs every verdict and stored report
     if metrics_port is not None:
         _prepare_metrics_dir(metrics_dir)  # before the tasks import prometheus-client
+    _check_live_capture(settings)  # the settings first: a refused one names itself
+    _check_cache_dir(settings)
+    reach_redis(settings)  # the broker: exit 2 with one line when it cannot be reached
+    reach_s3(settings)  # and S3 (a local S3 gets its bucket before the first task)
     import worker.pipeline.tasks  # noqa: F401 - registers the tasks
     from shared.streams import StreamNames
     from worker.pipeline.app import app
 
-    _check_live_capture(settings)
-    _check_cache_dir(settings)
+    _celery_logs_ours(loglevel, redis_address(settings.redis_url))
 
     if metrics_port is not None:
         from worker.pipeline.metrics import serve
 
-        serve(metrics_port, settings.metrics_addr)  # in this main process: every child's sum
+        # in this main process: every child's sum, the worker's metrics only
+        serve(metrics_port, settings.metrics_addr, role="worker")
 
-    if settings.s3_endpoint_url:
-        _pipeline(settings)  # makes the bucket of a local S3 before the first task
     argv = [
         "worker",
         f"--concurrency={concurrency}",
@@ -243,6 +331,28 @@ def worker_command(
         f"--hostname={hostname or 'rlhealth@%h'}",
     ]
     app.worker_main(argv)
+
+
+def _debugging() -> bool:
+    from worker.cli.options import debugging
+
+    return debugging()
+
+
+def _celery_logs_ours(loglevel: str, broker: str) -> None:
+    """Celery configures no logging of its own: ours (`worker.pipeline.logsetup`, text or
+    JSON, the event id on every line, task results at DEBUG) in this process and its pool."""
+    from celery import signals
+
+    from worker.pipeline.logsetup import configure_logging
+
+    level = "DEBUG" if _debugging() else loglevel
+
+    def ours(**_: Any) -> None:
+        configure_logging(level, broker=broker)
+
+    signals.setup_logging.connect(ours, weak=False)
+    configure_logging(level, broker=broker)
 
 
 def _check_cache_dir(settings: Settings) -> None:
@@ -285,6 +395,13 @@ def _check_live_capture(settings: Settings) -> None:
     help="With --follow: listen on the pub/sub channel instead of the stream (live only: "
     "verdicts published while nobody listened are not shown; the stream keeps them).",
 )
+@click.option(
+    "--event",
+    "event_id",
+    metavar="ID",
+    help="Print the verdict answering this event id (exit 1 when there is none yet); with "
+    "--follow, wait for it up to --timeout.",
+)
 def verdicts_command(
     follow: bool,
     count: int | None,
@@ -292,6 +409,7 @@ def verdicts_command(
     as_json: bool,
     group: str | None,
     channel: bool,
+    event_id: str | None,
 ) -> None:
     """Read verdicts (the supervisor side): the latest ones, or new ones with --follow.
 
@@ -304,12 +422,36 @@ def verdicts_command(
     if channel and (group or not follow):
         raise click.UsageError("--channel needs --follow and cannot be read as a --group")
     settings = load_settings()
+    if event_id is not None:
+        if group or channel:
+            raise click.UsageError("--event reads the stream itself: no --group or --channel")
+        _one_verdict(settings, event_id, timeout if follow else None, as_json)
+        return
     entries = _verdict_entries(settings, follow, count, timeout, group, channel)
     if follow and not as_json and is_terminal(sys.stdout):
         live_verdicts(entries)
         return
     for entry in entries:
         click.echo(_entry_line(entry, as_json))
+
+
+def _one_verdict(settings: Settings, event_id: str, wait_s: float | None, as_json: bool) -> None:
+    """The verdict answering `event_id`, from the stream as it is (and, with `wait_s`, as it
+    grows); exit 1 with one line when there is none."""
+    from shared.supervisor import VerdictReader
+
+    keys = load_verdict_keys(settings)
+    reader = VerdictReader(
+        reach_redis(settings), settings, keys=keys, on_refused=_refused, reader="cli"
+    )
+    reader.anchor()  # before the search: a verdict published meanwhile is followed, not missed
+    found = reader.find(event_id)
+    if found is None and wait_s:
+        found = next((e for e in reader.follow(timeout_s=wait_s) if event_id in e.event_ids), None)
+    if found is None:
+        waited = f" within {wait_s:g} s" if wait_s else " yet"
+        _fail(f"no verdict for {escape_controls(event_id)}{waited}", 1)
+    click.echo(_entry_line(found, as_json))
 
 
 def _verdict_entries(
@@ -324,14 +466,15 @@ def _verdict_entries(
     from shared.supervisor import VerdictReader, follow_channel
 
     keys = load_verdict_keys(settings)
+    client = reach_redis(settings)
     if channel:
         messages = follow_channel(
-            _redis(settings), settings, keys=keys, timeout_s=timeout, on_refused=_refused,
+            client, settings, keys=keys, timeout_s=timeout, on_refused=_refused,
             reader="cli",
         )  # fmt: skip
         return islice(messages, count)
     reader = VerdictReader(
-        _redis(settings), settings, keys=keys, group=group, on_refused=_refused, reader="cli"
+        client, settings, keys=keys, group=group, on_refused=_refused, reader="cli"
     )
     if follow or group:
         if group and not follow and timeout is None:

@@ -48,17 +48,28 @@ def _fail(message: str) -> NoReturn:
 
 
 def _errors(path: Path) -> pl.DataFrame:
+    """The failure rows of PATH; a folder is read through its layout (`worker.evidence.layout`),
+    whose decisions — each file taken and what as, each skipped and why — go to stderr."""
     from worker.evidence import schema
+    from worker.evidence.layout import discover
     from worker.evidence.logs import LogBudgetError, parse_job_logs, parse_log_file
     from worker.evidence.logs.budget import parse_settings
 
     try:
         parse_settings()
-        tables = parse_job_logs(path) if path.is_dir() else parse_log_file(path, source=path.name)
+        if path.is_dir():
+            layout = discover(path)
+            for line in () if layout.quiet() else layout.inputs():
+                click.echo(f"input: {clean(line)}", err=True)
+            tables = parse_job_logs(layout.root, files=layout.files)
+        else:
+            tables = parse_log_file(path, source=path.name)
     except LogBudgetError as exc:
         _fail(str(exc))
     except ValueError as exc:  # an unusable RLHEALTH_PARSE_MEMORY_MB
         _fail(str(exc))
+    if tables is None:
+        click.echo(f"input: no log file was read under {clean(str(path))}", err=True)
     return tables.errors if tables is not None else schema.empty(schema.ERRORS)
 
 

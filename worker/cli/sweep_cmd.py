@@ -10,7 +10,8 @@ One line per deletion on stdout (`deleted evidence <uri>`, `deleted part <uri>`;
 with --dry-run), a summary and any note on stderr. Exit 0 when the sweep ran (whether or not it
 deleted anything); 1 when S3 could not be reached or failed midway (run it again: a sweep
 deletes each evidence's `evidence.json` first, so nothing is left half-kept); 2 for an unusable
-argument or setting. Connections come from settings
+argument or setting, or when S3 cannot be reached at all (checked first: one line naming the
+endpoint and bucket, or the missing credentials). Connections come from settings
 (RLHEALTH_S3_*), like every pipeline command.
 """
 
@@ -108,11 +109,11 @@ class DryRunStore:
 def sweep_command(keep: float, grace: float, dry_run: bool) -> None:
     """Delete frozen evidence older than --keep, and table parts no kept evidence uses."""
     settings = load_settings()  # exit 2 with one line for an unusable setting
+    from worker.cli.dependencies import reach_s3
     from worker.pipeline.failures import describe, is_infrastructure
     from worker.pipeline.parts import sweep
-    from worker.pipeline.store import store_from_settings
 
-    store = store_from_settings(settings)
+    store = reach_s3(settings)  # exit 2 with one line when S3 or its credentials are unusable
     verb = "would delete" if dry_run else "deleted"
     try:
         swept = sweep(DryRunStore(store) if dry_run else store, keep_s=keep, grace_s=grace)

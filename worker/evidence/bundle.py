@@ -17,7 +17,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Final
 
-from shared.times import as_utc
+from shared.times import as_utc, duration_text
 from worker.evidence.model import ArtifactState, ArtifactStatus, BundleInfo, ClassFreshness
 from worker.evidence.paths import BundleFiles
 from worker.evidence.values import integer, read_json, text
@@ -334,8 +334,9 @@ def claims_files(status: ArtifactStatus) -> bool:
 
 def _age_reason(age_s: float, limit: float, status: ArtifactStatus) -> str:
     if age_s < 0:
-        return f"newest file is {-age_s:.0f} s after now (clock skew?)"
-    reason = f"newest file {age_s:.0f} s old (limit {limit:.0f} s)" if age_s > limit else ""
+        return f"newest file is {duration_text(age_s)} after now (clock skew?)"
+    old = f"newest file {duration_text(age_s)} old (limit {duration_text(limit)})"
+    reason = old if age_s > limit else ""
     if status.state is ArtifactState.NOT_REQUESTED:
         reason = "; ".join(filter(None, [reason, "the last sweep did not refresh this class"]))
     return reason

@@ -22,6 +22,7 @@ import polars as pl
 
 from shared.models import Quote
 from shared.redact import redact_text
+from shared.times import duration_text
 from worker.evidence import failures
 from worker.evidence.jobstate import JobState
 from worker.evidence.model import ClockSkew, LogTables, ProbeCommand, ProbeEvidence
@@ -78,11 +79,15 @@ class Moment:
 
 @dataclass(frozen=True)
 class ProbeFailure:
-    """A probe that failed: what it was for (stacks, gpus, controller, attempts, logs, other)."""
+    """A probe that failed: what it was for (stacks, gpus, controller, attempts, logs, other);
+    for a failed `py-spy dump`, the process it was of (the target only when its output file
+    names it)."""
 
     kind: str
     text: str
     quote: Quote
+    pid: int | None = None
+    target: str | None = None
 
 
 @dataclass(frozen=True)
@@ -311,7 +316,7 @@ def _bundle_moments(evidence: Evidence, limit: datetime) -> list[Moment]:
 
 
 def _duration(seconds: float) -> str:
-    return f"{seconds / 3600:.1f} h" if abs(seconds) >= 5400 else f"{seconds:.0f} s"
+    return duration_text(seconds)
 
 
 def _replay_note(clock: ClockSkew, newest: Moment | None) -> str | None:
@@ -375,10 +380,14 @@ _PROBE_KINDS: Final = (
 def _command_failure(command: ProbeCommand) -> ProbeFailure | None:
     if command.exit_code == 0:
         return None
-    why = "timed out" if command.exit_code is None else f"exited {command.exit_code}"
+    why = command.why or (
+        "timed out" if command.exit_code is None else f"exited {command.exit_code}"
+    )
     text = f"`{shlex.join(command.argv)}` {why}"
     cited = quote("probes/probes.json", text, timestamp=command.started_at)
-    return ProbeFailure(_probe_kind(command), text, cited)
+    kind = _probe_kind(command)
+    pid, target = command.dumped() if kind == "stacks" else (None, None)
+    return ProbeFailure(kind, text, cited, pid, target)
 
 
 def _note_kind(note: str) -> str:

@@ -5,7 +5,8 @@ Layout of a frozen directory (format 2; uploaded to S3 `evidence/<event_id>/`):
 ```
 parts/<digest>-<sha256>.parquet   the table parts this freeze wrote (see below)
 probes/...               the probe files in CONTRACT.md's layout (probes.json, controller.json,
-                         attempts.json, stacks/, gpus/), readable by the `recorded` backend
+                         attempts.json, processes.json, stacks/, gpus/), readable by the
+                         `recorded` backend
 evidence.json            everything else as JSON, written last: its presence marks a whole freeze;
                          it lists the parts of every table in order
 ```
@@ -304,6 +305,7 @@ def _document(evidence: Evidence, freezer: _Freezer, parts_at: str | None) -> di
         "mode": evidence.mode.model_dump(mode="json"),
         "bundle": evidence.bundle.model_dump(mode="json"),
         "discrepancies": list(evidence.discrepancies),
+        "inputs": list(evidence.inputs),
         "logs": None if logs is None else _logs_meta(logs, refs),
         "trials": None if trials is None else _trials_meta(trials, refs),
         "probes": None if probes is None else probes.model_dump(mode="json"),
@@ -495,4 +497,5 @@ def thaw(
         trials=_thaw_trials(document["trials"], directory, thawer),
         probes=None if probes is None else ProbeEvidence.model_validate(probes),
         discrepancies=tuple(document["discrepancies"]),
+        inputs=tuple(document.get("inputs", ())),  # frozen before inputs were kept: none
     )

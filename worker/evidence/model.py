@@ -6,12 +6,13 @@ types, so a gate can be tested with an `Evidence` made by hand.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from datetime import datetime
 from enum import StrEnum
 from functools import cached_property
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Final
 
 from pydantic import BaseModel, ConfigDict
 
@@ -38,6 +39,7 @@ __all__ = [
     "ParseSummary",
     "ProbeCommand",
     "ProbeEvidence",
+    "ProcessRecord",
     "StackDump",
     "TrialTables",
 ]
@@ -117,11 +119,24 @@ class BundleInfo(_Frozen):
 # --- live probes (the recorded layout of CONTRACT.md) ---------------------------------------------
 
 
+_STACK_OUTPUT: Final = re.compile(r"(^|/)stacks/(?P<target>.+)-pid(?P<pid>\d+)-\d+\.txt$")
+
+
 class ProbeCommand(_Frozen):
     argv: tuple[str, ...]
     started_at: UtcDatetime | None = None
     exit_code: int | None = None  # None: timed out
     output: str | None = None  # file relative to the probe directory
+    why: str | None = None  # a failed command's reason (its last error line), read back from
+    # its `failed/` output; not written to probes.json (the output file holds it)
+
+    def dumped(self) -> tuple[int | None, str | None]:
+        """The pid (`--pid N`) and target (from the output's name) of a py-spy command."""
+        argv = list(self.argv)
+        after = argv[argv.index("--pid") + 1] if "--pid" in argv[:-1] else ""
+        named = _STACK_OUTPUT.search(self.output or "")
+        pid = int(after) if after.isdigit() else (int(named["pid"]) if named else None)
+        return pid, named["target"] if named else None
 
 
 class AttemptRecord(_Frozen):
@@ -165,6 +180,18 @@ class StackDump(_Frozen):
     text: str
 
 
+class ProcessRecord(_Frozen):
+    """One probed process of a task or pod as the `ps` listing showed it, and its role
+    (`worker.evidence.roles`) decided once its dumps were taken (`processes.json`)."""
+
+    target: str  # as in the stack file names (task id or pod, `/` -> `_`)
+    pid: int
+    ppid: int | None = None
+    args: str = ""
+    role: str | None = None  # rank | driver | coordinator | engine | helper | native | unknown
+    why: str = ""
+
+
 class ProbeEvidence(_Frozen):
     """What live probes returned, read back from (or written as) the probe directory."""
 
@@ -176,6 +203,7 @@ class ProbeEvidence(_Frozen):
     controller: ControllerView | None = None
     attempts: tuple[AttemptRecord, ...] | None = None
     stacks: tuple[StackDump, ...] = ()
+    processes: tuple[ProcessRecord, ...] = ()  # processes.json: who each probed process is
     gpus: dict[str, tuple[dict[str, float | None], ...]] = {}  # pod -> rows of the nvidia-smi csv
     failures: tuple[str, ...] = ()  # probes that failed or timed out, with why
 
@@ -201,6 +229,9 @@ class Evidence:
     trials: TrialTables | None = None  # None: no trials directory
     probes: ProbeEvidence | None = None  # None: no live probe available
     discrepancies: tuple[str, ...] = ()
+    # what each file given was taken to be, what was skipped and why, where dates came from
+    # (`worker.evidence.layout`, `worker.evidence.logdate`); empty for a plain watcher directory
+    inputs: tuple[str, ...] = ()
 
     @cached_property
     def facts(self) -> Facts:

@@ -7,6 +7,7 @@ Layout (every file optional):
     controller.json  the keys of `iris job summary --json`, states as lower-case names
     attempts.json    [{task_id, attempt_id, state, exit_code, error, started_at_ms, ...}]
     stacks/<task-or-pod>-pid<pid>-<n>.txt   `py-spy dump` output
+    processes.json   [{target, pid, ppid, args, role, why}]: each probed process and its role
     gpus/<pod>.csv   `nvidia-smi --query-gpu=index,utilization.gpu,memory.used,memory.total,
                       power.draw,power.limit --format=csv`
 
@@ -39,9 +40,11 @@ from worker.evidence.model import (
     ControllerView,
     ProbeCommand,
     ProbeEvidence,
+    ProcessRecord,
     StackDump,
 )
 from worker.evidence.paths import BundleFiles, resolve_inside
+from worker.evidence.pslist import parse_ps
 from worker.evidence.values import loads_json, read_json, read_text
 
 __all__ = [
@@ -92,6 +95,7 @@ PROBE_TEXT_MAX_BYTES: Final = 8 * 2**20
 PROBES_JSON: Final = "probes.json"
 CONTROLLER_JSON: Final = "controller.json"
 ATTEMPTS_JSON: Final = "attempts.json"
+PROCESSES_JSON: Final = "processes.json"
 
 
 class ProbeFileError(ValueError):
@@ -249,6 +253,39 @@ def _opened(files: BundleFiles, path: Path) -> BinaryIO:
     return handle
 
 
+FAILURE_TAIL_BYTES: Final = 4096
+"""How much of a failed command's output is read back for its reason (its last lines)."""
+
+
+def _failure_reason(text: str) -> str | None:
+    """The reason a failed command's output gives: the Recorder ends it with `--- <why>` (e.g.
+    `--- exited 1: Error: Failed to find python version from target process`); else its last
+    non-empty line."""
+    lines = [line.strip() for line in text.splitlines() if line.strip()]
+    marked = [line[4:] for line in lines if line.startswith("--- ") and line != "--- stderr ---"]
+    found = marked[-1] if marked else (lines[-1] if lines else None)
+    return redact_text(found)[:300] if found else None
+
+
+def _with_reason(files: BundleFiles, command: ProbeCommand) -> ProbeCommand:
+    """A failed command with the reason its `failed/` output gives (as the live Recorder knew it),
+    so a replay of recorded probes reads what the diagnosis that took them read."""
+    if command.exit_code == 0 or not command.output or command.why:
+        return command
+    path = files.open_path(command.output)
+    if path is None or not path.is_file():
+        return command
+    try:
+        with _opened(files, path) as handle:
+            size = os.fstat(handle.fileno()).st_size
+            handle.seek(max(0, size - FAILURE_TAIL_BYTES))
+            text = handle.read(FAILURE_TAIL_BYTES).decode("utf-8", errors="replace")
+    except (OSError, ProbeFileError):
+        return command
+    reason = _failure_reason(text)
+    return command.model_copy(update={"why": reason}) if reason else command
+
+
 def _commands(data: Mapping[str, Any]) -> tuple[ProbeCommand, ...]:
     commands = data.get("commands")
     if not isinstance(commands, list):
@@ -286,6 +323,35 @@ def _attempts(files: BundleFiles) -> tuple[AttemptRecord, ...] | None:
     if not isinstance(data, list):
         raise ProbeFileError(f"{ATTEMPTS_JSON} is not a JSON list")
     return tuple(_attempt(item) for item in data if isinstance(item, Mapping))
+
+
+def _processes(files: BundleFiles) -> tuple[ProcessRecord, ...]:
+    data = _load_json(files, PROCESSES_JSON)
+    if data is None:
+        return ()
+    if not isinstance(data, list):
+        raise ProbeFileError(f"{PROCESSES_JSON} is not a JSON list")
+    return tuple(ProcessRecord.model_validate(item) for item in data if isinstance(item, Mapping))
+
+
+def _listed(files: BundleFiles) -> tuple[ProcessRecord, ...]:
+    """Without `processes.json`, the process tables the live backends record as
+    `raw/ps-<target>.txt` (`ps -ww -eo pid,ppid,args` run in the task): each process's command
+    line, its role left to `worker.evidence.roles` (a timed-out or failed dump of a helper is
+    then known for one)."""
+    records: list[ProcessRecord] = []
+    for path in files.walk("raw", "ps-*.txt"):
+        try:
+            with _opened(files, path) as handle:
+                text, _ = read_text(handle, PROBE_TEXT_MAX_BYTES)
+        except (OSError, ProbeFileError):
+            continue
+        target = path.name.removeprefix("ps-").removesuffix(".txt")
+        records += [
+            ProcessRecord(target=target, pid=row.pid, ppid=row.ppid, args=row.args[:4096])
+            for row in parse_ps(text)
+        ]
+    return tuple(records)
 
 
 def _stack(
@@ -368,7 +434,10 @@ def read_probes(probe_dir: Path, source_prefix: str = "probes") -> ProbeEvidence
     files = BundleFiles(probe_dir)
     failures: list[str] = []
     header: dict[str, Any] = _guarded(failures, _probes_json, files) or {}
-    commands: tuple[ProbeCommand, ...] = header.get("commands", ())
+    commands: tuple[ProbeCommand, ...] = tuple(
+        _with_reason(files, c) for c in header.get("commands", ())
+    )
+    header["commands"] = commands
     failures.extend(filter(None, (_command_failure(files, c) for c in commands)))
     evidence = ProbeEvidence(
         directory=source_prefix,
@@ -376,6 +445,7 @@ def read_probes(probe_dir: Path, source_prefix: str = "probes") -> ProbeEvidence
         controller=_guarded(failures, _controller, files),
         attempts=_guarded(failures, _attempts, files),
         stacks=_stacks(files, commands, source_prefix, failures),
+        processes=_guarded(failures, _processes, files) or _listed(files),
         gpus=_guarded(failures, _gpus, files) or {},
     )
     return evidence.model_copy(update={"failures": (*failures, *files.refused)})
@@ -446,6 +516,9 @@ def write_probes(evidence: ProbeEvidence, outputs: dict[str, str], probe_dir: Pa
     if evidence.attempts is not None:
         attempts = [a.model_dump(mode="json") for a in evidence.attempts]
         _write(probe_dir, ATTEMPTS_JSON, _json_text(attempts))
+    if evidence.processes:
+        processes = [p.model_dump(mode="json") for p in evidence.processes]
+        _write(probe_dir, PROCESSES_JSON, _json_text(processes))
     for stack in evidence.stacks:
         _write_stack(probe_dir, stack, outputs)
     for pod, rows in evidence.gpus.items():

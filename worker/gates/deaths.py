@@ -32,6 +32,7 @@ from typing import Final
 import polars as pl
 
 from shared.models import GateResult, GateStatus, KillProof, Quote
+from shared.times import duration_text
 from worker.evidence.facts import PHASE, STEP
 from worker.evidence.logs.engines import engine_owner
 from worker.evidence.model import Evidence, LogTables
@@ -201,6 +202,4 @@ def logged_death(
 
 
 def _duration(seconds: float) -> str:
-    if seconds < 7200:
-        return f"{seconds / 60:.0f} min"
-    return f"{seconds / 3600:.1f} h"
+    return duration_text(seconds)

@@ -26,6 +26,7 @@ from typing import Any, Final
 import polars as pl
 
 from shared.models import Quote
+from shared.times import duration_text
 from worker.evidence.model import Evidence
 from worker.evidence.quotes import quote
 from worker.gates.progress import minute_utc
@@ -78,7 +79,7 @@ def _ahead(evidence: Evidence, rows: pl.DataFrame) -> Silence | None:
     lead = (row["timestamp"] - evidence.now).total_seconds()
     return Silence(
         False,
-        f"engine {row['engine']} logged a stat line dated {lead:.0f}s after now "
+        f"engine {row['engine']} logged a stat line dated {duration_text(lead)} after now "
         f"({minute_utc(row['timestamp'])}): its clock is off, so its silence cannot be placed",
         (stat_quote(row),),
     )

@@ -50,16 +50,18 @@ never progress, so the quiet time runs from the newest consistent line).
    - FAIL hard (proof `logged_death`, `worker.gates.deaths`) when a death line of the trainer or
      of every inference engine was logged after the newest advancement and the silence since that
      line exceeds the threshold (one engine of several is no proof);
-   - ERROR when a py-spy probe failed (quoting the command and its exit): the stacks cannot cover
-     every process;
-   - FAIL hard (proof `stall_stacks`) when two live dumps of each process prove a stall
-     (`worker.gates.stacks.judge_stacks` with the window of live evidence: after the newest
-     progress of any kind, within MAX_EVIDENCE_AGE_S of `now`, of the current attempt);
-   - FAIL hard (proof `stall_still`) outside collectives: every trainer/coordinator process still
-     in two dumps at least MIN_STILL_GAP_S apart, corroborated by the log quiet beyond
-     STILL_QUIET_FACTOR x the threshold, no engine generating since the newest advancement (each
-     silent after a last stat line at 0 tok/s with nothing running: `engine_idle`), and no
-     trial finished since;
+   - ERROR when a py-spy probe the judgement needs failed (quoting the command and its exit):
+     one that names no process, or the dump of a process that is not a helper or native (nor,
+     beside ranks parked in a collective, the driver or a coordinator); the others are noted;
+   - FAIL hard (proof `stall_stacks`) when two live dumps of each load-bearing process prove a
+     stall (`worker.gates.stacks.judge_stacks`, roles from `worker.evidence.roles`, with the
+     window of live evidence: after the newest progress of any kind, within MAX_EVIDENCE_AGE_S of
+     `now`, of the current attempt); helpers' frames are never movement;
+   - FAIL hard (proof `stall_still`) outside collectives: every load-bearing process (rank,
+     driver, coordinator) still in two dumps at least MIN_STILL_GAP_S apart, corroborated by the
+     log quiet beyond STILL_QUIET_FACTOR x the threshold, no engine generating since the newest
+     advancement (each silent after a last stat line at 0 tok/s with nothing running:
+     `engine_idle`), and no trial finished since;
    - otherwise ERROR: "stall suspected, live stacks needed" (or: the stacks do not prove a stall).
    Fresh vLLM engine stat lines never count as advancement; when they are fresher than the trainer
    the summary says so (colocated engines can stay busy while the policy mesh is wedged).
@@ -68,7 +70,7 @@ never progress, so the quiet time runs from the newest consistent line).
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -76,16 +78,26 @@ from typing import Any
 import polars as pl
 
 from shared.models import GateResult, GateStatus, Handoff, KillProof, Quote
-from worker.evidence.facts import CLOCK_TOLERANCE_S, LOG_LINE, PHASE, STEP, TRIAL, Moment
+from shared.times import age_text, duration_text
+from worker.evidence.facts import (
+    CLOCK_TOLERANCE_S,
+    LOG_LINE,
+    PHASE,
+    STEP,
+    TRIAL,
+    Moment,
+    ProbeFailure,
+)
 from worker.evidence.jobstate import JobState
 from worker.evidence.model import ArtifactState, Evidence, LogTables
-from worker.evidence.quotes import quote, quote_rows
+from worker.evidence.quotes import log_head_quotes, quote, quote_rows
+from worker.evidence.roles import roles_of
 from worker.gates import configuration, deaths
 from worker.gates.base import error, passed
 from worker.gates.engine_idle import engines_generated_since
 from worker.gates.progress import initialization, minute_utc, newest_attempt, started_at
 from worker.gates.rules import rule
-from worker.gates.stacks import DumpWindow, StackFinding, judge_stacks
+from worker.gates.stacks import DumpWindow, ProcessState, StackFinding, judge_stacks
 
 __all__ = ["STACKS_NEEDED", "STILL_QUIET_FACTOR", "check"]
 
@@ -101,11 +113,7 @@ STACKS_NEEDED = "py-spy stacks captured while the job exists"
 
 
 def _duration(seconds: float) -> str:
-    if seconds < 120:
-        return f"{seconds:.0f}s"
-    if seconds < 7200:
-        return f"{seconds / 60:.0f} min"
-    return f"{seconds / 3600:.1f} h"
+    return duration_text(seconds)
 
 
 def _p90(values: list[float]) -> float | None:
@@ -145,7 +153,7 @@ def _controller(evidence: Evidence) -> ControllerState:
     bundle = evidence.bundle
     state = JobState.parse(bundle.state)
     synced = bundle.synced_at
-    aged = f" (synced {_duration((evidence.now - synced).total_seconds())} ago)" if synced else ""
+    aged = f" (synced {age_text((evidence.now - synced).total_seconds())})" if synced else ""
     aged = aged or " (sync time unknown)"
     q = quote("manifest.json", f"job.state={bundle.state}{aged}", timestamp=bundle.synced_at)
     return ControllerState(state, "manifest.json", bundle.synced_at, False, q)
@@ -313,8 +321,8 @@ def _stale(ctx: Context) -> GateResult | None:
     last = ctx.log_last()
     if last is not None and (ctx.now - last).total_seconds() <= limit:
         return None
-    age = f"{_duration((ctx.now - synced).total_seconds())} ago" if synced else "at an unknown time"
-    newest = f"{_duration((ctx.now - last).total_seconds())} ago" if last else "never"
+    age = age_text((ctx.now - synced).total_seconds()) if synced else "at an unknown time"
+    newest = age_text((ctx.now - last).total_seconds()) if last else "never"
     failed, quotes = _failed_probes(ctx, "controller")
     return error(
         f"stale evidence: manifest synced {age}, no live controller probe, newest log line {newest}"
@@ -456,7 +464,8 @@ def _terminal(ctx: Context) -> GateResult | None:
         hard_failure=hard,
         proof=proof,
         mechanism=mechanism,
-        next_action="No job action: the job is already terminal; fix the cause before relaunching.",
+        next_action="Nothing left to stop: the job has already ended; keep it down and fix the "
+        "cause before relaunching.",
         flip_signal="a new attempt that finishes a `Finished: 'step'` line in finelog.log",
         handoff=_config_handoff(log_error, quotes),
     )
@@ -647,7 +656,8 @@ def _stalled(
 ) -> GateResult:
     return GateResult(
         status=GateStatus.FAIL,
-        summary=f"stalled: quiet {quiet} beyond {cadence}; live stacks: {finding.summary}",
+        summary=f"stalled: quiet {quiet} beyond {cadence}; live stacks: {finding.summary}"
+        + _noted(finding),
         evidence=ctx.base_quotes() + finding.quotes,
         hard_failure=True,
         proof=proof,
@@ -744,7 +754,7 @@ def _unproven(
         missing: tuple[str, ...] = (STACKS_NEEDED,)
     else:
         summary = f"quiet {quiet} beyond {cadence}, but the stacks do not prove a stall: "
-        summary += f"{finding.summary}{why}{note}"
+        summary += f"{finding.summary}{why}{_noted(finding)}{note}"
         missing = ("two live py-spy dumps per policy rank showing it parked in one place",)
     return error(
         summary,
@@ -757,8 +767,17 @@ def _unproven(
     )
 
 
-def _probe_failed(ctx: Context, quiet: str, cadence: str) -> GateResult | None:
-    failures = ctx.evidence.facts.failed("stacks")
+def _noted(finding: StackFinding) -> str:
+    """What the stacks showed that neither proves nor disproves a stall (helpers, a driver)."""
+    return f"; noted: {'; '.join(finding.notes)}" if finding.notes else ""
+
+
+def _probe_failed(
+    ctx: Context, quiet: str, cadence: str, failures: Sequence[ProbeFailure]
+) -> GateResult | None:
+    """A stack probe the judgement cannot do without failed: one that names no process, or the
+    dump of a process that is neither a helper nor native (nor, beside ranks parked in a
+    collective, the driver or a coordinator)."""
     if not failures:
         return None
     listed = "; ".join(f.text for f in failures[:3])
@@ -769,6 +788,11 @@ def _probe_failed(ctx: Context, quiet: str, cadence: str) -> GateResult | None:
         next_action="Re-run the failed py-spy dumps while the job exists (check the pid and the "
         "permission to ptrace), then rerun.",
     )
+
+
+def _failed_of(failure: ProbeFailure, holes: set[tuple[str, int]]) -> bool:
+    """Whether the failed dump is of a process whose failure blocks the judgement."""
+    return any(pid == failure.pid and failure.target in {None, target} for target, pid in holes)
 
 
 def _limit_text(ctx: Context, cadence: Cadence) -> str:
@@ -788,13 +812,19 @@ def _quiet_verdict(ctx: Context, quiet_s: float, cadence: Cadence) -> GateResult
     dead = _dead(ctx, quiet) or _logged_death(ctx, cadence)
     if dead is not None:
         return dead
-    failed = _probe_failed(ctx, quiet, limit)
+    failures = ctx.evidence.facts.failed("stacks")
+    failed = _probe_failed(ctx, quiet, limit, [f for f in failures if f.pid is None])
     if failed is not None:
         return failed
-    stacks = ctx.evidence.probes.stacks if ctx.evidence.probes else ()
+    probes = ctx.evidence.probes
+    stacks = probes.stacks if probes else ()
     if not stacks:
-        return _unproven(ctx, None, quiet, limit)
-    finding = judge_stacks(stacks, _dump_window(ctx))
+        return _probe_failed(ctx, quiet, limit, failures) or _unproven(ctx, None, quiet, limit)
+    finding = judge_stacks(stacks, _dump_window(ctx), roles=roles_of(probes), failed=failures)
+    holes = {(j.target, j.pid) for j in finding.holes if j.state is ProcessState.FAILED}
+    failed = _probe_failed(ctx, quiet, limit, [f for f in failures if _failed_of(f, holes)])
+    if failed is not None:
+        return failed
     proven = _parked(ctx, finding, quiet, limit) or _still(ctx, finding, quiet_s, cadence)
     if proven is not None:
         return proven
@@ -824,8 +854,7 @@ def _judge_quiet(ctx: Context) -> GateResult:
         return error(
             "no `Started:`/`Finished:` timer line or train metrics in the trainer log",
             missing=("phase timer lines or train metrics in the trainer log",),
-            evidence=ctx.base_quotes()
-            + tuple(quote("finelog.log", h) for h in ctx.logs.summary.head[:2]),
+            evidence=ctx.base_quotes() + log_head_quotes(ctx.logs, limit=2),
         )
     cadence = _cadence(ctx.evidence, ctx.logs)
     quiet_s = (ctx.now - ctx.advancement.at).total_seconds()

@@ -15,10 +15,13 @@ from datetime import timedelta
 from typing import Final
 
 from shared.models import KillProof, RestartsResult
+from shared.times import age_text, duration_text
 from worker.evidence.facts import CLOCK_TOLERANCE_S, PHASE, STEP
 from worker.evidence.jobstate import JobState
 from worker.evidence.model import Evidence
+from worker.evidence.roles import roles_of
 from worker.gates.restarts import is_specific_signature
+from worker.gates.stacks import rests_on_collective, stack_holes
 
 __all__ = ["PROOF_RULES", "ProofRule", "crash_loop_check", "restarts_proof", "validate"]
 
@@ -39,8 +42,9 @@ def _is_stack(source: str) -> bool:
 
 
 def _stacks_live(proof: KillProof, evidence: Evidence) -> str | None:
-    """Both dumps of each process after the newest progress, fresh, of the current attempt, and no
-    py-spy probe failed."""
+    """Both dumps of each quoted process after the newest progress, fresh, of the current
+    attempt, and no py-spy probe the proof needs failed (a failed dump of a helper or a native
+    process is not a hole, nor, beside ranks parked in a collective, one of the driver)."""
     facts, limit = evidence.facts, evidence.thresholds.max_evidence_age_s
     dumps = [q for q in proof.evidence if _is_stack(q.source)]
     stamps = {q.timestamp for q in dumps if q.timestamp is not None}
@@ -58,7 +62,9 @@ def _stacks_live(proof: KillProof, evidence: Evidence) -> str | None:
             return f"{q.source} is older than MAX_EVIDENCE_AGE_S"
         if facts.attempt_started_at is not None and at < facts.attempt_started_at:
             return f"{q.source} was taken before the current attempt began"
-    failed = facts.failed("stacks")
+    collective = proof.rule == "stall_stacks" and rests_on_collective(proof.mechanism)
+    roles = roles_of(evidence.probes)
+    failed = stack_holes(facts.failed("stacks"), roles, collective=collective)
     return f"a py-spy probe failed: {failed[0].text}" if failed else None
 
 
@@ -85,7 +91,10 @@ def _death_line(proof: KillProof, evidence: Evidence) -> str | None:
     silent = (evidence.now - proof.established_at).total_seconds()
     floor = evidence.thresholds.stall_floor_s
     if silent <= floor:
-        return f"only {silent:.0f}s of silence since the death line (STALL_FLOOR_S {floor:g}s)"
+        return (
+            f"only {duration_text(silent)} of silence since the death line "
+            f"(STALL_FLOOR_S {duration_text(floor)})"
+        )
     return None
 
 
@@ -102,7 +111,7 @@ def _configuration_over(proof: KillProof, evidence: Evidence) -> str | None:
         return advanced
     silent = (evidence.now - proof.established_at).total_seconds()
     if not state.failure and silent <= evidence.thresholds.stall_floor_s:
-        return f"the newest attempt may still run ({state}, {silent:.0f}s since its failure)"
+        return f"the newest attempt may still run ({state}, {age_text(silent)} since its failure)"
     return None
 
 
@@ -115,10 +124,11 @@ def _terminal(proof: KillProof, evidence: Evidence) -> str | None:
 
 
 RULES: Final = (
-    ProofRule("stall_stacks", "liveness", False, "two live dumps of each process parked in one "
-              "collective or queue frame, quiet beyond the stall limit", _stacks_live),
-    ProofRule("stall_still", "liveness", False, "every trainer process identical in two live "
-              "dumps outside any collective, corroborated by silence, idle engines and no "
+    ProofRule("stall_stacks", "liveness", False, "two live dumps of each load-bearing process "
+              "(ranks, driver, coordinator) parked in one collective or queue frame, no rank "
+              "moving, quiet beyond the stall limit", _stacks_live),
+    ProofRule("stall_still", "liveness", False, "every load-bearing process identical in two "
+              "live dumps outside any collective, corroborated by silence, idle engines and no "
               "finished trial", _stacks_live),
     ProofRule("process_death", "liveness", False, "a death line after the newest advancement, "
               "silence past the stall limit since", _death_after_progress),

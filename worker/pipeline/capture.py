@@ -277,7 +277,8 @@ def capture_live(
 
     `tools` are resolved from `settings` when not given (diagnose resolves them at start-up).
     With a `budget`, every probe (the refresh included) runs within what is left of it;
-    `force_stacks` takes the stacks whatever the log says (the second look before a stall KILL).
+    `force_stacks` takes the stacks whatever the log says, and neither the log tail nor the GPU
+    state (the second look before a stall KILL compares stacks, the log and the controller).
     """
     notes: list[str] = []
     tools = tools or resolve_tools(settings)
@@ -296,7 +297,7 @@ def capture_live(
     chosen = make_backend(backend, job, settings, tools)
     interval = stack_interval_s if stack_interval_s is not None else settings.probe_interval_s
     stacks = force_stacks or quiet_reason(evidence) is not None
-    plan = ProbePlan(stacks=stacks, interval_s=interval)
+    plan = ProbePlan(stacks=stacks, interval_s=interval, context=not force_stacks)
     run = runner or tools.runner()
     if budget is not None:
         run, sleep = budget.runner(run, clock), budget.sleep(sleep)

@@ -16,8 +16,9 @@ Every entry announced is signed (`shared.signing`) over the answer list it annou
 never goes to Redis: Python signs for the answer list it read, and the script announces only if
 the list is still that one (else it answers `sign` and Python signs again for the new list). A
 re-announcement first verifies the job's cooldown entry, so Redis alone cannot make the pipeline
-sign a verdict it never reached; a cooldown entry that does not verify is dropped and the alert
-starts a diagnosis of its own.
+sign a verdict it never reached; a cooldown entry that does not verify, or whose report is no
+longer in S3 (`report_there`: an S3 restarted empty), is dropped and the alert starts a diagnosis
+of its own — an entry never points at a report that is not there.
 
 Alerts coalesce under a key (`coalescing_key`): the job directory for a live alert, and the job
 with a digest of the question for an alert that asks its own (`now`, `probes`, `mode`,
@@ -41,6 +42,7 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Final, Literal, cast
 
@@ -248,8 +250,10 @@ class Coalescer:
         inflight_ttl_s: int = 1800,
         retention_s: int = 7 * 24 * 3600,
         maxlen: int = 100_000,
+        report_there: Callable[[str], bool] | None = None,
     ) -> None:
         self.redis = redis
+        self.report_there = report_there  # report URI -> in S3? (None: not checked)
         self.names = names
         self.keys = keys
         self.coalesce_s = coalesce_s
@@ -310,6 +314,9 @@ class Coalescer:
                 raise RefusedEntryError("names another lead", "malformed")
         except RefusedEntryError as exc:
             log.warning("the cooldown verdict of %s is refused (%s): dropped", job, exc.reason)
+            return [_DROP]
+        if self.report_there is not None and not self.report_there(stored.report_uri):
+            log.warning("the cooldown verdict of %s points at a report gone from S3: dropped", job)
             return [_DROP]
         # the script checks the list as read here, before it adds this alert's id
         return [_listed(lead, ids), *_announcement(stored, [*ids, event_id], self.keys)]

@@ -31,6 +31,7 @@ __all__ = [
     "InfrastructureError",
     "PipelineError",
     "PoisonError",
+    "ReportLostError",
     "StageTimeoutError",
     "classified",
     "describe",
@@ -67,6 +68,11 @@ class BadEventError(PipelineError):
 
 class EvidenceLostError(PipelineError):
     """A frozen evidence that is gone or incomplete in S3 and cannot be captured again here."""
+
+
+class ReportLostError(EvidenceLostError):
+    """The report a decided verdict points at is gone from S3 and from the copy Redis keeps: the
+    decision is withdrawn and the diagnosis sent again, to write a report of its own."""
 
 
 class StageTimeoutError(PipelineError):

@@ -35,6 +35,7 @@ from shared.settings import Settings
 from shared.streams import ALERT_FIELD, INGEST_GROUP, StreamNames
 from worker.pipeline.coalesce import Admission, Coalescer, coalescing_key
 from worker.pipeline.failures import BadEventError, describe, is_infrastructure
+from worker.pipeline.logsetup import about_event
 from worker.pipeline.metrics import alert_handled, dead_lettered
 from worker.pipeline.steps import Pipeline
 from worker.pipeline.watchdog import Watchdog
@@ -49,6 +50,12 @@ _CLAIM_IDLE_MS: Final = 60_000
 _CLAIM_EVERY_S: Final = 30.0
 _BACKOFF_MAX_S: Final = 30.0
 _DISPATCH_MARK_S: Final = 3600
+_SAID: Final = {  # each admission outcome in words, for the one line per alert
+    "started": "started a diagnosis",
+    "attached": "attached to the diagnosis in flight",
+    "reannounced": "answered by the job's recent verdict (re-announced)",
+    "duplicate": "a duplicate of an alert already taken",
+}
 
 
 def _text(value: Any) -> str:
@@ -125,6 +132,7 @@ class Ingest:
         self.block_ms = block_ms
         self.watchdog = watchdog
         self.outcomes: dict[str, int] = {}
+        self.fault: Exception | None = None  # the last infrastructure fault met
         self._pending = True  # read our own pending entries first: redeliveries after a crash
         self._grouped = False
         self._next_claim = 0.0
@@ -139,17 +147,20 @@ class Ingest:
     # --- one entry --------------------------------------------------------------------------
 
     def handle(self, entry: Entry) -> str:
-        """Process one alert entry and acknowledge it; returns what happened to it."""
-        try:
-            event, job = validate_alert(entry.fields, self.pipeline.settings)
-            outcome = self.admit(event, job, redelivered=entry.redelivered)
-        except BadEventError as exc:
-            outcome = self.refuse(entry, str(exc))
-        except Exception as exc:
-            if is_infrastructure(exc):
-                raise
-            log.exception("alert %s could not be admitted", entry.id)
-            outcome = self.refuse(entry, f"ingest failed: {describe(exc)}")
+        """Process one alert entry and acknowledge it; returns what happened to it (logged: one
+        line per alert taken, one warning per alert dead-lettered)."""
+        with about_event(_claimed_event_id(entry.fields)):
+            try:
+                event, job = validate_alert(entry.fields, self.pipeline.settings)
+                outcome = self.admit(event, job, redelivered=entry.redelivered)
+                log.info("alert %s for %s: %s", entry.id, job, _SAID.get(outcome, outcome))
+            except BadEventError as exc:
+                outcome = self.refuse(entry, str(exc))
+            except Exception as exc:
+                if is_infrastructure(exc):
+                    raise
+                log.exception("alert %s could not be admitted", entry.id)
+                outcome = self.refuse(entry, f"ingest failed: {describe(exc)}")
         self.redis.xack(self.names.alerts, INGEST_GROUP, entry.id)
         self.outcomes[outcome] = self.outcomes.get(outcome, 0) + 1
         alert_handled(outcome)
@@ -240,7 +251,7 @@ class Ingest:
                 if not is_infrastructure(exc):
                     raise
                 log.warning("infrastructure fault on alert %s: %s", entry.id, describe(exc))
-                self._pending = True
+                self._pending, self.fault = True, exc
                 return -1 if done == 0 else done
         return len(entries)
 
@@ -250,8 +261,11 @@ class Ingest:
         stop: Callable[[], bool] = lambda: False,
         max_events: int | None = None,
         until_idle: bool = False,
+        stop_on_fault: bool = False,
     ) -> int:
-        """Consume until `stop()`, `max_events` entries, or (`until_idle`) an empty read."""
+        """Consume until `stop()`, `max_events` entries, or (`until_idle`) an empty read. An
+        infrastructure fault is waited out with backoff, or with `stop_on_fault` raised (the
+        alerts read stay pending for the next run)."""
         handled, backoff = 0, 0.5
         while not stop() and (max_events is None or handled < max_events):
             count = self._step_safely()
@@ -260,6 +274,8 @@ class Ingest:
             if count == 0 and until_idle and not self._pending:
                 break
             if count < 0:
+                if stop_on_fault and self.fault is not None:
+                    raise self.fault
                 time.sleep(backoff)
                 backoff = min(backoff * 2, _BACKOFF_MAX_S)
                 continue
@@ -280,8 +296,19 @@ class Ingest:
             elif not is_infrastructure(exc):
                 raise
             log.warning("alert stream unavailable: %s", describe(exc))
-            self._pending = True
+            self._pending, self.fault = True, exc
             return -1
+
+
+def _claimed_event_id(fields: dict[str, str]) -> str | None:
+    """The event id an alert entry claims, for its log lines (before it is validated: a
+    refused alert's lines carry it too); None when it names none."""
+    try:
+        data = json.loads(fields.get(ALERT_FIELD, ""))
+    except (json.JSONDecodeError, TypeError):
+        return None
+    event_id = data.get("event_id") if isinstance(data, dict) else None
+    return redact_text(str(event_id))[:200] if isinstance(event_id, str) else None
 
 
 def _decode(fields: dict[Any, Any]) -> dict[str, str]:

@@ -1,16 +1,26 @@
 """Fleet metrics for Prometheus: what the workers and ingest did, served by prometheus-client.
 
+Each process serves only what it counts (`serve(port, addr, role)`): a worker's endpoint never
+shows ingest's counters as zeros, nor ingest's the worker's.
+
+- the worker: diagnoses started and finished, verdicts by kind and confidence, the alert →
+  verdict latency, stage durations, task retries and failures, probes, the log cache, HTML
+  pages, dead letters of failed diagnoses;
+- ingest: alerts by outcome, coalesced alerts, dead letters of refused alerts, what its
+  watchdog did with diagnoses whose lease ran out (sent again, answered ERROR).
+
 Worker metrics come from Celery signals, so the tasks stay thin:
 - `task_prerun` / `task_postrun`: diagnoses started (a capture's first try), stage durations
-  (capture, each gate by name, verdict, publish; successful runs), diagnoses finished and verdicts
-  by kind and confidence (a publish that succeeded);
+  (capture, each gate by name, verdict, publish; successful runs);
 - `task_retry`: retries per task; `task_failure`: tasks that failed for good;
 - `worker_process_shutdown`: a prefork child's live values are released.
-Where no signal can see, the adapters call a function here in one line: ingest for every alert's
-outcome (started, attached, reannounced, duplicate, dead-letter; attached and reannounced are the
-coalesced ones) and every dead letter by reason, the capture policy for the probes it ran, the
-log cache for the log bytes a capture parsed and reused and what became of its S3 copy, the HTML
-task for every page it stored (with plots, without them, or none when the report was gone).
+Where no signal can see, the adapters call a function here in one line: the pipeline for every
+verdict it publishes or answers (`verdict_published`: kind, confidence, and the time since the
+alert that started the diagnosis was published), ingest for every alert's outcome (started,
+attached, reannounced, duplicate, dead-letter; attached and reannounced are the coalesced ones) and
+every dead letter by reason, the capture policy for the probes it ran, the log cache for the log
+bytes a capture parsed and reused and what became of its S3 copy, the HTML task for every page it
+stored (with plots, without them, or none when the report was gone).
 
 Prefork workers: every pool child is its own process, so values are kept in prometheus-client's
 multiprocess mode — one memory-mapped file per process in `PROMETHEUS_MULTIPROC_DIR`, which must be
@@ -25,8 +35,8 @@ from __future__ import annotations
 import os
 import re
 import time
-from collections.abc import Sequence
-from typing import Any, Final
+from collections.abc import Iterator, Sequence
+from typing import Any, Final, Literal
 
 from celery import signals
 from prometheus_client import (
@@ -38,10 +48,13 @@ from prometheus_client import (
     start_http_server,
     values,
 )
+from prometheus_client.metrics import MetricWrapperBase
+from prometheus_client.registry import Collector
 
 __all__ = [
     "ALERTS",
     "ALERTS_COALESCED",
+    "ALERT_TO_VERDICT",
     "DEAD_LETTERS",
     "DIAGNOSES_FINISHED",
     "DIAGNOSES_STARTED",
@@ -50,34 +63,55 @@ __all__ = [
     "LOG_CACHE_FILES",
     "LOG_CACHE_SHARED",
     "MULTIPROC_ENV",
+    "OWN",
     "PROBES_FAILED",
     "PROBES_RUN",
     "STAGE_SECONDS",
     "TASK_FAILURES",
     "TASK_RETRIES",
     "VERDICTS",
+    "WATCHDOG",
     "alert_handled",
     "dead_letter_kind",
     "dead_lettered",
     "html_drawn",
     "log_cache_used",
     "probes_ran",
+    "registry_for",
     "serve",
+    "served_names",
     "stage_of",
+    "verdict_published",
+    "watchdog_acted",
 ]
 
 MULTIPROC_ENV: Final = "PROMETHEUS_MULTIPROC_DIR"
 _TASK_PREFIX: Final = "rlhealth."
 _STAGE_BUCKETS: Final = (0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300)
+# alert published → verdict on the stream: a second for a small bundle, minutes with live probes
+# and a second look, the retry deadline (30 min) at worst
+_LATENCY_BUCKETS: Final = (0.5, 1, 2, 5, 10, 20, 30, 60, 120, 300, 600, 1200, 1800, 3600)
+_VERDICT_KINDS: Final = ("KILL", "NO-KILL", "ERROR")
+Role = Literal["worker", "ingest"]
 
 DIAGNOSES_STARTED = Counter(
     "rlhealth_diagnoses_started", "Diagnoses whose capture began (first try of the capture task)."
 )
 DIAGNOSES_FINISHED = Counter(
-    "rlhealth_diagnoses_finished", "Diagnoses whose verdict was published to the stream."
+    "rlhealth_diagnoses_finished",
+    "Diagnoses whose verdict was published to the stream (an ERROR answer included).",
 )
 VERDICTS = Counter(
-    "rlhealth_verdicts", "Verdicts published, by kind and confidence.", ["verdict", "confidence"]
+    "rlhealth_verdicts",
+    "Verdicts published by this process, by kind and confidence.",
+    ["verdict", "confidence"],
+)
+ALERT_TO_VERDICT = Histogram(
+    "rlhealth_alert_to_verdict_seconds",
+    "From the publication of the alert that started a diagnosis to its verdict on the stream, "
+    "by verdict (the watcher's clock against this process's: a skew shows here).",
+    ["verdict"],
+    buckets=_LATENCY_BUCKETS,
 )
 STAGE_SECONDS = Histogram(
     "rlhealth_stage_seconds",
@@ -100,6 +134,12 @@ ALERTS_COALESCED = Counter(
 )
 DEAD_LETTERS = Counter(
     "rlhealth_dead_letters", "Alerts refused to the dead-letter stream, by reason.", ["reason"]
+)
+WATCHDOG = Counter(
+    "rlhealth_watchdog_actions",
+    "Diagnoses whose lease ran out, by what ingest's watchdog did: resent (sent again), "
+    "answered_error (sent again too often: answered ERROR by ingest itself).",
+    ["action"],
 )
 PROBES_RUN = Counter("rlhealth_probes_run", "Live probe commands run, by backend.", ["backend"])
 PROBES_FAILED = Counter(
@@ -144,7 +184,39 @@ _DEAD_LETTER_KINDS: Final = (
 _started: dict[str, float] = {}  # task id -> monotonic start, in the process that runs it
 
 
+OWN: Final[dict[Role, tuple[MetricWrapperBase, ...]]] = {
+    "worker": (
+        DIAGNOSES_STARTED,
+        DIAGNOSES_FINISHED,
+        VERDICTS,
+        ALERT_TO_VERDICT,
+        STAGE_SECONDS,
+        TASK_RETRIES,
+        TASK_FAILURES,
+        DEAD_LETTERS,
+        PROBES_RUN,
+        PROBES_FAILED,
+        LOG_CACHE_FILES,
+        LOG_CACHE_BYTES,
+        LOG_CACHE_SHARED,
+        HTML_REPORTS,
+    ),
+    "ingest": (ALERTS, ALERTS_COALESCED, DEAD_LETTERS, WATCHDOG),
+}
+"""The metrics each process counts, and so serves."""
+
+
 # --- hooks the adapters call ----------------------------------------------------------------------
+
+
+def verdict_published(verdict: str, confidence: str, latency_s: float | None) -> None:
+    """This process published a verdict (or answered a diagnosis ERROR); `latency_s` since the
+    alert that started it was published (None: unknown; a negative one, a skewed clock, is not
+    observed)."""
+    DIAGNOSES_FINISHED.inc()
+    VERDICTS.labels(verdict=verdict, confidence=confidence).inc()
+    if latency_s is not None and latency_s >= 0:
+        ALERT_TO_VERDICT.labels(verdict=verdict).observe(latency_s)
 
 
 def alert_handled(outcome: str) -> None:
@@ -184,6 +256,12 @@ def log_cache_used(
         LOG_CACHE_SHARED.labels(outcome=outcome).inc()
 
 
+def watchdog_acted(action: str) -> None:
+    """Ingest's watchdog sent a diagnosis again (`resent`) or answered it ERROR
+    (`answered_error`)."""
+    WATCHDOG.labels(action=action).inc()
+
+
 def html_drawn(outcome: str) -> None:
     """The HTML task stored a page (`drawn`, `without_plots`) or could not (`report_gone`)."""
     HTML_REPORTS.labels(outcome=outcome).inc()
@@ -216,7 +294,6 @@ def _task_finished(
     task: Any,
     args: Sequence[Any] | None = None,
     kwargs: dict[str, Any] | None = None,
-    retval: Any = None,
     state: str | None = None,
     **_: Any,
 ) -> None:
@@ -226,10 +303,6 @@ def _task_finished(
         return
     if began is not None:
         STAGE_SECONDS.labels(stage=stage).observe(time.monotonic() - began)
-    if stage == "publish" and isinstance(retval, dict):
-        DIAGNOSES_FINISHED.inc()
-        verdict, confidence = retval.get("verdict"), retval.get("confidence")
-        VERDICTS.labels(verdict=str(verdict), confidence=str(confidence)).inc()
 
 
 def _task_retried(sender: Any = None, **_: Any) -> None:
@@ -264,18 +337,57 @@ def _multiprocess_values() -> bool:
     return values.ValueClass is not values.MutexValue
 
 
-def serve(port: int, addr: str = "127.0.0.1") -> None:
-    """Serve /metrics on `addr:port` in a background thread (RLHEALTH_METRICS_ADDR; loopback
-    unless the operator opens it to a scraper elsewhere): the sum over every process sharing the
-    multiprocess directory when there is one, else this process's own values."""
+def served_names(role: Role) -> frozenset[str]:
+    """The metric family names a process of `role` serves."""
+    return frozenset(family.name for metric in OWN[role] for family in metric.describe())
+
+
+class _Own(Collector):
+    """The families of `source` this process counts: every `rlhealth_*` family of another role
+    is left out (prometheus-client's own process and runtime families stay)."""
+
+    def __init__(self, source: Any, names: frozenset[str]) -> None:
+        self.source = source
+        self.names = names
+
+    def collect(self) -> Iterator[Any]:
+        for family in self.source.collect():
+            if family.name in self.names or not family.name.startswith("rlhealth_"):
+                yield family
+
+
+def _zeros(role: Role) -> None:
+    """The labels a rate is taken over show from the start, at zero: each verdict kind's
+    latency (the worker), each watchdog action (ingest)."""
+    if role == "worker":
+        for kind in _VERDICT_KINDS:
+            ALERT_TO_VERDICT.labels(verdict=kind)
+    else:
+        for action in ("resent", "answered_error"):
+            WATCHDOG.labels(action=action)
+
+
+def registry_for(role: Role) -> CollectorRegistry:
+    """What a process of `role` serves: the metrics it counts (`OWN`), summed over every process
+    sharing the multiprocess directory when there is one, else this process's own values."""
+    names = served_names(role)
+    registry = CollectorRegistry()
     if os.environ.get(MULTIPROC_ENV):
         if not _multiprocess_values():
             raise RuntimeError(
                 f"{MULTIPROC_ENV} was set after prometheus-client was imported: "
                 "child processes' metrics would be lost"
             )
-        registry = CollectorRegistry()
-        multiprocess.MultiProcessCollector(registry)  # type: ignore[no-untyped-call]
-        start_http_server(port, addr, registry=registry)
-        return
-    start_http_server(port, addr, registry=REGISTRY)
+        every = CollectorRegistry()
+        multiprocess.MultiProcessCollector(every)  # type: ignore[no-untyped-call]
+        registry.register(_Own(every, names))
+    else:
+        registry.register(_Own(REGISTRY, names))
+    _zeros(role)
+    return registry
+
+
+def serve(port: int, addr: str = "127.0.0.1", role: Role = "worker") -> None:
+    """Serve /metrics of `role` (`registry_for`) on `addr:port` in a background thread
+    (RLHEALTH_METRICS_ADDR; loopback unless the operator opens it to a scraper elsewhere)."""
+    start_http_server(port, addr, registry=registry_for(role))

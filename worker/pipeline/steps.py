@@ -10,7 +10,8 @@ verdict  gate results → the report, its text and JSON written once to S3 `repo
          verdict entry (the report itself kept in Redis for `html`)
 look     a KILL that rests on stacks → RLHEALTH_REOBSERVE_S later, the job seen again (frozen
          under `evidence/<id>/second_look/`) → the settled report and its entry
-publish  verdict entry → the verdict stream and channel, with every event id it answers
+publish  verdict entry → the verdict stream and channel, with every event id it answers, once
+         its report is confirmed in S3 (written again from Redis's copy if S3 lost it)
 html     after publish: a published verdict → its HTML page (plots drawn from the frozen
          evidence) beside the JSON report, same key with `.html`; best effort, for people: the
          verdict never waits for it, and a page that cannot be drawn is stored without plots
@@ -82,13 +83,14 @@ from worker.pipeline.failures import (
     BadEventError,
     EvidenceLostError,
     PipelineError,
+    ReportLostError,
     describe,
     is_infrastructure,
     is_time_limit,
 )
 from worker.pipeline.lease import Leases
 from worker.pipeline.logcache import collect_cached, finish_sharing
-from worker.pipeline.metrics import dead_lettered, html_drawn
+from worker.pipeline.metrics import dead_lettered, html_drawn, verdict_published
 from worker.pipeline.parts import THAW_CACHE_BYTES, SharedParts, StoredLater, job_parts
 from worker.pipeline.second_look import (
     LOOK_DIR,
@@ -100,7 +102,7 @@ from worker.pipeline.second_look import (
     thaw_look,
 )
 from worker.pipeline.store import ObjectMissingError, ObjectStore, download_prefix, key_segment
-from worker.second_look import compare, observe, rests_on_stacks, settle
+from worker.second_look import compare, first_look_at, observe, rests_on_stacks, settle
 from worker.verdict import decide
 
 __all__ = [
@@ -118,6 +120,9 @@ _THAWED_KEPT: Final = 4
 _UNCHECKED: Final = ".unchecked"  # a local copy the capture left, not yet checked against S3
 _CACHE_MAX_AGE_S: Final = 3600
 _CLAIM_TTL_S: Final = 60
+MIN_LOOK_WAIT_S: Final = 1.0
+"""The shortest countdown to a second look, when the first look's dumps are already older than
+RLHEALTH_REOBSERVE_S (a slow capture): the look is still taken by its own task."""
 
 
 def event_key(event_id: str) -> str:
@@ -162,6 +167,7 @@ class Pipeline:
         self.parts = SharedParts(store, root / "parts")
         self.part_cache = PartCache(THAW_CACHE_BYTES)
         self._thawed: OrderedDict[str, Evidence] = OrderedDict()
+        self.clock: Callable[[], float] = time.time  # epoch seconds: when the look is due
 
     @cached_property
     def keys(self) -> KeyRing:
@@ -172,7 +178,12 @@ class Pipeline:
     def coalescer(self) -> Coalescer:
         s = self.settings
         return Coalescer(
-            self.redis, self.names, keys=self.keys, coalesce_s=s.coalesce_s, lease_s=s.lease_s
+            self.redis,
+            self.names,
+            keys=self.keys,
+            coalesce_s=s.coalesce_s,
+            lease_s=s.lease_s,
+            report_there=self.report_stored,
         )
 
     @cached_property
@@ -532,6 +543,37 @@ class Pipeline:
     def _kept_report(self, report_uri: str) -> str:
         return f"{self.names.prefix}:report:{report_uri}"
 
+    def _report_key(self, report_uri: str) -> str | None:
+        """The key of a report URI in this store; None for a URI of another store."""
+        base = self.store.uri("")
+        return report_uri[len(base) :] if report_uri.startswith(base) else None
+
+    def report_stored(self, report_uri: str) -> bool:
+        """Whether the report at `report_uri` is in S3 (one outside this store is not)."""
+        key = self._report_key(report_uri)
+        return key is not None and self.store.exists(key)
+
+    def _confirm_report(self, entry: VerdictEntry) -> None:
+        """The report `entry` points at is in S3 before the entry is announced. A report S3
+        lost after it was written (an S3 restarted empty between the verdict and its publish,
+        or before a decided verdict is published again by a re-run or the error callback) is
+        written again from the copy Redis keeps for the HTML page; when that is gone too, the
+        decision is withdrawn and `ReportLostError` raised (the diagnosis is sent again)."""
+        if self.report_stored(entry.report_uri):
+            return
+        stored = self.redis.hgetall(self._kept_report(entry.report_uri))
+        kept = {_text(k): v for k, v in stored.items()}
+        json_key = _text(kept.get("json_key", ""))
+        if "report" in kept and json_key.endswith(".json"):
+            report = Report.model_validate_json(kept["report"])
+            S3ReportSink(self.store, self.keys).write(report, json_key.removesuffix(".json"))
+            log.warning("report %s was gone from S3: written again", entry.report_uri)
+            return
+        self.redis.delete(self.names.entry(entry.event_id))
+        raise ReportLostError(
+            f"the report of {entry.event_id} is gone from S3 ({entry.report_uri}) and not kept"
+        )
+
     def html(self, entry: dict[str, Any], evidence_id: str | None) -> str | None:
         """Draw the HTML page of a published verdict beside its JSON report (same key, `.html`),
         its plots from the frozen evidence `evidence_id`; returns the page's key, None when the
@@ -541,9 +583,9 @@ class Pipeline:
         uri = VerdictEntry.model_validate(entry).report_uri
         kept = {_text(k): v for k, v in self.redis.hgetall(self._kept_report(uri)).items()}
         if "json_key" not in kept or "report" not in kept:
-            base = self.store.uri("")  # the key back from the URI: drawn by an earlier run?
-            if uri.startswith(base) and self.store.exists(html_key(uri[len(base) :])):
-                return html_key(uri[len(base) :])
+            json_key = self._report_key(uri)  # drawn by an earlier run?
+            if json_key is not None and self.store.exists(html_key(json_key)):
+                return html_key(json_key)
             log.warning("the report %s is no longer kept: its HTML page is not drawn", uri)
             html_drawn("report_gone")
             return None
@@ -599,8 +641,39 @@ class Pipeline:
             decided.verify(self.keys)
         except UnverifiedError as exc:
             raise PipelineError(f"the verdict entry to publish is refused: {exc.reason}") from None
+        first = self.coalescer.published(decided.event_id) is None
+        alerted = self._alerted_at(decided.event_id) if first else None
+        if first:
+            self._confirm_report(decided)
         published = VerdictStreamSink(self.coalescer)(decided, job=job)
+        if first:
+            self._announced(published, alerted)
         return published.model_dump(mode="json")
+
+    def _alerted_at(self, lead: str) -> datetime | None:
+        """When the alert that leads the diagnosis was published (the watcher's clock), read
+        from the lead's record before publishing releases it; None when it is not there."""
+        event = self.leases.record(lead).event or {}
+        try:
+            return Event.model_validate(event).published_at if event else None
+        except ValidationError:
+            return None
+
+    def _announced(self, entry: VerdictEntry, alerted: datetime | None) -> None:
+        """The one line and the counts of a verdict this process published: what operators
+        grep for (`verdict event=... job=...`) and chart (latency from the alert)."""
+        took = (datetime.now(UTC) - alerted).total_seconds() if alerted is not None else None
+        verdict_published(entry.verdict.value, entry.confidence.value, took)
+        log.info(
+            "verdict event=%s job=%s verdict=%s confidence=%s duration=%s report=%s answers=%d",
+            entry.event_id,
+            entry.job_id,
+            entry.verdict.value,
+            entry.confidence.value,
+            "unknown" if took is None else f"{took:.1f}s",
+            entry.report_uri,
+            len(entry.event_ids),
+        )
 
     # --- the second look before a stall KILL (worker.second_look) ----------------------------
 
@@ -637,7 +710,18 @@ class Pipeline:
             return None  # judged on recorded probes or as of a fixed time: not the live job
         if not can_probe(event, self.settings):
             return 0.0  # no backend to look through: waiting would not help, judge it (blind) now
-        return self.settings.reobserve_s
+        return self._countdown(report)
+
+    def _countdown(self, report: Report) -> float:
+        """RLHEALTH_REOBSERVE_S after the newest dump the proof quotes (what shows a wedge is the
+        time between the two looks' stacks, not between the first verdict and the second look),
+        never less than MIN_LOOK_WAIT_S from now."""
+        first = first_look_at(report)
+        reobserve = self.settings.reobserve_s
+        if first is None:
+            return reobserve
+        elapsed = max(0.0, self.clock() - first.timestamp())
+        return max(MIN_LOOK_WAIT_S, reobserve - elapsed)
 
     def second_look(
         self,
@@ -655,6 +739,9 @@ class Pipeline:
             return known.model_dump(mode="json")
         report = self.report(results, event_id, evidence_id)
         first = self.evidence(evidence_id)
+        since = first_look_at(report) if scheduled_at is not None else None
+        if since is not None:  # the look waited from the first look's dumps (`look_wait`)
+            scheduled_at = min(scheduled_at or since.timestamp(), since.timestamp())
         look_at = _LookAt(event_id, evidence_id, scheduled_at, claim or uuid.uuid4().hex)
         second, waited_s = self._second_observation(look_at, first)
         look = compare(observe(first), observe(second, prefix=LOOK_DIR), waited_s)
@@ -711,15 +798,31 @@ class Pipeline:
         verdict decided before the failure (only its publish failed) is published instead."""
         if self.coalescer.published(lead) is not None:
             return None
-        entry = self.decided(lead)
+        alerted = self._alerted_at(lead)
+        entry = self._decided_and_stored(lead)
         if entry is not None:
-            self.coalescer.publish(entry, job)
+            if self.coalescer.publish(entry, job):
+                self._announced(entry, alerted)
             return entry
         event = self._event_or_placeholder(lead, job)
         entry = self._decide(self._failure_entry(event, lead, reason, read_frozen))
         if self.coalescer.publish(entry, job, cooldown=False):
             self.dead_letter(event, reason)
+            self._announced(entry, alerted)
         log.warning("diagnosis %s answered ERROR: %s", lead, reason)
+        return entry
+
+    def _decided_and_stored(self, lead: str) -> VerdictEntry | None:
+        """The verdict decided for `lead` with its report confirmed in S3; None when none was
+        decided, or its report is lost (the decision withdrawn: the failure answers instead)."""
+        entry = self.decided(lead)
+        if entry is None:
+            return None
+        try:
+            self._confirm_report(entry)
+        except ReportLostError as exc:
+            log.warning("the verdict decided for %s is not published: %s", lead, exc)
+            return None
         return entry
 
     def _event_or_placeholder(self, lead: str, job: str) -> Event:

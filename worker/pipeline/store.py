@@ -156,6 +156,9 @@ class MemoryStore:
         self.written_at: dict[str, float] = {}
         self._lock = threading.Lock()
 
+    def check(self, client: Any | None = None, *, create: bool = False) -> None:
+        """Always reachable."""
+
     def put_once(self, key: str, body: bytes, content_type: str = BINARY) -> bool:
         check_key(key)
         with self._lock:
@@ -339,6 +342,18 @@ class S3Store:
                 self.client.create_bucket(Bucket=self.bucket)
 
         _retrying(create)
+
+    def check(self, client: Any | None = None, *, create: bool = False) -> None:
+        """One HEAD of the bucket, without retries (through `client`, e.g. one with short
+        timeouts and a single attempt: `worker.cli.dependencies`); `create` makes a missing
+        bucket (local set-ups). Raises botocore's exceptions as they come."""
+        head = client or self.client
+        try:
+            head.head_bucket(Bucket=self.bucket)
+        except botocore.exceptions.ClientError as exc:
+            if not (create and _error_code(exc) in {"404", "NoSuchBucket", "NotFound"}):
+                raise
+            head.create_bucket(Bucket=self.bucket)
 
 
 def store_from_settings(settings: Settings | None = None) -> S3Store:

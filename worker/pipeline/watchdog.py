@@ -21,6 +21,7 @@ from collections.abc import Callable, Iterable
 from typing import Any, Final
 
 from worker.pipeline.failures import describe, is_infrastructure
+from worker.pipeline.metrics import watchdog_acted
 from worker.pipeline.steps import Pipeline
 
 __all__ = ["Draw", "Resend", "Watchdog"]
@@ -105,6 +106,7 @@ class Watchdog:
         if times <= limit:
             log.warning("watchdog: the lease of %s ran out: sending it again (%d)", lead, times)
             self.resend(lead, job, record.get("evidence") or lead)
+            watchdog_acted("resent")
         else:
             lease_s = self.pipeline.settings.lease_s
             reason = (
@@ -112,6 +114,7 @@ class Watchdog:
                 f"{times} times (sent again {limit} times)"
             )
             entry = self.pipeline.fail(lead, job, reason)
+            watchdog_acted("answered_error")
             if entry is not None and self.draw is not None:
                 self.draw(entry.model_dump(mode="json"), record.get("evidence") or lead)
         return 1

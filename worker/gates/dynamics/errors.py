@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from shared.models import GateResult, Quote
 from worker.evidence.model import Evidence, LogTables
-from worker.evidence.quotes import log_head_quotes, quote
+from worker.evidence.quotes import log_head, log_head_quotes, quote
 from worker.gates.base import error, passed
 from worker.gates.dynamics.series import as_float, num, row_quote
 from worker.gates.metric_keys import present_keys
@@ -42,9 +42,8 @@ def no_usable_metrics(logs: LogTables) -> GateResult:
             for r in logs.metrics.head(1).iter_rows(named=True)
         )
     )
-    begins = (
-        f"; log begins {summary.head[0][:80]!r}" if summary.head else "; no non-empty line read"
-    )
+    head_text = [text for _i, text in log_head(logs)]
+    begins = f"; log begins {head_text[0][:80]!r}" if head_text else "; no non-empty line read"
     text = (
         f"no usable metrics (no reward, entropy or loss key) in {summary.lines} line(s) of "
         f"{', '.join(summary.files) or 'the log'}: serializations seen "
@@ -55,7 +54,7 @@ def no_usable_metrics(logs: LogTables) -> GateResult:
         text,
         missing=("reward, entropy or loss metrics",),
         evidence=evidence or (quote(source, "(the parser read no line from this log)"),),
-        details=tuple(f"head: {line}" for line in summary.head[:10]),
+        details=tuple(f"head: {line}" for line in head_text[:10]),
         next_action="inspect the log serialization (the metric parse is a failed probe) before "
         "classifying dynamics",
         flip_signal="the parser reads reward, entropy or loss from the log",

@@ -25,6 +25,7 @@ from __future__ import annotations
 import polars as pl
 
 from shared.models import GateResult
+from shared.times import duration_text
 from worker.evidence.facts import ENGINE_LINE
 from worker.evidence.model import Evidence
 from worker.gates import engines as eng
@@ -60,7 +61,8 @@ def _with_future_lines(result: GateResult, evidence: Evidence) -> GateResult:
         return result
     lead = (ahead[0].at - evidence.now).total_seconds()
     note = (
-        f"; engine stat lines dated up to {lead / 60:.0f} min after now ({ahead[0].quote.source}) "
+        f"; engine stat lines dated up to {duration_text(lead)} after now "
+        f"({ahead[0].quote.source}) "
         "not counted: the engine's clock runs ahead"
     )
     return result.model_copy(update={"summary": result.summary + note})

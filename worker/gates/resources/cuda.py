@@ -20,6 +20,7 @@ from typing import Any, Final
 import polars as pl
 
 from shared.models import GateResult, GateStatus, Handoff, KillProof, Quote
+from shared.times import age_text, duration_text
 from worker.evidence.jobstate import JobState
 from worker.evidence.model import Evidence, LogTables
 from worker.evidence.quotes import quote, quote_rows
@@ -367,9 +368,9 @@ def _too_recent(evidence: Evidence, fault: Fault) -> GateResult:
     at = fault.first["timestamp"]
     deadline = minute_utc(at + timedelta(seconds=floor))
     return error(
-        f"{fault.head()}, logged {(evidence.now - at).total_seconds():.0f}s ago with nothing after "
-        f"it yet: too recent to know whether {fault.component.label} recovers (STALL_FLOOR_S "
-        f"{floor:g}s)",
+        f"{fault.head()}, logged {age_text((evidence.now - at).total_seconds())} with nothing "
+        f"after it yet: too recent to know whether {fault.component.label} recovers "
+        f"(STALL_FLOOR_S {duration_text(floor)})",
         missing=(f"what {fault.component.label} does after the fault (progress or death)",),
         evidence=fault.quotes,
         next_action=f"re-diagnose after {deadline}: a step after the fault means it survived",

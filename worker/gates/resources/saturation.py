@@ -16,6 +16,7 @@ from typing import Final
 import polars as pl
 
 from shared.models import GateResult, GateStatus, Handoff, Quote, Table
+from shared.times import age_text, duration_text
 from worker.evidence.model import Evidence, LogTables, ProbeEvidence
 from worker.evidence.quotes import log_head_quotes, quote, quote_rows
 from worker.gates import engines as eng
@@ -104,7 +105,10 @@ def _frozen_buffer(logs: LogTables, window_s: float) -> TrainerWait | None:
     last = run.row(-1, named=True)
     if last["done"] >= last["total"] or span < window_s:
         return None
-    text = f"Generation Buffer Progress {last['done']}/{last['total']} unchanged for {span:.0f}s"
+    text = (
+        f"Generation Buffer Progress {last['done']}/{last['total']} unchanged for "
+        f"{duration_text(span)}"
+    )
     return TrainerWait("waiting", text, _progress_quotes(run))
 
 
@@ -182,7 +186,7 @@ def _open_phase(logs: LogTables, now: datetime, window_s: float) -> TrainerWait 
         return TrainerWait("training", f"the trainer's open phase is '{phase}'", quotes)
     if opened is not None and (now - opened).total_seconds() < window_s:
         age = (now - opened).total_seconds()
-        reason = f"'{phase}' opened only {age:.0f}s ago: the quiet window covers the phase before"
+        reason = f"'{phase}' opened only {age_text(age)}: the quiet window covers the phase before"
         return TrainerWait("training", reason, quotes)
     return TrainerWait("waiting", f"the trainer's open phase is '{phase}'", quotes)
 
@@ -281,8 +285,8 @@ def _quiet_fleet(
             tables=_tables(states),
         )
     return error(
-        f"engines quiet for {t.starved_window_s / 60:.0f} min and nothing says whether the trainer "
-        f"waits for them ({wait.reason}); {fleet}",
+        f"engines quiet for {duration_text(t.starved_window_s)} and nothing says whether the "
+        f"trainer waits for them ({wait.reason}); {fleet}",
         missing=("trainer phase timers, timing/* metrics or Generation Buffer Progress",),
         evidence=_engine_quotes(states),
         details=_details(evidence),
@@ -302,7 +306,7 @@ def _starved(
     quotes = _engine_quotes(judged) + wait.quotes
     summary = (
         f"engines starved: all {judged.height} judged engine(s) ran ≤ 1 request with 0 waiting "
-        f"under {t.starved_tokens_per_s:g} tok/s for {t.starved_window_s / 60:.0f} min while "
+        f"under {t.starved_tokens_per_s:g} tok/s for {duration_text(t.starved_window_s)} while "
         f"{wait.reason}"
     )
     return GateResult(
@@ -346,7 +350,7 @@ def _staleness(evidence: Evidence, judged: pl.DataFrame) -> str:
     if age <= evidence.thresholds.starved_window_s:
         return ""
     return (
-        f"; as of the newest stat line, {age / 60:.0f} min before the capture "
+        f"; as of the newest stat line, {duration_text(age)} before the capture "
         f"(engines silent since {minute_utc(newest)})"
     )
 

@@ -22,6 +22,7 @@ from typing import Any, Final
 import polars as pl
 
 from shared.models import GateResult, GateStatus, Handoff, Quote
+from shared.times import duration_text
 from worker.evidence.facts import LOG_LINE, PHASE, STEP
 from worker.evidence.model import Evidence
 from worker.evidence.quotes import quote_rows
@@ -197,8 +198,8 @@ def _how(row: dict[str, Any]) -> str:
     """`since HH:MMZ, N stat lines over M min` (logged) or `..., then no stat line for M min`."""
     shape = f"since {minute_utc(row['since'])}"
     if row["logged"]:
-        return f"{shape}, {row['lines']} stat lines over {row['run_s'] / 60:.0f} min"
-    return f"{shape}, then no stat line for {row['silent_s'] / 60:.0f} min while its log went on"
+        return f"{shape}, {row['lines']} stat lines over {duration_text(row['run_s'])}"
+    return f"{shape}, then no stat line for {duration_text(row['silent_s'])} while its log went on"
 
 
 def _named(wedged: pl.DataFrame) -> str:

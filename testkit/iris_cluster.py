@@ -2,7 +2,7 @@
 
 `start_cluster` starts the in-process LocalCluster (client revision date patched, the venv's
 `bin` on PATH so tasks find `python` and `py-spy`) and returns an `IrisTestCluster`; the CLI is
-run through `tests.integration.iris_cli_shim` via the project's own read-only spawn module.
+run through `testkit.iris_cli_shim` via the project's own read-only spawn module.
 `build_job_dir` writes `manifest.json` and `finelog.log` the way the watcher would, from
 `iris job summary --json`, `iris query` (job times) and `iris job logs`.
 """
@@ -21,13 +21,13 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from tests.integration.iris_cli_shim import patch_revision_date
+from testkit.iris_cli_shim import patch_revision_date
 from worker.backends import allowlist_for
 from worker.backends.spawn import ProbeResult, run_probe
 
 __all__ = ["SHIM_COMMAND", "TOYS", "IrisTestCluster", "build_job_dir", "start_cluster", "toy_argv"]
 
-SHIM_COMMAND: tuple[str, ...] = (sys.executable, "-m", "tests.integration.iris_cli_shim")
+SHIM_COMMAND: tuple[str, ...] = (sys.executable, "-m", "testkit.iris_cli_shim")
 TOYS = Path(__file__).parent / "toys"
 
 # The LocalCluster maps container paths into each task's sandbox: any argv element that starts
@@ -45,7 +45,7 @@ def toy_argv(name: str, *args: str) -> list[str]:
     return ["bash", "-c", _TOY_LAUNCH, f"# toy: {name}\n{source}", *args]
 
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[1]
 TERMINAL_STATES = ("succeeded", "failed", "killed", "worker_failed")
 
 

@@ -15,7 +15,7 @@ from pathlib import Path
 from pydantic import SecretStr
 
 from shared.settings import Settings
-from tests.keys import TEST_KEY
+from testkit.keys import TEST_KEY
 
 PREFIX = "rlhtest"
 RL_HEALTH = str(Path(sys.executable).with_name("rl-health"))
