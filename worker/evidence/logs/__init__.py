@@ -1,10 +1,4 @@
-"""The log parser: log files in, evidence tables out (docs/parsing.md).
-
-`parse_log_file` (one file), `parse_job_logs` (a watcher job directory), `read_job_logs` (the same
-for a diagnosis: tables and the notes to report), `LogCache` for incremental re-parsing of growing
-logs, and the memory budget (`ParseBudget`, `LogBudgetError`). `worker.cli.tables` writes the
-tables as files.
-"""
+"""The log parser: log files in, evidence tables out (docs/parsing.md)."""
 
 from worker.evidence.logs.budget import LogBudgetError, ParseBudget
 from worker.evidence.logs.incremental import LogCache

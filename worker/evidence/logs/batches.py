@@ -1,9 +1,4 @@
-"""Agentic batch lines joined with the `Exception breakdown` printed before them by the same actor.
-
-`Batch generation complete: 12/32 successful, 4 failed instances, 20 masked` gives one BATCHES row;
-its `exceptions` is the actor's latest breakdown since its previous batch line, as JSON. A breakdown
-not yet consumed at the end of a chunk is carried in the parser state.
-"""
+"""Agentic batch lines joined with the same actor's `Exception breakdown` printed before them."""
 
 from __future__ import annotations
 
@@ -11,6 +6,7 @@ from typing import Final
 
 import polars as pl
 
+from worker.evidence import schema
 from worker.evidence.logs.state import ParserState
 
 __all__ = ["batch_metrics", "batch_rows"]
@@ -19,17 +15,10 @@ _BATCH: Final = (
     r"Batch generation \w+: (\d+)/(\d+) successful, (\d+) failed instances?, (\d+) masked"
 )
 _CONSUMED: Final = ""
+# built without running a query: no polars thread pool before a fork (test_failure_catalogue)
 _NO_BATCHES: Final = pl.DataFrame(
     schema={
-        "step": pl.Int64,
-        "successful": pl.Int64,
-        "total": pl.Int64,
-        "failed": pl.Int64,
-        "masked": pl.Int64,
-        "exceptions": pl.String,
-        "line": pl.Int64,
-        "ts": pl.Datetime("us", "UTC"),
-        "attempt": pl.Int32,
+        ("ts" if k == "timestamp" else k): v for k, v in schema.BATCHES.items() if k != "source"
     }
 )
 

@@ -1,11 +1,5 @@
-"""The budget of one parse: how much memory it may add, how big its reads are, when it stops.
-
-A parse may never add more than `Settings.parse_memory_mb` to the process: after each chunk the
-RSS grown (`/proc/self/statm`), with room for the reads in flight and the copies the final tables
-make of the rows kept, is checked, and past the limit the parse stops with `LogBudgetError` (an
-ERROR with that reason, not a process killed). Reads are sized for the *aim*, 1.5x the logs' bytes
-(at least FLOOR_MB, at most the limit); the aim is not a limit.
-"""
+"""The budget of one parse: how much memory it may add, how big its reads are, when it stops
+(docs/parsing.md, "Memory budget")."""
 
 from __future__ import annotations
 
@@ -17,7 +11,7 @@ from typing import Final
 
 import polars as pl
 
-__all__ = ["FLOOR_MB", "Held", "LogBudgetError", "ParseBudget", "parse_settings", "rss_bytes"]
+__all__ = ["Held", "LogBudgetError", "ParseBudget", "parse_settings"]
 
 FLOOR_MB: Final = 512
 LOG_FACTOR: Final = 1.5

@@ -1,8 +1,5 @@
-"""One chunk of scanned lines in, table rows out, the parser state advanced.
-
-A chunk is cut before the first dict or traceback still open near its end; those lines are
-carried, already scanned, into the next chunk. The last chunk of a file (`final`) is read whole.
-"""
+"""One chunk of scanned lines in, table rows out, the parser state advanced; a chunk is cut before
+the first dict or traceback still open near its end (docs/parsing.md)."""
 
 from __future__ import annotations
 

@@ -1,10 +1,4 @@
-"""Line classification: which lines matter, their prefixes stripped, their kind.
-
-One capture-free literal alternation picks the few lines worth reading; other regexes run only on
-that subset: SGR codes, Ray's `[repeated Nx across cluster]`, the Iris (or kubectl, or docker
-compose) prefix, any number of process prefixes and a loguru or vLLM header are stripped, leaving
-`msg`; kinds, error kinds and failure lines come from the literal rules (docs/parsing.md).
-"""
+"""Line classification: which lines matter, their prefixes stripped, their kind."""
 
 from __future__ import annotations
 

@@ -1,10 +1,5 @@
-"""vLLM engine stat lines (`Engine 000: Avg prompt throughput: ...`) as ENGINES rows.
-
-Stat lines skip the generic prefix stripping: a few whole-line extractions read the pid, ip,
-vLLM time and Iris time, and one `extract_all` reads the numbers (their order is fixed by vLLM's
-logger). The native pass reads the strict ones itself, with the same values. The attempt and the
-date come from the nearest earlier classified line (an as-of join).
-"""
+"""vLLM engine stat lines (`Engine 000: Avg prompt throughput: ...`) as ENGINES rows; the attempt
+and the date come from the nearest earlier classified line (an as-of join)."""
 
 from __future__ import annotations
 
@@ -14,7 +9,7 @@ import polars as pl
 
 from worker.evidence.logs.state import ParserState
 
-__all__ = ["RAY_WORKER_PID", "engine_fields", "engine_owner", "engine_rows", "worker_pid"]
+__all__ = ["engine_fields", "engine_owner", "engine_rows", "worker_pid"]
 
 _NUMBER: Final = r"\d+(?:\.\d+)?"
 _HALF_DAY: Final = 43_200

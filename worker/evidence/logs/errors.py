@@ -1,18 +1,7 @@
-"""A log's failure lines as candidate ERRORS rows (`RAW_ERRORS`), a few per chunk.
-
-Rows come from:
-- **blocks**: a `Traceback (most recent call last)` line or Ray's `Unhandled error (suppress
-  with ...)` line gives one row whose end is the first later line of the same actor that is neither
-  indented, blank, nor a chaining or traceback header, within WINDOW_LINES lines and the same
-  attempt (a block cut by a restart has no final line; each part of a chained traceback is its
-  own block). When that end is a Ray wrapper (`RayTaskError(X): ray::...`,
-  `ActorDiedError: ... ray::...`) the block goes on to the wrapped exception's own final line.
-- **known lines**: the parser's literal rules (`kind` from ERROR_RULES) and the failure catalogue.
-- **final exception lines**: `package.Type: message` (`Type(Inner): message` for Ray wrappers)
-  that lie in no block of this chunk.
-
-`worker.evidence.failures.rows.annotate` gives a file's rows their meaning once per file.
-"""
+"""A log's failure lines as candidate ERRORS rows (`RAW_ERRORS`), a few per chunk: traceback and Ray
+unhandled-error blocks (to their final line, past a Ray wrapper), lines of a literal rule or of
+the failure catalogue, and final exception lines outside every block (docs/failures.md).
+`worker.evidence.failures.rows.annotate` gives a file's rows their meaning once per file."""
 
 from __future__ import annotations
 

@@ -1,17 +1,8 @@
-"""The incremental cache: a grown log is read from its last safe cut point only (docs/parsing.md).
+"""The incremental cache: a grown log is read from its last safe cut only (docs/parsing.md).
 
-An entry (keyed on path, source name and reference date) holds the parser state at the last
-committed line, the rows up to there and, when kept, their stitched METRICS and PHASES; it is used
-while the file keeps its inode, has not shrunk, and still holds the same first 4 KiB and the same
-4 KiB before the committed offset. Entries live in an in-process LRU and, with `directory`, on
-disk: one folder per entry (`meta.json` with the file's identity, each table's parts and rows and
-every file's SHA-256, written last; `state.json`; Parquet parts), renamed into place whole. An
-entry that replaces the one it was read on from hard-links that one's parts and writes only the
-new rows (a stitched table from the first step they touch), the last `TAIL_ROWS` rows apart past
-`SPLIT_ROWS`; past `MAX_PARTS` parts a table is written whole. An entry of another version, or
-one that fails its hashes or schemas, is ignored (said in `notes`) and the log read whole. The
-directory must be this process's own (`shared.safefs.owned_directory`).
-"""
+Entries live in an in-process LRU and, with `directory`, on disk (one folder per entry, renamed
+into place whole; a grown entry links the parts it keeps). An entry that fails its version,
+hashes or schemas is ignored (said in `notes`) and the log read whole."""
 
 from __future__ import annotations
 
@@ -35,15 +26,7 @@ from worker.evidence.logs.chunk import SCHEMAS
 from worker.evidence.logs.state import ParserState
 from worker.evidence.logs.stitch import Stitched, restitch, stitch, unchanged_rows
 
-__all__ = [
-    "VERSION",
-    "CacheEntry",
-    "LogCache",
-    "cache_key",
-    "entry_for",
-    "head_hash",
-    "span_hash",
-]
+__all__ = ["VERSION", "CacheEntry", "LogCache", "cache_key", "entry_for"]
 
 HEAD_BYTES: Final = 4096
 VERSION: Final = "9"  # 9: in-log attempts, replayed lines; 8: stitched tables, rows per part

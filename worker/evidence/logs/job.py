@@ -1,11 +1,5 @@
-"""The logs of a watcher job directory, read together (docs/parsing.md).
-
-`finelog.log` is the source; `pod_logs/*.log` are it when there is no usable finelog, else they
-add only the engine and error rows it lacks, as `ray_vllm_logs/**/worker-*.out|.err` do. A Ray
-worker log's stat lines take the id of the engine whose forwarded copies the primary logs show
-under the pid in its name. Every listing goes through `BundleFiles` and every log is opened by
-`BundleFiles.open` (beneath the job directory's descriptor): a swapped-in symlink is refused.
-"""
+"""The logs of a watcher job directory, read together (docs/parsing.md, "Public API"): the finelog
+is the source, pod and Ray worker logs add the engine and error rows it lacks."""
 
 from __future__ import annotations
 

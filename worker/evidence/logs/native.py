@@ -1,10 +1,5 @@
-"""The native pass of a scan: one C pass (`_fastscan.c`) over a read (docs/parsing.md).
-
-It reads the strict vLLM stat lines and the strict lines of the kinds `Rules.kinds` itself, with
-the values the polars path gives them, drops the lines no rule can need, and hands every other
-line, byte for byte, to the polars path: the tables are the same with or without the extension.
-The columns come back through the Arrow C data interface, without a copy.
-"""
+"""The native pass of a scan: one C pass (`_fastscan.c`) over a read (docs/parsing.md): it drops
+the lines no rule needs, reads the strict lines itself and leaves the others to the polars path."""
 
 from __future__ import annotations
 

@@ -1,17 +1,8 @@
 """Reading one log file: chunks through the parser, with or without the incremental cache.
 
-One read-ahead thread reads and scans (splits, classifies, reads the stat lines of) the next read
-while the main thread parses the chunk before it; polars and the native pass release the GIL, so
-the two run on two cores at once. After each chunk the rows kept are checked against the memory
-budget. The last read is parsed as the final chunk (open blocks closed); with a cache, a last
-read of complete lines is parsed as one more chunk first, so the cache entry keeps every row up to
-the last safe cut (a partial last line is never kept: the file may still be writing it).
-
-A file is opened once and everything is read from that one descriptor: its size, its head (is it
-compressed?), the cache's identity checks, the reads and the tail. A bundle's log comes opened
-(`BundleFiles.open`: beneath the job directory's descriptor, no symlink followed), so a file
-swapped after it was checked is never the one read; a file the operator names is opened here.
-"""
+One read-ahead thread scans the next read while the main thread parses the chunk before it; the
+rows kept are checked against the budget after each chunk (docs/parsing.md). A file is opened once
+and everything is read from that descriptor (a bundle's comes opened by `BundleFiles.open`)."""
 
 from __future__ import annotations
 
@@ -39,7 +30,7 @@ from worker.evidence.logs.state import ParserState
 from worker.evidence.logs.stitch import Stitched, build_tables, restitch, stitch
 from worker.evidence.parsed import ClockSkew, LogTables, ParseSummary
 
-__all__ = ["COMPRESSED_MAGIC", "FileRows", "compression", "parse_file_rows", "parse_log_file"]
+__all__ = ["FileRows", "compression", "parse_file_rows", "parse_log_file"]
 
 _LOGURU_TS: Final = r"(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d(?:\.\d+)?) \|"
 # A log file that starts with one of these is compressed: it is not read (a few MB of gzip can

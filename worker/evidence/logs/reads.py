@@ -1,13 +1,8 @@
 """A log file as reads of complete lines, and a read as a polars series of lines.
 
-A line longer than LINE_MAX_BYTES is cut to its head and a marker naming its length; a line
-longer than a whole read is never held (its rest is skipped to the next newline, holes of a
-sparse file jumped), so memory stays one read plus one cap whatever the file holds. Lines are
-split by polars' CSV reader with a separator byte that cannot occur: plain UTF-8 without NUL or CR
-is checked by summing the line lengths, anything else takes the careful path (NUL blanked,
-invalid UTF-8 replaced, the line count checked), so nothing ever raises. A read that begins like
-a compressed stream gets a blank line first (polars would decompress it).
-"""
+Long lines are cut (docs/parsing.md, "How a file is read"); a line longer than a read is never
+held. Lines are split by polars' CSV reader with a separator that cannot occur; anything but plain
+UTF-8 without NUL or CR takes a careful path, so nothing ever raises."""
 
 from __future__ import annotations
 
@@ -26,8 +21,6 @@ __all__ = [
     "Cut",
     "Read",
     "bound_lines",
-    "cut_line",
-    "cut_marker",
     "iter_reads",
     "line_start",
     "read_tail",

@@ -1,10 +1,5 @@
 """Metric records: WANDB_MIRROR JSON, console dicts (one line or pprint-ed), policy dicts, rewards.
-
-Key/value pairs are pulled out with `str.extract_all` and exploded, never parsed per line. Values
-that are not numbers (strings, booleans, null) are dropped; quoted numbers and bare NaN/Infinity are
-cast. A multi-line dict is joined from its lines of one actor (each continuation line carries its
-own prefix) and must close within WINDOW_LINES lines.
-"""
+Pairs are pulled out with `str.extract_all` and exploded, never parsed per line."""
 
 from __future__ import annotations
 
@@ -12,10 +7,10 @@ from typing import Final
 
 import polars as pl
 
+from worker.evidence import schema
 from worker.evidence.logs.rules import WINDOW_LINES
 
 __all__ = [
-    "PAIR_BATCH_BYTES",
     "block_steps",
     "dict_blocks",
     "dict_metrics",
@@ -40,16 +35,7 @@ _GLOBAL_STEP: Final = r"'trainer/global_step':\s*'?(-?\d+)"
 _METRIC_HINT: Final = ("'trainer/", "'reward/", "'policy", "'timing/", "'final_loss'")
 _KEEP: Final = ("step", "key", "value", "line", "ts", "attempt")
 PAIR_BATCH_BYTES: Final = 4 * 2**20
-_NO_ROWS: Final = pl.DataFrame(
-    schema={
-        "step": pl.Int64,
-        "key": pl.String,
-        "value": pl.Float64,
-        "line": pl.Int64,
-        "ts": pl.Datetime("us", "UTC"),
-        "attempt": pl.Int32,
-    }
-)
+_NO_ROWS: Final = pl.DataFrame(schema={k: {**schema.METRICS, "ts": schema.TS}[k] for k in _KEEP})
 # What a bare JSON value (a number, NaN, Infinity, true, null) never holds.
 _NOT_BARE: Final = (" ", "\t", ",", "{", "}", "[", "]", "(", ")", '"', "'")
 

@@ -1,10 +1,5 @@
-"""The per-read work that needs no parser state: split, classify, read the stat lines.
-
-A `Scan` holds what a read of complete lines yields on its own (classified lines, engine stat
-fields, the first lines for the summary head, the bytes of its last lines for cut offsets), so the
-reader scans the next read in its read-ahead thread while the current chunk is parsed. Scans join
-in file order; the lines after a chunk's cut are carried, already scanned, into the next chunk.
-"""
+"""The per-read work that needs no parser state (split, classify, read the stat lines), done in the
+read-ahead thread; scans join in file order."""
 
 from __future__ import annotations
 

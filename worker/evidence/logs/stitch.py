@@ -1,9 +1,4 @@
-"""From the raw rows of one or more files to the final tables (docs/parsing.md, "Stitching").
-
-METRICS keeps one row per (step, key), PHASES one per (step, phase): explicit-step sources win,
-then the newest attempt, then the latest line. Both are functions of each step's rows alone, so a
-grown file is re-stitched only for the steps its new rows touch (`restitch`).
-"""
+"""From the raw rows of one or more files to the final tables (docs/parsing.md, "Stitching")."""
 
 from __future__ import annotations
 
@@ -17,17 +12,7 @@ from worker.evidence import schema
 from worker.evidence.logs.batches import batch_metrics
 from worker.evidence.parsed import LogTables, ParseSummary
 
-__all__ = [
-    "EXPLICIT_ORIGINS",
-    "Stitched",
-    "build_tables",
-    "phases",
-    "restitch",
-    "stitch",
-    "stitch_metrics",
-    "unchanged_rows",
-    "with_batch_metrics",
-]
+__all__ = ["Stitched", "build_tables", "phases", "restitch", "stitch", "unchanged_rows"]
 
 EXPLICIT_ORIGINS: Final = ("mirror", "console")
 _ATTEMPT_WEIGHT: Final = 2**40  # lines stay below this

@@ -1,9 +1,4 @@
-"""Phase timers, progress counters and resume markers.
-
-`Started: '<phase>'` / `Finished: '<phase>', time cost: 12.34s` make TIMERS; `Training Step
-Progress: N / M` (bare or tqdm) and `Generation Buffer Progress: 75%|...| 24/32 [41:07<...]` make
-PROGRESS; boundaries and checkpoint lines make RESUMES.
-"""
+"""Phase timers (TIMERS), progress counters (PROGRESS) and resume markers (RESUMES)."""
 
 from __future__ import annotations
 
