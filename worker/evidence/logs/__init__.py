@@ -2,7 +2,7 @@
 
 from worker.evidence.logs.budget import LogBudgetError, ParseBudget
 from worker.evidence.logs.incremental import LogCache
-from worker.evidence.logs.job import parse_job_logs, read_job_logs
+from worker.evidence.logs.job import parse_job_logs
 from worker.evidence.logs.reader import parse_log_file
 from worker.evidence.logs.rules import LINE_MAX_BYTES
 
@@ -13,5 +13,4 @@ __all__ = [
     "ParseBudget",
     "parse_job_logs",
     "parse_log_file",
-    "read_job_logs",
 ]

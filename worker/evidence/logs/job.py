@@ -10,7 +10,7 @@ from typing import Final
 
 import polars as pl
 
-from worker.evidence.logs.budget import LogBudgetError, ParseBudget
+from worker.evidence.logs.budget import ParseBudget
 from worker.evidence.logs.engines import engine_owner, worker_pid
 from worker.evidence.logs.incremental import LogCache, cache_key
 from worker.evidence.logs.reader import FileRows, parse_file_rows
@@ -18,19 +18,15 @@ from worker.evidence.logs.stitch import Stitched, build_tables
 from worker.evidence.parsed import LogTables, ParseSummary
 from worker.evidence.paths import BundleFiles
 
-__all__ = ["Progress", "parse_job_logs", "read_job_logs"]
+__all__ = ["Progress", "parse_job_logs"]
 
+# told `(source, bytes read before it, bytes in all)` before each log file is read
 Progress = Callable[[str, int, int], None]
-"""Told `(source, bytes read before it, bytes in all)` before each log file is read (the command
-line draws a progress bar from it)."""
 
 FINELOG: Final = "finelog.log"
 _FILL_TABLES: Final = {"engines": ["engine", "timestamp"], "errors": ["kind", "text"]}
 _USABLE: Final = ("metrics", "timers", "engines", "progress", "batches")
-
-
-def _usable(found: FileRows) -> bool:
-    return any(name in found.rows and found.rows[name].height for name in _USABLE)
+_NONE: Final = pl.DataFrame()
 
 
 def _fill(
@@ -56,16 +52,14 @@ def _fill(
 
 
 def _pid() -> pl.Expr:
-    """The process a row is of: its prefix's `pid=N`, else the pid a Ray worker log's name
-    carries; null when neither says."""
+    """The process a row is of: its prefix's `pid=N`, else the pid in a Ray worker log's name."""
     prefix = pl.col("prefix").str.extract(r"pid=(\d+)", 1)
     return pl.coalesce(prefix, worker_pid(pl.col("source")))
 
 
 def _other_process(rows: pl.DataFrame, have: pl.DataFrame, keys: list[str]) -> pl.DataFrame:
-    """Rows of `rows` whose text `have` holds only as another process's line: two engines that
-    log the same death line in their own worker logs died twice, not once. A row whose process
-    is unknown on either side is taken for a copy (the forwarded line of the same process)."""
+    """Rows of `rows` whose text `have` holds only as another process's line (two engines that
+    log the same death line died twice); an unknown process on either side is a copy."""
     same = rows.join(have.select(keys).unique(), on=keys, how="semi", nulls_equal=True)
     if same.is_empty():
         return same
@@ -97,9 +91,8 @@ def _attempt_starts(rows: dict[str, pl.DataFrame]) -> pl.DataFrame:
 
 
 def _in_attempts(rows: pl.DataFrame, starts: pl.DataFrame) -> pl.DataFrame:
-    """`rows` of another log (a Ray worker's, a pod's: they mark no attempt of their own) in
-    the primary logs' attempts: a dated row belongs to the last attempt begun at or before it.
-    An undated row, or one before the first attempt, keeps the attempt its own file gave it."""
+    """`rows` of another log in the primary logs' attempts: a dated row belongs to the last
+    attempt begun at or before it; others keep the attempt their own file gave them."""
     if starts.height < 2:
         return rows
     starts = starts.select(_start="timestamp", _attempt="attempt")
@@ -128,8 +121,8 @@ def _owners_by_pid(engines: pl.DataFrame | None) -> pl.DataFrame:
 
 
 def _as_forwarded(extra: FileRows, owners: pl.DataFrame) -> FileRows:
-    """`extra` with the stat lines of a Ray worker log (no process prefix: their id is
-    `<source>/<index>`) under the id of the engine whose pid the file's name carries."""
+    """`extra` with the unprefixed stat lines of a Ray worker log under the id of the engine
+    whose pid the file's name carries."""
     engines = extra.rows.get("engines")
     if engines is None or engines.is_empty() or owners.is_empty():
         return extra
@@ -168,15 +161,16 @@ def _parse_all(
             continue
         source = files.relative(path)
         with opened:
-            rows = parse_file_rows(
-                path,
-                source,
-                reference_date=reference_date,
-                cache=cache,
-                budget=budget,
-                opened=opened,
+            found.append(
+                parse_file_rows(
+                    path,
+                    source,
+                    reference_date=reference_date,
+                    cache=cache,
+                    budget=budget,
+                    opened=opened,
+                )
             )
-        found.append(rows)
     return found
 
 
@@ -211,11 +205,8 @@ def parse_job_logs(
     progress: Progress | None = None,
     memory_mb: int | None = None,
 ) -> LogTables | None:
-    """The tables of a job directory's logs, or None when it holds no log file at all.
-
-    The logs are read together within one memory budget (1.5x their bytes, at most `memory_mb`,
-    default RLHEALTH_PARSE_MEMORY_MB); `LogBudgetError` when they cannot be.
-    """
+    """The tables of a job directory's logs (None: no log file at all), read together within
+    one memory budget (`LogBudgetError` when they cannot be)."""
     files = files or BundleFiles(job_dir)
     finelog = files.open_path(FINELOG)
     main = [finelog] if finelog is not None and finelog.is_file() else []
@@ -231,7 +222,7 @@ def parse_job_logs(
     secondary = _parse_all(files, pods, reference_date, cache, budget, tick)
     extras = _parse_all(files, rays, reference_date, cache, budget, tick)
     stitched: Stitched | None = None
-    if not (primary and _usable(primary[0])):
+    if not (primary and any(primary[0].rows.get(name, _NONE).height for name in _USABLE)):
         primary, secondary = primary + secondary, []
     elif cache is not None:
         stitched = cache.stitched(keys[0], primary[0].rows)
@@ -250,38 +241,8 @@ def parse_job_logs(
 def _stitch_key(
     files: BundleFiles, path: Path, reference_date: date | None, cache: LogCache | None
 ) -> str:
-    """The cache key of the finelog, whose entries keep their stitched tables (the tables are
-    the finelog's alone when it is usable: the other logs add engine and error rows only)."""
+    """The cache key of the finelog, whose entries keep their stitched tables."""
     key = cache_key(path, files.relative(path), reference_date)
     if cache is not None:
         cache.keep_stitched(key)
     return key
-
-
-def read_job_logs(
-    job_dir: Path,
-    *,
-    reference_date: date | None = None,
-    files: BundleFiles | None = None,
-    cache: LogCache | None = None,
-    progress: Progress | None = None,
-    memory_mb: int | None = None,
-) -> tuple[LogTables | None, tuple[str, ...]]:
-    """`parse_job_logs` for a diagnosis: the tables and what the report must state about them.
-
-    Logs that cannot be read within the memory budget give no tables (the gates are blind, so the
-    verdict is ERROR) and the reason; otherwise the notes are the summary's (cut lines,
-    compressed files).
-    """
-    try:
-        logs = parse_job_logs(
-            job_dir,
-            reference_date=reference_date,
-            files=files,
-            cache=cache,
-            progress=progress,
-            memory_mb=memory_mb,
-        )
-    except LogBudgetError as exc:
-        return None, (str(exc),)
-    return logs, (logs.summary.notes if logs is not None else ())

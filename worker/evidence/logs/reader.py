@@ -7,9 +7,9 @@ and everything is read from that descriptor (a bundle's comes opened by `BundleF
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
-from contextlib import contextmanager
+from contextlib import nullcontext
 from dataclasses import dataclass, replace
 from datetime import date, datetime
 from io import BufferedReader
@@ -77,9 +77,8 @@ class _Run:
 
 @dataclass
 class _Chunks:
-    """Scans parsed in order; the lines after each cut are carried into the next chunk. After
-    each chunk the rows kept (with `kept`, those of a cache entry) are checked against the
-    budget: a parse that could not finish within it stops with `LogBudgetError`."""
+    """Scans parsed in order, the lines after each cut carried on; after each chunk the rows kept
+    (`kept`: with those of a cache entry) are checked against the budget."""
 
     state: ParserState
     source: str
@@ -118,17 +117,15 @@ class _Chunks:
 
 
 def _run(log: BufferedReader, chunks: _Chunks, *, cache: bool, early: bool) -> _Run:
-    """Read `log` from the state's offset: each read scanned in the read-ahead thread while the
-    chunk before it is parsed; with `early`, once every read is scanned, that thread stitches the
-    committed rows while the final chunk is parsed. On `LogBudgetError` (or anything else) the
-    read not begun is dropped."""
+    """Read `log` from the state's offset, each read scanned in the read-ahead thread while the
+    chunk before it is parsed; with `early` that thread then stitches the committed rows while
+    the final chunk is parsed."""
     log.seek(chunks.state.offset)
     reads = iter_reads(log, chunks.budget.chunk_bytes)
     native = chunks.budget.native
 
     def scanned() -> tuple[bool, bool, Scan]:
-        """The next read's scan, whether it is the last and whether it ends a line (the read
-        itself is let go: only its scan is kept)."""
+        """Whether the next read is the last, whether it ends a line, and its scan."""
         read = next(reads)
         whole = read.data[read.end - 1 : read.end] == b"\n"
         return read.final, whole, scan(read, native=native)
@@ -223,16 +220,6 @@ def _size(log: BufferedReader) -> int:
     return os.fstat(log.fileno()).st_size
 
 
-@contextmanager
-def _log_file(path: Path, opened: BufferedReader | None) -> Iterator[BufferedReader]:
-    """`opened` (its owner closes it), else `path` opened here (a file the operator named)."""
-    if opened is not None:
-        yield opened
-        return
-    with path.open("rb") as handle:
-        yield handle
-
-
 def _stitch_committed(
     hit: CacheEntry | None, committed: dict[str, pl.DataFrame], run: _Run
 ) -> Stitched:
@@ -251,9 +238,8 @@ def _read_file(
     *,
     stitched: bool,
 ) -> tuple[FileRows, Stitched | None]:
-    """The raw rows of one file (`log`, open: every read is of it) and, with `stitched`, their
-    stitched tables (with a cache kept in its entry, so the next parse re-stitches only the steps
-    its new rows touch). A compressed file is not read (a note says so)."""
+    """The raw rows of the open file `log` and, with `stitched`, their stitched tables (with a
+    cache, kept in its entry). A compressed file is not read (a note says so)."""
     size = _size(log)
     packed = compression(log)
     if packed is not None:
@@ -303,13 +289,9 @@ def parse_file_rows(
     budget: ParseBudget | None = None,
     opened: BufferedReader | None = None,
 ) -> FileRows:
-    """The raw rows of one file, reusing and refreshing `cache` when given.
-
-    `budget` (default: for this file's size) bounds the memory; `LogBudgetError` when the file
-    cannot be read within it. `chunk_bytes` overrides the budget's read size (tests). `opened`:
-    the file already open (a bundle's, `BundleFiles.open`), read instead of opening `path`.
-    """
-    with _log_file(path, opened) as log:
+    """The raw rows of one file (`opened`, a bundle's, its owner closes it; else `path`), reusing
+    and refreshing `cache`; `LogBudgetError` when it cannot be read within `budget`."""
+    with nullcontext(opened) if opened is not None else path.open("rb") as log:
         limits = _budget(log, budget, chunk_bytes)
         return _read_file(path, log, source, reference_date, cache, limits, stitched=False)[0]
 
