@@ -66,9 +66,8 @@ def _drivers(frame: pl.DataFrame) -> pl.Series:
 
 
 def with_starts(frame: pl.DataFrame, state: ParserState) -> pl.DataFrame:
-    """Add to `frame` (classified lines with `replayed`) `_start` (the line starts an attempt),
-    `restart` (an in-log restart starts it) and the columns `advance` carries on (`_drv`,
-    `_dpid`, `_dead`). `state` is not changed, but its attempt task is fixed when first seen."""
+    """Add `_start` (the line starts an attempt), `restart` (an in-log restart starts it) and
+    what `advance` carries on (`_drv`, `_dpid`, `_dead`); the attempt task is fixed when seen."""
     if state.attempt_task is None:
         state.attempt_task = _attempt_task(frame, state)
     usable = ~pl.col("window_only") & ~pl.col("replayed")

@@ -30,9 +30,8 @@ PREFIX_SKEW_TOLERANCE_S: Final = 60.0
 
 
 def add_line_context(frame: pl.DataFrame, state: ParserState) -> pl.DataFrame:
-    """Add `ts` (`add_timestamps`), `replayed` (`replays`) and `_start`/`restart` (`attempts`)
-    to the classified lines of a chunk, before it is cut. Only the attempt task of `state` may be
-    fixed here (when its first boundary is seen); the rest is `advance_state`'s."""
+    """Add `ts`, `replayed` and `_start`/`restart` to a chunk's lines before it is cut (`state`
+    is `advance_state`'s to move, but its attempt task is fixed when first seen)."""
     frame = replays.add_replayed(add_timestamps(frame, state), state)
     return attempts.with_starts(frame, state)
 

@@ -69,11 +69,9 @@ class _Flags:
 
 
 def _flags(lines: pl.Series, where: pl.Series | None = None) -> _Flags:
-    """One regex (a literal prefilter, no captures) finds each line's first flag literal; a line
-    without one has no flag. The engine and traceback literals can also follow another literal
-    (in an Iris job name, say), so only the lines with a hit are searched for them again. Only
-    the one pass touches every line; the rest works on the few lines with a hit. `where` is the
-    line index of each of `lines` in the read (the native pass took the others), if not all."""
+    """One capture-free regex finds each line's first flag literal; only the lines with a hit are
+    searched again for the engine and traceback literals (which may follow another). `where`:
+    the line index of each of `lines` in the read, when the native pass took the others."""
     first = lines.str.extract(_ANY_FLAG, 0)
     hit = first.is_not_null()
     at = hit.arg_true()
@@ -244,10 +242,9 @@ def _native_rows(picked: pl.DataFrame) -> pl.DataFrame:
 def evidence_lines(
     lines: pl.Series, native: Native | None = None
 ) -> tuple[pl.LazyFrame, pl.DataFrame]:
-    """A query for the lines worth reading, classified (idx in the read, window_only: kept only
-    as a possible block end, tb: a block starts, text, msg, prefix, task, tod, pid, ip, rank, ldt,
-    vts, kind, err, failure, actor), and the stat lines (`idx`, `raw`). With `native`, `lines` are
-    its rest lines and the lines it read join the others."""
+    """A query for the lines worth reading, classified (window_only: kept only as a possible
+    block end; tb: a block starts), and the stat lines (`idx`, `raw`). With `native`, `lines`
+    are its rest lines and the lines it read join the others."""
     flags = _flags(lines, None if native is None else native.where)
     idx = _picked(flags, len(lines) if native is None else native.n_lines)
     done = None if native is None or not len(native.picked) else native.picked

@@ -45,13 +45,10 @@ def _opens() -> pl.Expr:
 
 
 def with_traceback_ends(ev: pl.DataFrame, attempt_starts: pl.Expr | None = None) -> pl.DataFrame:
-    """Add to the block starts of `ev` (sorted by idx) `tb_end`/`tb_end_idx` (the final line,
-    past a Ray wrapper), `tb_wrap_idx` (the wrapper passed) and `tb_open` (a wrapper whose
-    wrapped exception is not in `ev`, or not within WINDOW_LINES).
-
-    A block ends within its attempt (`attempt_starts`: the lines that start one): a process
-    killed while it printed a traceback leaves it without a final line, and the next attempt's
-    process may have the same pid, so the same prefix; its lines are never the block's end."""
+    """Add to the block starts of `ev` `tb_end`/`tb_end_idx` (the final line, past a Ray
+    wrapper), `tb_wrap_idx` (the wrapper) and `tb_open` (a wrapper whose exception is not in
+    `ev`). A block ends within its attempt (`attempt_starts`): a killed process's traceback has
+    no final line, and the next attempt's process may have the same prefix."""
     if not ev.select(_opens().any()).item():  # most chunks open no block: nothing to join
         return ev.with_columns(
             tb_end_idx=pl.lit(None, dtype=pl.UInt32),

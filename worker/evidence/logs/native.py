@@ -93,11 +93,9 @@ def rules(
     classes: tuple[str, ...] = (),
     kinds: tuple[tuple[str, str], ...] = (),
 ) -> Rules:
-    """The rules; without the extension, or with a literal the raw bytes cannot show as such
-    (shorter than 2 bytes, or holding a NUL, CR, newline or U+FFFD), none (every line is kept).
-    `vector`: the literal search uses AVX2 when the CPU has it (off: the scalar search, to
-    compare both). `kinds`, (literal, kind) pairs, and `classes`: the strict lines the pass
-    reads natively (the caller vouches for them: `rules.NATIVE_KINDS`, `rules.CLASS_LITERALS`)."""
+    """The rules; none (every line kept) without the extension or with a literal the raw bytes
+    cannot show as such. `vector`: AVX2 when the CPU has it (off: the scalar search). `kinds` and
+    `classes`: the strict lines read natively (`rules.NATIVE_KINDS`, `rules.CLASS_LITERALS`)."""
     usable = (
         _fastscan is not None
         and max(len(literals), len(classes)) <= _MAX_LITERALS
@@ -137,10 +135,8 @@ class _Capsules:
 
 @dataclass(frozen=True)
 class Native:
-    """A read after the native pass: `rest` holds the lines it did not read (`where`: their
-    line index in the read), `stats` the stat lines it read (`engines.engine_fields` columns),
-    `picked` the lines of a native kind it read (`rules.NATIVE_KINDS`; `detect.evidence_lines`
-    columns but the constant ones)."""
+    """A read after the native pass: `rest`, the lines it left (`where`: their index in the
+    read), `stats` and `picked`, the stat lines and the lines of a native kind it read."""
 
     n_lines: int
     rest: bytes
@@ -160,9 +156,8 @@ class Native:
 
 
 def native_scan(data: bytes, end: int, keep: Rules | None = None) -> Native | None:
-    """The native pass over `data[:end]`, or None when the extension is not available. With
-    `keep`, only the rest lines it keeps are in `rest` (all of them without it). The pass
-    releases the GIL."""
+    """The native pass over `data[:end]` (the GIL released), None without the extension; with
+    `keep`, only the rest lines it keeps are in `rest`."""
     if not AVAILABLE or _fastscan is None:
         return None
     capsule = keep._capsule if keep is not None else None

@@ -115,9 +115,8 @@ def _next_data(handle: BufferedReader) -> int:
 
 
 def _skip_line(handle: BufferedReader, data: bytes, chunk_bytes: int, line_max: int) -> Read:
-    """The read of a line longer than a read, of which `data` was read: the rest is read and
-    dropped, a block at a time into one buffer (holes of a sparse file are jumped over), up to
-    its newline; the file is left after it."""
+    """The read of a line longer than a read (`data` its start): the rest is read into one buffer
+    and dropped up to its newline, holes of a sparse file jumped."""
     head, length = data[:line_max], len(data)
     buffer = bytearray(min(chunk_bytes, 8 * 2**20))
     view = memoryview(buffer)
@@ -139,10 +138,8 @@ def _skip_line(handle: BufferedReader, data: bytes, chunk_bytes: int, line_max: 
 def iter_reads(
     handle: BufferedReader, chunk_bytes: int, line_max: int = LINE_MAX_BYTES
 ) -> Iterator[Read]:
-    """Reads of complete lines (about `chunk_bytes` each, the file sought back to the start of
-    a partial last line); the last (`final`) holds the rest of the file. A read shorter than
-    asked for met the end: it is the final one when it ends with a newline, else its partial
-    line is. A partial line longer than `line_max` is cut and its rest skipped (`_skip_line`)."""
+    """Reads of complete lines of about `chunk_bytes` (the file sought back to the start of a
+    partial last line); the last (`final`) holds the rest of the file."""
     pending = b""
     while True:
         data = handle.read(chunk_bytes)

@@ -91,13 +91,9 @@ def _batches(frame: pl.DataFrame, column: str, max_bytes: int) -> list[pl.DataFr
 
 
 def _plain_pairs(part: pl.DataFrame) -> tuple[pl.DataFrame, pl.DataFrame]:
-    """The pairs of the records of `part` (`idx`, `json`) written as `json.dumps` writes them
-    (`"key": value, ...`, values bare), split at `, ` and `: `; and the other records.
-
-    A record is plain when every piece is one quoted key without an escaped quote, `: `, and a
-    value without a quote, space, comma, bracket, brace or parenthesis: then the split gives
-    exactly the pairs `_JSON_PAIR` finds, at a third of its cost. Any other record is left to
-    the pattern (`_explode_pairs`), whole."""
+    """The pairs of the records of `part` written as `json.dumps` writes them, split at `, ` and
+    `: ` (exactly the pairs `_JSON_PAIR` finds, at a third of its cost); and the other records,
+    left whole to the pattern."""
     body = pl.col("json").str.strip_prefix("{").str.strip_suffix("}")
     pieces = part.select("idx", _p=body.str.split(", ")).explode("_p")
     kv = pl.col("_p").str.split_exact(": ", 1).struct
@@ -127,12 +123,9 @@ def _record_pairs(part: pl.DataFrame) -> pl.DataFrame:
 
 
 def mirror_pairs(records: pl.DataFrame) -> pl.DataFrame:
-    """`idx`, `key` and `value` of each numeric pair of the well-formed train records.
-
-    They need no parser state, so the scan threads read them; `mirror_metrics` adds the context.
-    The pairs are exploded PAIR_BATCH_BYTES of JSON at a time: a read of nothing but records
-    would otherwise hold every pair's text at once (several times the read).
-    """
+    """`idx`, `key` and `value` of each numeric pair of the well-formed train records, exploded
+    PAIR_BATCH_BYTES of JSON at a time (a read of records would otherwise hold every pair's text
+    at once)."""
     train = records.filter(pl.col("ok") & (pl.col("mkind") == "train")).select("idx", "json")
     parts = [_record_pairs(part) for part in _batches(train, "json", PAIR_BATCH_BYTES)]
     return parts[0] if len(parts) == 1 else pl.concat(parts)
@@ -147,10 +140,8 @@ def mirror_metrics(records: pl.DataFrame, pairs: pl.DataFrame) -> pl.DataFrame:
 
 
 def dict_blocks(ev: pl.DataFrame) -> pl.DataFrame:
-    """Dicts printed on one line or over several lines of one actor, joined.
-
-    Columns: idx (of the first line), actor, text, closed, last_idx, hint (has metric-like keys).
-    """
+    """Dicts printed on one line or over several lines of one actor, joined: idx (of the first
+    line), actor, text, closed, last_idx, hint (has metric-like keys)."""
     rows = ev.filter(pl.col("kind").is_in(["dict_start", "dict_cont"]))
     if rows.is_empty():
         return pl.DataFrame(
@@ -189,10 +180,7 @@ def open_blocks(blocks: pl.DataFrame, n_lines: int) -> pl.Series:
 
 
 def dict_metrics(blocks: pl.DataFrame) -> tuple[pl.DataFrame, pl.DataFrame]:
-    """METRICS rows of console dicts (`trainer/global_step`) and of unprefixed policy dicts.
-
-    `blocks` must carry `step` (console) and the provenance of its first line.
-    """
+    """METRICS rows of console dicts (`trainer/global_step`) and of unprefixed policy dicts."""
     if blocks.is_empty():
         return _NO_ROWS.with_columns(origin=pl.lit("console")), _NO_ROWS.with_columns(
             origin=pl.lit("policy_dict")

@@ -35,9 +35,8 @@ _EXAMPLE_CHARS: Final = 160
 
 
 def usual_skew(frame: pl.DataFrame, state: ParserState) -> pl.Series:
-    """For each row of `frame` with a skew (`_skew`), the usual skew before it: the median of the
-    first min(n, LAG_SAMPLE) skews of the file, n the skews before the row (null for the file's
-    first); null on rows without a skew. One rolling median over at most LAG_SAMPLE values."""
+    """For each row with a skew (`_skew`), the usual skew before it: the median of the file's
+    first min(n, LAG_SAMPLE) skews, n those before the row; null elsewhere."""
     skews = frame.get_column("_skew")
     have = skews.is_not_null()
     values = skews.filter(have)

@@ -9,7 +9,7 @@ from typing import Final
 import polars as pl
 
 from worker.evidence import schema
-from worker.evidence.logs.batches import batch_metrics
+from worker.evidence.logs.timers import batch_metrics
 from worker.evidence.parsed import LogTables, ParseSummary
 
 __all__ = ["Stitched", "build_tables", "phases", "restitch", "stitch", "unchanged_rows"]
@@ -21,11 +21,8 @@ _STEPPED: Final = ("metrics", "batches", "timers")  # the raw tables METRICS and
 
 
 def _newest(frame: pl.DataFrame, keys: list[str], explicit: pl.Expr | None = None) -> pl.DataFrame:
-    """The row of each key with the highest (explicit, attempt, line); ties keep the later row.
-
-    Sorted by `keys`: the order of one stable sort by the keys and the rank, then the last row of
-    each run of equal keys, gathered once (only the keys are copied to find the runs).
-    """
+    """The row of each key with the highest (explicit, attempt, line), ties the later, sorted by
+    `keys`: the last row of each run after one stable sort (only the keys copied)."""
     rank = pl.col("attempt").cast(pl.Int64) * _ATTEMPT_WEIGHT + pl.col("line")
     if explicit is not None:
         rank = rank + explicit.cast(pl.Int64) * _EXPLICIT_WEIGHT
@@ -130,10 +127,7 @@ def _merged(kept: pl.DataFrame, redone: pl.DataFrame, touched: pl.Series) -> pl.
 def restitch(
     known: Stitched, rows: dict[str, pl.DataFrame], fresh: Iterable[dict[str, pl.DataFrame]]
 ) -> Stitched:
-    """`stitch(rows)`, given `known = stitch(rows without fresh)` and `fresh`, the rows added.
-
-    For a single source only (batch totals take the source of the last batch row).
-    """
+    """`stitch(rows)`, given `known = stitch(rows without fresh)` (a single source only)."""
     touched = _touched_steps(fresh)
     if touched.is_empty():
         return known
