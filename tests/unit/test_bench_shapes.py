@@ -9,9 +9,9 @@ from pathlib import Path
 import pytest
 
 from bench.baseline_honest import baseline_tables, counts
-from bench.gen_continuous import generate_continuous
-from bench.gen_finelog import generate
-from bench.gen_records import generate_dense, generate_noisy
+from testkit.gen_continuous import generate_continuous
+from testkit.gen_finelog import generate
+from testkit.gen_records import generate_dense, generate_noisy
 from worker.evidence.logs import parse_log_file
 
 SHAPES = {

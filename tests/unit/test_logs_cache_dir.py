@@ -34,7 +34,7 @@ def _log_bytes() -> bytes:
     """1.5 MB of the benchmark's generated finelog (steps, restarts, tracebacks, pprint-ed
     dicts, stat lines), made once."""
     if not _GENERATED:
-        from bench.gen_finelog import generate
+        from testkit.gen_finelog import generate
 
         with tempfile.TemporaryDirectory() as tmp:
             _GENERATED.append(generate(Path(tmp) / "f.log", 1.5).read_bytes())

@@ -21,10 +21,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from polars.testing import assert_frame_equal
 
-from bench.gen_continuous import generate_continuous
-from bench.gen_finelog import generate
-from bench.gen_records import generate_dense, generate_noisy
-from bench.hostile import INPUTS, build
+from testkit.gen_continuous import generate_continuous
+from testkit.gen_finelog import generate
+from testkit.gen_records import generate_dense, generate_noisy
+from testkit.hostile import INPUTS, build
 from worker.evidence.logs import native, parse_job_logs, parse_log_file, rules
 from worker.evidence.logs.reads import Read
 from worker.evidence.logs.rules import (

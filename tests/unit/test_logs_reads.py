@@ -10,8 +10,8 @@ from typing import Any
 import pytest
 from polars.testing import assert_frame_equal
 
-from bench.gen_continuous import generate_continuous
-from bench.gen_finelog import generate as generate_finelog
+from testkit.gen_continuous import generate_continuous
+from testkit.gen_finelog import generate as generate_finelog
 from worker.evidence.logs import LogCache, chunk, parse_log_file, reader
 from worker.evidence.logs.budget import LogBudgetError, ParseBudget
 from worker.evidence.logs.reader import parse_file_rows
