@@ -14,6 +14,7 @@ DEMO_OUT := build/demo
 
 FASTSCAN := worker/evidence/logs/_fastscan.c
 FASTSCAN_STAMP := $(VENV)/.fastscan
+PROMTOOL := $(VENV)/tools/usr/bin/promtool
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -30,19 +31,32 @@ $(FASTSCAN_STAMP): $(STAMP) $(FASTSCAN) setup.py
 
 venv: $(STAMP) $(FASTSCAN_STAMP)
 
-## Install the system services the tests use (redis-server, docker-compose, and Debian's chromium
-## for the browser tests, driven through Playwright with executable_path, never its own download)
-## when they are missing.
-system-deps:
+## Install the system services and tools the tests use when they are missing: redis-server,
+## docker-compose, Debian's chromium for the browser tests (driven through Playwright with
+## executable_path, never its own download), and for the deployment checks (tests/deploy) kubectl
+## (Debian's kubernetes-client: kubectl 1.20, whose kustomize v2.0.3 renders deploy/k8s as v5 does)
+## and promtool, taken from Debian's prometheus package into .venv/tools (installing the package
+## would also start a Prometheus server).
+system-deps: $(PROMTOOL)
 	@missing=""; \
 	command -v redis-server >/dev/null 2>&1 || missing="$$missing redis-server"; \
 	command -v docker-compose >/dev/null 2>&1 || missing="$$missing docker-compose"; \
 	command -v chromium >/dev/null 2>&1 || missing="$$missing chromium"; \
+	command -v kubectl >/dev/null 2>&1 || missing="$$missing kubernetes-client"; \
 	if [ -n "$$missing" ]; then \
 	  echo "installing:$$missing"; \
 	  export DEBIAN_FRONTEND=noninteractive; \
 	  apt-get update -qq && apt-get install -y -qq --no-install-recommends $$missing >/dev/null; \
 	fi
+
+$(PROMTOOL):
+	@mkdir -p $(VENV)/tools/deb
+	@cd $(VENV)/tools/deb && { apt-get download -qq prometheus 2>/dev/null \
+	  || { apt-get update -qq && apt-get download -qq prometheus; }; }
+	dpkg-deb -x $(VENV)/tools/deb/prometheus_*.deb $(VENV)/tools/extract
+	mkdir -p $(dir $(PROMTOOL)) && mv $(VENV)/tools/extract/usr/bin/promtool $(PROMTOOL)
+	rm -rf $(VENV)/tools/deb $(VENV)/tools/extract
+	$(PROMTOOL) --version | head -1
 
 ## Prints the text report; writes it with the JSON and the HTML report (plots) under $(DEMO_OUT).
 demo: venv

@@ -12,7 +12,7 @@ smallest's: a rendering whose cost is bounded stays near 1x however many rows th
 
 Run from an older checkout (`PYTHONPATH=<checkout> .venv/bin/python -m bench.bench_report`, this
 file copied there), it times the text, JSON and HTML reports only (and prints 0 points drawn): the
-"before" figures of docs/performance.md were taken that way from main.
+"before" figures in docs/performance.md's git history were taken that way from main.
 
 Only rendering is timed: not the parse, the gates, the freeze or the store. `--profile` prints the
 cProfile of one HTML rendering at the largest size (the 25 costliest functions, cumulative).

@@ -1,1 +1,2 @@
-"""Rendering (the seed's text format, the JSON report) and report sinks."""
+"""Rendering (the procedure's text format of docs/domain.md#the-procedure, the JSON report) and
+report sinks."""

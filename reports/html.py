@@ -198,7 +198,8 @@ def _stamp(value: Any) -> str | None:
 
 
 def _proof(report: Report) -> str:
-    """The kill proof (CONTRACT.md `kill_proof`): present exactly when the verdict is KILL."""
+    """The kill proof (docs/interface.md#the-report, `kill_proof`): present exactly when the verdict
+    is KILL."""
     proof = report.kill_proof
     if proof is None:
         return ""

@@ -1,5 +1,6 @@
-"""The JSON report of CONTRACT.md, rendered from the bounded report (`reports.bounds`): every string
-redacted and escaped, every list capped with a `… and N more` entry, under MAX_REPORT_BYTES."""
+"""The JSON report of docs/interface.md#the-report, rendered from the bounded report
+(`reports.bounds`): every string redacted and escaped, every list capped with a `… and N more`
+entry, under MAX_REPORT_BYTES."""
 
 from __future__ import annotations
 

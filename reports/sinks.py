@@ -25,7 +25,14 @@ if TYPE_CHECKING:
     from worker.pipeline.coalesce import Coalescer
     from worker.pipeline.store import ObjectStore
 
-__all__ = ["S3ReportSink", "StoredReport", "VerdictStreamSink", "report_key", "signed_json"]
+__all__ = [
+    "S3ReportSink",
+    "StoredReport",
+    "VerdictStreamSink",
+    "cluster_of",
+    "report_key",
+    "signed_json",
+]
 
 _UNSAFE_KEY: Final = re.compile(r"[^A-Za-z0-9._-]+")
 
@@ -44,6 +51,13 @@ def report_key(report: Report, cluster: str | None, user: str | None, job: str |
         f"reports/{_segment(cluster, 'unknown-cluster')}/{_segment(user, 'unknown-user')}/"
         f"{_segment(job_name, 'unknown-job')}/{stamp}-{report.event_id or 'no-event'}"
     )
+
+
+def cluster_of(report_uri: str) -> str | None:
+    """The cluster segment of a report's URI (`.../reports/<cluster>/<user>/<job>/<file>`), as
+    `report_key` wrote it; None for a URI of another shape."""
+    parts = report_uri.split("/")
+    return parts[-4] if len(parts) >= 5 and parts[-5] == "reports" else None
 
 
 @dataclass(frozen=True)

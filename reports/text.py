@@ -1,4 +1,4 @@
-"""The seed's text report, line for line.
+"""The procedure's text report (docs/domain.md#the-procedure), line for line.
 
 ```
 RL-JOB-HEALTH — <job-id> — captured <timestamp> at <evidence-dir>

@@ -1,7 +1,7 @@
 """The contract models every role imports: the suspect-job event, quotes, gate results, the report.
 
-Field names and shapes follow CONTRACT.md. All models are frozen; validation happens here, at the
-boundary, and the rest of the code trusts the types.
+Field names and shapes follow docs/interface.md. All models are frozen; validation happens here, at
+the boundary, and the rest of the code trusts the types.
 """
 
 from __future__ import annotations
@@ -134,7 +134,8 @@ class Handoff(Frozen):
 
 class KillProof(Frozen):
     """Why a KILL stands: the rule that established the hard failure, the mechanism in a few words,
-    when it was established, and the quotes that prove it (CONTRACT.md `kill_proof`)."""
+    when it was established, and the quotes that prove it (docs/interface.md#the-report,
+    `kill_proof`)."""
 
     rule: str = Field(min_length=1)
     mechanism: str = Field(min_length=1)
@@ -180,12 +181,12 @@ def _json_cell(value: Cell) -> Cell:
 class GateResult(Frozen):
     """What one gate concluded.
 
-    `status`, `summary` and `evidence` are the contract (CONTRACT.md `G`). The remaining fields are
-    what the verdict rules need to join gates: whether a hard failure is established (with the
-    proof the verdict checks), whether the job is still initialising, which required inputs are
-    missing (`missing`, load-bearing: the gate cannot PASS) and which are not (`gaps`: they lower
-    the confidence), and the mechanism (`kind` names it for agreement between gates), flip signal
-    and handoff a FAIL proposes. `tables` are rendered by `reports/`.
+    `status`, `summary` and `evidence` are the contract (docs/interface.md#the-report). The
+    remaining fields are what the verdict rules need to join gates: whether a hard failure is
+    established (with the proof the verdict checks), whether the job is still initialising, which
+    required inputs are missing (`missing`, load-bearing: the gate cannot PASS) and which are not
+    (`gaps`: they lower the confidence), and the mechanism (`kind` names it for agreement between
+    gates), flip signal and handoff a FAIL proposes. `tables` are rendered by `reports/`.
 
     Invariants: a PASS carries no hard failure and no missing required input; a hard failure is a
     FAIL with a proof; only a FAIL carries a proof.
@@ -221,7 +222,8 @@ class GateResult(Frozen):
         return self
 
     def contract_dict(self) -> dict[str, Any]:
-        """The JSON shape of CONTRACT.md, plus the detail lines and tables when there are any."""
+        """The JSON shape of docs/interface.md#the-report, plus the detail lines and tables when
+        there are any."""
         body: dict[str, Any] = {
             "status": self.status.value,
             "summary": self.summary,
@@ -235,7 +237,8 @@ class GateResult(Frozen):
 
 
 class RestartsResult(Frozen):
-    """The restarts gate, reported on its own as the seed asks."""
+    """The restarts gate, reported on its own as the procedure asks
+    (docs/domain.md#the-procedure)."""
 
     count: int | None
     same_failure: bool | None
@@ -291,7 +294,7 @@ class SecondLook(Frozen):
 
 
 class Report(Frozen):
-    """The diagnosis of one job: the JSON report of CONTRACT.md."""
+    """The diagnosis of one job: the JSON report of docs/interface.md#the-report."""
 
     job_id: str
     event_id: str | None = None
@@ -321,7 +324,7 @@ class Report(Frozen):
         return self
 
     def contract_dict(self) -> dict[str, Any]:
-        """The JSON report, keys in the order CONTRACT.md lists them."""
+        """The JSON report, keys in the order docs/interface.md#the-report lists them."""
         return {
             "job_id": self.job_id,
             "event_id": self.event_id,

@@ -1,9 +1,9 @@
 """Settings from `RLHEALTH_*` environment variables, with per-campaign overrides from a file.
 
 Two typed objects: `Settings` (connections, names, budgets) and `Thresholds` (the judgement
-thresholds of DOMAIN.md section 6, one field per row of its table). A campaign file (JSON or TOML,
-named by `RLHEALTH_CAMPAIGN_FILE` or passed explicitly) may override any threshold under a
-`thresholds` table and set `artifact_retention_days`.
+thresholds of docs/domain.md#healthy-ranges-and-thresholds, one field per row of its table). A
+campaign file (JSON or TOML, named by `RLHEALTH_CAMPAIGN_FILE` or passed explicitly) may override
+any threshold under a `thresholds` table and set `artifact_retention_days`.
 """
 
 from __future__ import annotations

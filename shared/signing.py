@@ -1,4 +1,5 @@
-"""Signed verdicts: the HMAC every verdict entry and stored JSON report carries (CONTRACT.md).
+"""Signed verdicts: the HMAC every verdict entry and stored JSON report carries
+(docs/interface.md#the-pipeline).
 
 A verdict is an order to a supervisor, and Redis and S3 can be written by more hands than the
 pipeline's (the watcher publishes alerts on the same Redis). So the pipeline signs what it says,

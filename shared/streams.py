@@ -1,7 +1,8 @@
 """Every Redis stream, channel, group and key name of the pipeline, derived from one prefix.
 
-The stream and channel names are the contract (CONTRACT.md, "The pipeline"); the keys below them are
-the pipeline's own coalescing state, written only by the Lua scripts of `worker.pipeline.coalesce`:
+The stream and channel names are the contract (docs/interface.md#the-pipeline); the keys below them
+are the pipeline's own coalescing state, written only by the Lua scripts of
+`worker.pipeline.coalesce`:
 
 - `<p>:event:<event_id>`     the diagnosis (lead event id) this event was admitted to; set once,
                              which is what makes ingest idempotent on event ids

@@ -1,7 +1,8 @@
 """The `iris` CLI with its client revision date set to today (run as `python -m` this module).
 
-The LocalCluster's controller refuses clients built more than 14 days ago (DOMAIN.md section 5);
-the installed wheel's build date is older, so tests run the CLI through this shim.
+The LocalCluster's controller refuses clients built more than 14 days ago
+(docs/domain.md#iris-job-and-task-states); the installed wheel's build date is older, so tests run
+the CLI through this shim.
 """
 
 from __future__ import annotations

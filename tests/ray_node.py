@@ -1,5 +1,6 @@
-"""py-spy dumps of the processes in a SkyRL node's process table under Ray (DOMAIN.md section 7),
-as templates: `{pid}` is the process id, `{line}` a line number that changes while a helper works.
+"""py-spy dumps of the processes in a SkyRL node's process table under Ray
+(docs/domain.md#processes-and-roles), as templates: `{pid}` is the process id, `{line}` a line
+number that changes while a helper works.
 
 Sources. The idle Ray worker's frames (`main_loop (ray/_private/worker.py:1066)` under
 `<module> (ray/_private/workers/default_worker.py:323)`) and its GC thread are copied from a real

@@ -1,4 +1,4 @@
-"""The diagnostic mode, declared from the launched configuration (CONTRACT.md).
+"""The diagnostic mode, declared from the launched configuration (docs/interface.md#evidence-read).
 
 An explicit mode (on the event, or `--mode`) wins. Otherwise the job's entrypoint decides: settings
 of an agentic harness (Harbor, Daytona, terminal-bench, a trials directory) make it `agentic`; an

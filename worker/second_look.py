@@ -19,12 +19,12 @@ The second look is, in this order:
    saying what moved; a re-alert re-judges the job;
 4. **confirmed** — nothing moved: the KILL stands, quoting both observations.
 
-Stacks are judged by role (`worker.evidence.roles`, DOMAIN.md section 7): a rank, the driver or a
-coordinator that leaves its frame, comes or goes is movement, and so is an engine or an unknown
-process unless it only moved between an event loop's idle waits. A helper's or a native process's
-frames, comings and goings are never movement, and its failed or unreadable dump does not blind
-the look (nor does the driver's beside ranks parked in a collective): the summary says what was
-ignored.
+Stacks are judged by role (`worker.evidence.roles`, docs/domain.md#processes-and-roles): a rank, the
+driver or a coordinator that leaves its frame, comes or goes is movement, and so is an engine or an
+unknown process unless it only moved between an event loop's idle waits. A helper's or a native
+process's frames, comings and goings are never movement, and its failed or unreadable dump does not
+blind the look (nor does the driver's beside ranks parked in a collective): the summary says what
+was ignored.
 """
 
 from __future__ import annotations
@@ -582,8 +582,3 @@ def settle(report: Report, look: SecondLook) -> Report:
     the look recorded in `second_look`."""
     settled = _SETTLE[look.outcome](report, look)
     return Report.model_validate({**settled.model_dump(), "second_look": look.model_dump()})
-
-
-def waited(first_at: datetime, second_at: datetime) -> float:
-    """Seconds between two observations (never negative)."""
-    return max(0.0, (second_at - first_at).total_seconds())

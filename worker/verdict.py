@@ -1,5 +1,5 @@
-"""The seed's verdict rules, ordered by the precedence rule of DOMAIN.md section 6. A KILL is a
-proof the verdict checks; a blind spot is an ERROR.
+"""The procedure's verdict rules, ordered by the precedence rule of docs/domain.md#precedence. A
+KILL is a proof the verdict checks; a blind spot is an ERROR.
 
 0. Sources that disagree about which job this is (manifest vs directory vs probes) give ERROR.
 1. Hard failure: a FAIL (or a doomed restarts result) whose proof passes `proofs.validate` gives

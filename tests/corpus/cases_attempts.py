@@ -1,7 +1,7 @@
 """Attempts seen only in the log, log chunks the shipper sent twice, and the real Iris captures.
 
 A restart inside the log (no Iris `[iris setup]` line) is a shutdown, a new driver pid, Ray started
-again and a resume line (DOMAIN.md section 7); steps after it belong to the new attempt. A log
+again and a resume line (docs/domain.md#attempts); steps after it belong to the new attempt. A log
 shipper that re-sends a chunk gives lines whose own time is older than their Iris prefix time:
 such a line is never fresh progress. The two `iris_localcluster_*` cases are the real output of
 marin-iris 0.2.20 against a LocalCluster (tests/corpus/real/SOURCES.txt).

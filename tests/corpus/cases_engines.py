@@ -3,7 +3,7 @@
 Engine deaths use vLLM's own lines as users pasted them in public issues
 (tests/fixtures/real_failures/vllm.toml: vllm-project/vllm#17276 "EngineCore encountered a fatal
 error.", #42362 `EngineDeadError`, #17431 "EngineCore failed to start.", SkyRL#1673 "Engine core
-initialization failed"). The wedge is the shape DOMAIN.md section 7 describes: requests waiting,
+initialization failed"). The wedge is the shape docs/domain.md#idle-engines describes: requests waiting,
 none running, 0 tok/s, while `/health` stays 200.
 """
 

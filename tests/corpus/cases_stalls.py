@@ -1,10 +1,10 @@
 """Stalls judged from a whole process table, and the look-alikes that must not be called one.
 
-A stall KILL needs live stacks (the seed): two dumps of the load-bearing processes (the policy
-ranks, the driver or coordinator the proof rests on) taken after the newest progress. A real Ray
-node's table also holds Ray's helpers (their frames always move), native processes whose py-spy
+A stall KILL needs live stacks (docs/domain.md#what-established-means): two dumps of the
+load-bearing processes (the policy ranks, the driver or coordinator the proof rests on) taken after
+the newest progress. A real Ray node's table also holds Ray's helpers (their frames always move), native processes whose py-spy
 dump fails, vLLM engines idle on their input queue, and idle workers: none of them proves or
-disproves a stall (DOMAIN.md section 7).
+disproves a stall (docs/domain.md#processes-and-roles).
 """
 
 from __future__ import annotations

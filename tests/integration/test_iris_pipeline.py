@@ -315,6 +315,10 @@ def _first_look_frozen(live: Live, event_id: str, timeout: float = 120) -> None:
     wait_for(lambda: store.exists(frozen), timeout, "the first look")
 
 
+def _at(quote: dict[str, Any]) -> datetime:
+    return datetime.fromisoformat(quote["timestamp"].replace("Z", "+00:00"))
+
+
 def _parked_job(live: Live, name: str, toy: list[str]) -> tuple[str, str]:
     """A toy job parked in all_reduce, its bundle synced by the 'watcher'; (job id, job dir)."""
     job_id = live.cluster.submit(name, toy)
@@ -336,8 +340,12 @@ def test_still_hung_after_the_second_look_is_kill_quoting_both_looks(looking: Li
     assert entry.verdict is Verdict.KILL, json.dumps(report, indent=1)
     look = report["second_look"]
     assert look is not None and look["outcome"] == "confirmed", look
-    looked = datetime.fromisoformat(look["taken_at"]) - datetime.fromisoformat(look["first_at"])
-    assert looked >= timedelta(seconds=LOOK_WAIT_S)  # the second look came after the wait
+    # the wait counts from the first look's newest dump the proof quotes, to the second's dumps
+    assert look["waited_s"] >= LOOK_WAIT_S, look
+    dumps = [q for q in report["kill_proof"]["evidence"] if "/stacks/" in q["source"]]
+    firsts = [_at(q) for q in dumps if q["source"].startswith("probes/")]
+    seconds = [_at(q) for q in dumps if q["source"].startswith("second_look/")]
+    assert firsts and seconds and min(seconds) - max(firsts) >= timedelta(seconds=LOOK_WAIT_S)
     sources = {q["source"] for q in report["kill_proof"]["evidence"]}
     assert any(s.startswith("probes/stacks/") for s in sources), sources
     assert any(s.startswith("second_look/probes/stacks/") for s in sources), sources

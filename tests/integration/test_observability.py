@@ -109,7 +109,9 @@ def test_metrics_endpoints_count_this_tests_alerts(pipeline_services: Services) 
     )
     assert latency == 2  # one alert → verdict latency per diagnosis, under its verdict
     # each process serves only what it counts: no zeros of the other's counters
-    assert not {name for name, _labels in ingest if name.startswith("rlhealth_diagnoses")}
+    # (ingest's gauge of diagnoses holding a lease is its own: read from Redis at scrape time)
+    counted = {"rlhealth_diagnoses_started_total", "rlhealth_diagnoses_finished_total"}
+    assert not {name for name, _labels in ingest if name in counted}
     assert not {name for name, _labels in worker if name.startswith("rlhealth_alerts")}
 
 

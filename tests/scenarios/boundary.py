@@ -1,7 +1,7 @@
 """The boundary corpus: for every threshold and every proof rule, one bundle just past it and one
 just short of it, identical otherwise. Values everywhere else sit clear of every threshold.
 
-Each `Pair` names what it pins (a threshold of DOMAIN.md's table or a proof rule of
+Each `Pair` names what it pins (a threshold of docs/domain.md's table or a proof rule of
 `worker.gates.proofs`), the two bundles, and the verdict and gate statuses of each.
 """
 
@@ -361,7 +361,7 @@ LOOP = {"liveness": "FAIL", "resources": "ERROR", "rollouts": "ERROR", "dynamics
 
 # --- the pairs ------------------------------------------------------------------------------------
 
-# --- a Ray node's process table (DOMAIN.md section 7): ranks, the driver, helpers ----------------
+# --- a Ray node's process table (docs/domain.md#processes-and-roles): ranks, driver, helpers --
 
 NODE = (8455, 8456, 301, 302)  # two ranks, Ray's log monitor and dashboard agent
 RAYLET = ("/opt/venv/lib/python3.12/site-packages/ray/core/src/ray/raylet/raylet", "native")

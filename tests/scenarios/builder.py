@@ -233,8 +233,9 @@ class JobBuilder:
         llm_share: float = 0.6,
         verifier_output: str | None = None,
     ) -> None:
-        """A finished Harbor trial directory with `result.json` (fields of DOMAIN.md section 4)
-        and, when given, the verifier's console in `verifier/test-stdout.txt`."""
+        """A finished Harbor trial directory with `result.json` (fields of
+        docs/domain.md#harbor-trials) and, when given, the verifier's console in
+        `verifier/test-stdout.txt`."""
         if verifier_output is not None:
             self.verifier_outputs[name] = verifier_output
         env_end = start + timedelta(seconds=setup_s)
@@ -331,7 +332,8 @@ class JobBuilder:
         }
 
     def probe(self, relative: str, content: str | Mapping[str, Any] | Sequence[Any]) -> None:
-        """A file of the recorded probe layout (CONTRACT.md), e.g. `controller.json`."""
+        """A file of the recorded probe layout (docs/probes.md#probe-directory), e.g.
+        `controller.json`."""
         text = content if isinstance(content, str) else json.dumps(content, indent=2)
         self.probe_files[relative] = text
 

@@ -1,5 +1,5 @@
 """Bundles crafted the way an adversarial reviewer would: each one a variation of a corpus scenario
-that exercises one rule of "what established means" (DOMAIN.md section 6)."""
+that exercises one rule of "what established means" (docs/domain.md#what-established-means)."""
 
 from __future__ import annotations
 

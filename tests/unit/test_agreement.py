@@ -1,5 +1,5 @@
-"""Trainer–trial agreement is judged on the evidence (DOMAIN.md section 7), not on gate labels: an
-agentic learning-quality KILL needs the trials finished over the trainer's window to show the
+"""Trainer–trial agreement is judged on the evidence (docs/domain.md#agreement), not on gate labels:
+an agentic learning-quality KILL needs the trials finished over the trainer's window to show the
 same collapse — their rewards, their turn counts, or an exception the trainer's own per-step
 lines name — and trials healthy over that window are a disagreement (ERROR)."""
 

@@ -1,5 +1,5 @@
-"""`rl-health diagnose` and `rl-health parse` behave as CONTRACT.md describes, run as a user runs
-them (the installed console script, in a subprocess)."""
+"""`rl-health diagnose` and `rl-health parse` behave as docs/interface.md describes, run as a user
+runs them (the installed console script, in a subprocess)."""
 
 from __future__ import annotations
 
@@ -32,7 +32,7 @@ def run(*args: str | Path, cwd: Path = ROOT) -> subprocess.CompletedProcess[str]
 
 
 def test_diagnose_example_prints_the_seed_report() -> None:
-    """The shipped example (a stall proven by stacks) is KILL, in the seed's text format."""
+    """The shipped example (a stall proven by stacks) is KILL, in the procedure's text format."""
     result = run("diagnose", EXAMPLE, "--probes", PROBES, "--now", NOW)
     assert result.returncode == 0, result.stderr
     assert max(len(line) for line in result.stdout.splitlines()) <= 120

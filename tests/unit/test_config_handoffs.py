@@ -1,7 +1,8 @@
-"""Deaths that need a change carry a concrete handoff (DOMAIN.md section 7): for every
-configuration-class failure the catalogue knows, the handoff quotes the line, names the likely
-cause, the affected key, module or path read from the line (redacted), the behaviour to propose
-and a test that proves the fix. Each case is a verbatim line of tests/fixtures/real_failures/."""
+"""Deaths that need a change carry a concrete handoff (docs/domain.md#deaths-that-need-a-change):
+for every configuration-class failure the catalogue knows, the handoff quotes the line, names the
+likely cause, the affected key, module or path read from the line (redacted), the behaviour to
+propose and a test that proves the fix. Each case is a verbatim line of
+tests/fixtures/real_failures/."""
 
 from __future__ import annotations
 

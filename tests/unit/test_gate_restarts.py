@@ -233,7 +233,7 @@ def test_failure_signature_normalises_volatile_parts(
 )
 def test_is_specific_signature(signature: str | None, specific: bool) -> None:
     """Exit codes and bare states are no signature; an exception type or a word of message beyond
-    them is (DOMAIN.md section 6), judged by the log parser's predicate."""
+    them is (docs/domain.md#failure-signatures), judged by the log parser's predicate."""
     from worker.gates.restarts import is_specific_signature
 
     assert is_specific_signature(signature) is specific

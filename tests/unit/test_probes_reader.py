@@ -1,4 +1,4 @@
-"""The probe directory: Iris helpers, reading the CONTRACT.md layout, writing it back."""
+"""The probe directory: Iris helpers, reading the docs/probes.md layout, writing it back."""
 
 from __future__ import annotations
 
@@ -67,7 +67,7 @@ def iris_probe_dir(root: Path) -> Path:
      ("JOB_STATE_KILLED", "killed"), (None, "unknown"), (99, "state_99")],
 )  # fmt: skip
 def test_state_names(value: object, name: str) -> None:
-    """Numeric Iris states map to DOMAIN.md's names; text is lower-cased."""
+    """Numeric Iris states map to docs/domain.md's names; text is lower-cased."""
     assert iris_state_name(value) == name
 
 

@@ -114,7 +114,7 @@ def test_no_line_of_the_text_report_is_wider_than_120() -> None:
 
 
 def test_each_field_stays_one_logical_line() -> None:
-    """Joined back, the LIVENESS field is the seed's one line: label, status, the whole summary
+    """Joined back, the LIVENESS field is the procedure's one line: label, status, the whole summary
     and its first quote; REASONING likewise; and the quote lines are still their own lines."""
     lines = logical_lines(render_text(_report()))
     liveness = next(line for line in lines if line.startswith("LIVENESS:  FAIL — "))

@@ -10,7 +10,7 @@ from shared.settings import CampaignError, Thresholds, load_thresholds
 
 
 def test_defaults_follow_the_domain_table() -> None:
-    """Defaults are DOMAIN.md's threshold table."""
+    """Defaults are docs/domain.md's threshold table."""
     t = Thresholds()
     assert (t.max_evidence_age_s, t.stall_floor_s, t.stall_factor, t.init_grace_s) == (
         900,

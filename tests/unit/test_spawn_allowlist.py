@@ -236,7 +236,8 @@ def _result(code: int, stderr: str) -> ProbeResult:
     ],
 )
 def test_transient_markers_per_tool(tool: str, stderr: str, transient: bool) -> None:
-    """Only the markers of DOMAIN.md section 5, for their own tool, are transient."""
+    """Only the markers of docs/domain.md#iris-job-and-task-states, for their own tool, are
+    transient."""
     assert is_transient(tool, _result(1, stderr)) is transient
 
 

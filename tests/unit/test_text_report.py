@@ -1,4 +1,4 @@
-"""The text report follows the seed's template line for line."""
+"""The text report follows the procedure's template (docs/domain.md#the-procedure) line for line."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
-"""The verdict rules join gate results in the precedence order of DOMAIN.md section 6; every KILL
-carries a proof that `decide` checks, and blind spots are ERROR."""
+"""The verdict rules join gate results in the precedence order of docs/domain.md#precedence; every
+KILL carries a proof that `decide` checks, and blind spots are ERROR."""
 
 from __future__ import annotations
 
@@ -312,7 +312,7 @@ def test_retention_consequence_is_surfaced_without_changing_a_kill(uri: str, exp
 
 
 def test_report_json_has_the_contract_keys() -> None:
-    """The JSON report carries every key CONTRACT.md lists, gates keyed by name."""
+    """The JSON report carries every key docs/interface.md lists, gates keyed by name."""
     body = decide(f.evidence(), RESTARTS_NONE, gates()).contract_dict()
     for key in (
         "job_id", "event_id", "captured_at", "evidence_dir", "verdict", "confidence", "mode",

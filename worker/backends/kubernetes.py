@@ -2,8 +2,8 @@
 `kubectl exec` for ps, py-spy and nvidia-smi.
 
 Pods are found with a label selector (default `job-name=<job leaf name>`). The pods map onto the
-controller view of CONTRACT.md: one task per pod, job state from the pod phases; every container
-termination kubectl still remembers (`lastState.terminated`) becomes an attempt.
+controller view of docs/interface.md: one task per pod, job state from the pod phases; every
+container termination kubectl still remembers (`lastState.terminated`) becomes an attempt.
 
 `--kubeconfig`, `--context` and `--namespace` come from the operator's connection settings only
 (`JobRef.connection`), never from a bundle: a kubeconfig names credential plugins kubectl runs.

@@ -1,4 +1,5 @@
-"""Transient failures of the cluster CLIs (DOMAIN.md section 5), retried with backoff; nothing else.
+"""Transient failures of the cluster CLIs (docs/domain.md#iris-job-and-task-states), retried with
+backoff; nothing else.
 
 A failed probe is retried only when its output (case folded) holds one of its tool's markers.
 Timeouts and every other failure are real failures of the probe and are returned at once.

@@ -1,4 +1,5 @@
-"""`rl-health alert | ingest | worker | verdicts | replay`: the pipeline's commands (CONTRACT.md).
+"""`rl-health alert | ingest | worker | verdicts | replay`: the pipeline's commands
+(docs/interface.md).
 
 Connections come from settings: RLHEALTH_REDIS_URL, RLHEALTH_S3_ENDPOINT_URL, RLHEALTH_S3_BUCKET,
 RLHEALTH_S3_PREFIX, RLHEALTH_BUNDLE_ROOT, RLHEALTH_STREAM_PREFIX, RLHEALTH_COALESCE_S. Every role
@@ -97,6 +98,32 @@ def _metrics_port_option(what: str) -> Callable[[FC], FC]:
         type=click.IntRange(1, 65535),
         help=f"Serve Prometheus metrics of {what} on this port (/metrics).",
     )
+
+
+def _health_port_option(what: str) -> Callable[[FC], FC]:
+    return click.option(
+        "--health-port",
+        type=click.IntRange(1, 65535),
+        help=f"Answer GET /healthz and /readyz on this port: 200 while {what} goes round "
+        "(RLHEALTH_METRICS_ADDR; for the kubelet's probes).",
+    )
+
+
+def _serve_health(port: int | None, settings: Settings) -> None:
+    """Start the health endpoint (worker.pipeline.health): stale after a lease without a beat."""
+    if port is None:
+        return
+    import redis
+
+    from worker.pipeline.health import LIVENESS, redis_away, serve_health
+
+    LIVENESS.stale_after_s = max(60.0, settings.lease_s)
+    ping = redis.Redis.from_url(settings.redis_url, socket_timeout=1, socket_connect_timeout=1)
+    LIVENESS.excuse = redis_away(ping)
+    try:
+        serve_health(port, settings.metrics_addr)
+    except OSError as exc:
+        _fail(f"--health-port {port} on {settings.metrics_addr}: {exc.strerror or exc}")
 
 
 def _prepare_metrics_dir(directory: Path | None) -> Path:
@@ -224,9 +251,16 @@ def _await_verdict(
 @click.option("--once", is_flag=True, help="Handle the alerts waiting now, then exit.")
 @click.option("--max-events", type=click.IntRange(min=1), help="Exit after this many alerts.")
 @click.option("--consumer", help="Consumer name in the `ingest` group (default: the host name).")
-@_metrics_port_option("ingest (alerts by outcome, coalesced, dead letters by reason)")
+@_metrics_port_option(
+    "ingest (alerts by outcome, coalesced, dead letters by reason, queue depths read from Redis)"
+)
+@_health_port_option("the read loop")
 def ingest_command(
-    once: bool, max_events: int | None, consumer: str | None, metrics_port: int | None
+    once: bool,
+    max_events: int | None,
+    consumer: str | None,
+    metrics_port: int | None,
+    health_port: int | None,
 ) -> None:
     """Consume the alert stream and start one diagnosis per job in need (until interrupted)."""
     from functools import partial
@@ -240,9 +274,13 @@ def ingest_command(
     from worker.pipeline.watchdog import Watchdog
 
     if metrics_port is not None:
+        from shared.streams import StreamNames
+        from worker.pipeline.depth import QueueDepth
         from worker.pipeline.metrics import serve
 
-        serve(metrics_port, settings.metrics_addr, role="ingest")
+        depth = QueueDepth.from_url(settings.redis_url, StreamNames(settings.stream_prefix))
+        serve(metrics_port, settings.metrics_addr, role="ingest", extra=[depth])
+    _serve_health(health_port, settings)
 
     configure_logging(logging.DEBUG if _debugging() else logging.INFO)
     stopping: list[int] = []
@@ -293,6 +331,7 @@ def ingest_command(
     help="Where pool processes keep their metric files (the files they wrote there are removed "
     "at start, nothing else; default: a new temporary directory).",
 )
+@_health_port_option("the main process's event loop")
 def worker_command(
     concurrency: int,
     pool: str,
@@ -300,6 +339,7 @@ def worker_command(
     hostname: str | None,
     metrics_port: int | None,
     metrics_dir: Path | None,
+    health_port: int | None,
 ) -> None:
     """Start a Celery worker running the diagnosis tasks."""
     settings = load_settings()  # before the app module reads them
@@ -321,6 +361,7 @@ def worker_command(
 
         # in this main process: every child's sum, the worker's metrics only
         serve(metrics_port, settings.metrics_addr, role="worker")
+    _serve_health(health_port, settings)
 
     argv = [
         "worker",

@@ -1,11 +1,11 @@
 """Read a watcher bundle: `manifest.json` of any generation, artifact statuses, freshness per class.
 
-Three watcher generations write `manifest.json` (DOMAIN.md section 2). The reader accepts all of
-them and never trusts a missing key: it becomes None or `ArtifactState.UNKNOWN`. A manifest that is
-missing or does not parse gives `manifest=None` and `manifest_error`, not an exception. Freshness of
-each artifact class comes from the modification time of its newest file, read through `BundleFiles`
-so that nothing outside the job directory is opened; `bundle_discrepancies` lists where the files on
-disk and the manifest's claims disagree. It reports; it repairs nothing.
+Three watcher generations write `manifest.json` (docs/domain.md#the-bundle). The reader accepts all
+of them and never trusts a missing key: it becomes None or `ArtifactState.UNKNOWN`. A manifest that
+is missing or does not parse gives `manifest=None` and `manifest_error`, not an exception. Freshness
+of each artifact class comes from the modification time of its newest file, read through
+`BundleFiles` so that nothing outside the job directory is opened; `bundle_discrepancies` lists
+where the files on disk and the manifest's claims disagree. It reports; it repairs nothing.
 """
 
 from __future__ import annotations

@@ -2,12 +2,12 @@
 attempt, the newest progress of each kind, evidence dated after `now`, the log's clock offset,
 probes that failed, sources that disagree, and the failure that ended each attempt.
 
-Time is checked, not assumed (DOMAIN.md section 6): a row dated after `now` is never progress;
-one dated more than CLOCK_TOLERANCE_S after it is a discrepancy named in the report. The parser has
-already reconciled each line's own time with its Iris prefix time (`ParseSummary.clock`); a
-constant offset between them is stated as a clock or time-zone fact, and the lines the log shipper
-re-sent (left out of the progress tables by the parser) are stated with the newest consistent
-progress, which is what the gates judge.
+Time is checked, not assumed (docs/domain.md#what-established-means): a row dated after `now` is
+never progress; one dated more than CLOCK_TOLERANCE_S after it is a discrepancy named in the report.
+The parser has already reconciled each line's own time with its Iris prefix time
+(`ParseSummary.clock`); a constant offset between them is stated as a clock or time-zone fact, and
+the lines the log shipper re-sent (left out of the progress tables by the parser) are stated with
+the newest consistent progress, which is what the gates judge.
 """
 
 from __future__ import annotations

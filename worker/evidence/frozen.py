@@ -4,7 +4,7 @@ Layout of a frozen directory (format 2; uploaded to S3 `evidence/<event_id>/`):
 
 ```
 parts/<digest>-<sha256>.parquet   the table parts this freeze wrote (see below)
-probes/...               the probe files in CONTRACT.md's layout (probes.json, controller.json,
+probes/...               the probe files in docs/probes.md's layout (probes.json, controller.json,
                          attempts.json, processes.json, stacks/, gpus/), readable by the
                          `recorded` backend
 evidence.json            everything else as JSON, written last: its presence marks a whole freeze;
@@ -262,7 +262,7 @@ class _Freezer:
 
 
 def _freeze_probes(probes: ProbeEvidence, directory: Path) -> list[Path]:
-    """The probe files in CONTRACT.md's layout, written by the probe module itself."""
+    """The probe files in docs/probes.md's layout, written by the probe module itself."""
     root = directory / "probes"
     write_probes(probes, {}, root)
     return sorted(path for path in root.rglob("*") if path.is_file())

@@ -1,9 +1,10 @@
 """Job and task states as one enum, with the groups every reader agrees on.
 
-Iris numbers job states 0-8 and adds task states 9-12 (DOMAIN.md section 5); the controller, the
-attempt history and the manifest write them as lower-case names, sometimes with a `job_state_` or
-`task_state_` prefix or as the number. `JobState.parse` reads every form; the groups below replace
-the separate `TERMINAL` sets the gates used to keep (which disagreed about `unschedulable`).
+Iris numbers job states 0-8 and adds task states 9-12 (docs/domain.md#iris-job-and-task-states); the
+controller, the attempt history and the manifest write them as lower-case names, sometimes with a
+`job_state_` or `task_state_` prefix or as the number. `JobState.parse` reads every form; the
+groups below replace the separate `TERMINAL` sets the gates used to keep (which disagreed about
+`unschedulable`).
 
 - terminal: the job will not run again by itself — succeeded, failed, killed, worker_failed and
   unschedulable (Iris gives up scheduling it; no step will ever be reached).

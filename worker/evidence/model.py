@@ -116,7 +116,7 @@ class BundleInfo(_Frozen):
 # --- logs and trials: ClockSkew, ParseSummary, LogTables, TrialTables (`worker.evidence.parsed`) --
 
 
-# --- live probes (the recorded layout of CONTRACT.md) ---------------------------------------------
+# --- live probes (the recorded layout of docs/probes.md) ------------------------------------------
 
 
 _STACK_OUTPUT: Final = re.compile(r"(^|/)stacks/(?P<target>.+)-pid(?P<pid>\d+)-\d+\.txt$")

@@ -1,4 +1,4 @@
-"""Read and write the probe directory of CONTRACT.md: what the live probes of a backend returned.
+"""Read and write the probe directory of docs/probes.md: what the live probes of a backend returned.
 
 Layout (every file optional):
 
@@ -60,7 +60,7 @@ __all__ = [
     "write_probes",
 ]
 
-# DOMAIN.md section 5: job states 0-8, task states add 9-12.
+# docs/domain.md#iris-job-and-task-states: job states 0-8, task states add 9-12.
 IRIS_STATES: Final[dict[int, str]] = {
     0: "unspecified",
     1: "pending",

@@ -1,6 +1,5 @@
 """Who each dumped process is: a policy rank, the driver, a coordinator, an inference engine, a
-Ray or system helper, a native binary, or unknown (DOMAIN.md section 7, "Who is in a task's
-process table").
+Ray or system helper, a native binary, or unknown (docs/domain.md#processes-and-roles).
 
 A stall proof and the second look judge the *load-bearing* processes — the ranks and the driver or
 coordinator a proof rests on. Helpers change frames all the time (asyncio `select`, socket `recv`,

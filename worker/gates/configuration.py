@@ -1,6 +1,6 @@
 """Configuration failures: a configuration-class failure that ended every attempt is a hard failure
-(DOMAIN.md section 6: "a configuration that cannot parse"), with a handoff fed from the catalogue
-entry that knows the failure (its component and note). Proof rule `config_failure`.
+(docs/domain.md#failure-signatures: "a configuration that cannot parse"), with a handoff fed from
+the catalogue entry that knows the failure (its component and note). Proof rule `config_failure`.
 
 Reads `Facts.attempt_failures` (the failure that ended each attempt: its first specific hard or
 configuration row after the attempt's last timer or train metric line) and the job state.
@@ -15,7 +15,8 @@ configuration row after the attempt's last timer or train metric line) and the j
   after the newest attempt's failure with nothing advancing since. A succeeded job never is.
 
 Before that, a configuration failure that ended the newest attempt before its first step is
-`config_death_pending`: not initialisation, an ERROR with the handoff (DOMAIN.md section 7).
+`config_death_pending`: not initialisation, an ERROR with the handoff
+(docs/domain.md#deaths-that-need-a-change).
 
 The handoff (`config_handoff`) is concrete: the entry's `subject` regex reads the affected key,
 module or path from the line (redacted), and its `change`, `behaviour` and `test` say what to

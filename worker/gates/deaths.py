@@ -1,6 +1,6 @@
 """Logged deaths: the trainer, or every inference engine, logged its own death and the job has been
-silent past the stall limit since. DOMAIN.md section 6: such a death "is established by the death
-line itself" (proof rule `logged_death`, checked again in `decide`).
+silent past the stall limit since. docs/domain.md#what-established-means: such a death "is
+established by the death line itself" (proof rule `logged_death`, checked again in `decide`).
 
 Reads the ERRORS rows of the newest attempt dated after the newest advancement (a timer or train
 metric row) and at or before `now`, the ENGINES stat lines of the newest attempt (from every log:
@@ -171,7 +171,7 @@ def logged_death(
 ) -> GateResult | None:
     """A death line of the trainer, or of every inference engine, logged after the newest
     advancement and followed by silence past the stall limit establishes the death: the death
-    line is the proof (DOMAIN.md section 6). One engine of several is no proof.
+    line is the proof (docs/domain.md#what-established-means). One engine of several is no proof.
 
     `limit_s` is the liveness threshold (at least STALL_FLOOR_S); `base` the controller quote and
     the newest advancement."""

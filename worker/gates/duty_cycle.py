@@ -18,8 +18,8 @@ no teardown), agent setup, verifier, and what is left unattributed.
 - PASS — otherwise; when only the trials of the first `CHURN_GRACE_S` (a start-up or relaunch
   burst) churn, the summary says it is a burst, not churn.
 - PASS "not measured: N trials with phase timings" — fewer than `MIN_WINDOW_STEPS` trials carry
-  phase timings. Duty cycle is optional evidence in the seed: missing trial outputs already make
-  the rollouts gate ERROR, so an unmeasured duty cycle never weakens or changes the verdict.
+  phase timings. Duty cycle is optional evidence in the procedure: missing trial outputs already
+  make the rollouts gate ERROR, so an unmeasured duty cycle never weakens or changes the verdict.
 """
 
 from __future__ import annotations

@@ -3,7 +3,7 @@
 vLLM's `LoggingStatLogger` logs an interval at INFO only while that interval or the one before had
 prompt or generation tokens ("avoid log noise on an idle production system"); otherwise at DEBUG.
 So every interval with tokens leaves an INFO stat line, and an engine that stops generating prints
-one last line at 0 tok/s and then nothing (DOMAIN.md section 7, "idle engines are silent"). Read
+one last line at 0 tok/s and then nothing (docs/domain.md#idle-engines). Read
 per engine of the newest attempt, from its newest stat line at or before `now`:
 
 - a line at 0 prompt and 0 generation tok/s with nothing running, then silence: the engine made

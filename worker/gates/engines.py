@@ -27,7 +27,8 @@ Each engine gets one state (first match wins):
 - `busy`: anything else (requests in flight; a queue with KV use under `KV_BUSY_PCT`).
 
 The launched command also says what demand and supply were configured: demand is
-`n_concurrent_trials`, supply is `max_num_seqs x num_inference_engines` (DOMAIN.md section 6).
+`n_concurrent_trials`, supply is `max_num_seqs x num_inference_engines`
+(docs/domain.md#healthy-ranges-and-thresholds).
 """
 
 from __future__ import annotations

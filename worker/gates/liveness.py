@@ -671,7 +671,8 @@ def _stalled(
 @rule("liveness")
 def _parked(ctx: Context, finding: StackFinding, quiet: str, cadence: str) -> GateResult | None:
     """Two live dumps of each process parked in one collective or queue frame, none moving,
-    unpaired or stale, prove the stall (CONTRACT.md: stacks of the same process taken twice)."""
+    unpaired or stale, prove the stall (docs/interface.md#evidence-read: stacks of the same process
+    taken twice)."""
     if not finding.proven or finding.mechanism is None:
         return None
     proof = _stall_proof(ctx, finding, "stall_stacks", finding.mechanism)

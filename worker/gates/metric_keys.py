@@ -1,11 +1,11 @@
 """Canonical metric keys: which logged key stands for each training signal.
 
 SkyRL renamed its metrics over time and different serializations prefix them differently, so each
-signal has an ordered list of candidate keys (DOMAIN.md section 3). The rule is *first present
-wins*: the first candidate with at least one non-null value in the run's stitched metrics names the
-signal for the whole run. The choice is made per run, not per step, so one series never mixes two
-differently scaled keys (`reward/avg_raw_reward` and `loss/avg_final_rewards` are not the same
-number).
+signal has an ordered list of candidate keys (docs/domain.md#metric-keys). The rule is *first
+present wins*: the first candidate with at least one non-null value in the run's stitched metrics
+names the signal for the whole run. The choice is made per run, not per step, so one series never
+mixes two differently scaled keys (`reward/avg_raw_reward` and `loss/avg_final_rewards` are not the
+same number).
 
 Pure data and two small functions; no I/O.
 """
@@ -91,7 +91,7 @@ PHASE_PREFIX: Final = "timing/"
 STEP_PHASE: Final = "step"
 WEIGHT_SYNC_PHASE: Final = "sync_weights"
 
-# Logged, known, and never judged: a huge value here is noise (DOMAIN.md section 3).
+# Logged, known, and never judged: a huge value here is noise (docs/domain.md#metric-keys).
 BENIGN: Final = ("policy/rollout_train_prob_diff_mean",)
 
 CANDIDATES: Final[Mapping[str, tuple[str, ...]]] = {

@@ -1,5 +1,5 @@
 """The proof rules a KILL may rest on, and the checks `decide` runs on every proof before a KILL
-may stand (DOMAIN.md section 6, "what established means").
+may stand (docs/domain.md#what-established-means).
 
 Every proof must name a known rule and a mechanism, carry quotes, and date nothing after `now`
 (beyond the clock tolerance): evidence from the future is never proof. Each rule then adds the

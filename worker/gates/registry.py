@@ -1,7 +1,7 @@
 """The ordered gates the diagnosis runs.
 
 `GATES` is the ordered mapping the diagnosis runs (the chord's members in the pipeline);
-`check_restarts` is reported on its own, as the seed asks.
+`check_restarts` is reported on its own, as the procedure asks (docs/domain.md#the-procedure).
 """
 
 from __future__ import annotations

@@ -93,9 +93,9 @@ _EXIT_CODE = re.compile(r"exit code:?\s*(-?\d+)", re.IGNORECASE)
 
 
 def is_specific_signature(signature: str | None) -> bool:
-    """Whether a failure signature names a failure (DOMAIN.md section 6): `exit code N`, Slurm's
-    bare `FAILED` and the like are no signature — attempts that share only them may have died of
-    anything. The one test of specificity in the gates; it is the log parser's predicate
+    """Whether a failure signature names a failure (docs/domain.md#failure-signatures): `exit code
+    N`, Slurm's bare `FAILED` and the like are no signature — attempts that share only them may have
+    died of anything. The one test of specificity in the gates; it is the log parser's predicate
     (`worker.evidence.failures.is_specific`), so a controller's error text and a log row are
     judged alike. A log row of a generic catalogue entry (an exit record, a banner) is never
     specific whatever its words: the row's `specific` column says so (`_row_failure`)."""

@@ -5,7 +5,7 @@ and each process is given a role by `worker.evidence.roles` (rank, driver, coord
 helper, native, unknown), from the probe directory's `processes.json` when it has one.
 
 `judge_stacks` pairs the dumps of each process (the earliest and the newest with different
-`captured_at`). Only live dumps count (DOMAIN.md section 6, "what established means"): with a
+`captured_at`). Only live dumps count (docs/domain.md#what-established-means): with a
 `DumpWindow`, a dump taken at or before the newest progress, more than MAX_EVIDENCE_AGE_S before
 `now`, before the current attempt began, after `now` (beyond the clock tolerance), of a pod of an
 earlier attempt, or whose header names another pid than its file makes its process *stale*.
@@ -13,7 +13,7 @@ A process with a failed `py-spy dump` is *failed*.
 
 The stall is **proven** when at least one load-bearing process (a rank, the driver or a
 coordinator; an engine too when it sits in a collective) is parked in both dumps at the same
-frame and nothing disproves it (DOMAIN.md section 7, "Who is in a task's process table"):
+frame and nothing disproves it (docs/domain.md#processes-and-roles):
 
 - a rank that moved (possible progress: a straggler the others wait for), or that is unpaired
   (dumped once, or twice at the same instant: not shown stuck), unreadable, stale or failed,

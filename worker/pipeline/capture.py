@@ -1,5 +1,5 @@
-"""The capture policy of the seed: the local bundle first, a targeted refresh when it is stale,
-live probes only when the rules call for them.
+"""The capture policy of the procedure (docs/domain.md#the-procedure): the local bundle first, a
+targeted refresh when it is stale, live probes only when the rules call for them.
 
 1. The bundle is judged first. When its manifest is older than MAX_EVIDENCE_AGE_S (or has no
    `synced_at`), the configured watcher refresh (`RLHEALTH_REFRESH_COMMAND`, with `{job_id}` and

@@ -46,9 +46,11 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Final, Literal, cast
 
+from reports.sinks import cluster_of
 from shared.models import Event, VerdictEntry
 from shared.signing import KeyRing
 from shared.streams import RefusedEntryError, StreamNames, entry_fields, read_entry
+from worker.pipeline.metrics import verdict_announced
 
 __all__ = [
     "Admission",
@@ -349,9 +351,16 @@ class Coalescer:
             ids = self.answers(lead) or [lead]
             args = [*base, _listed(lead, ids), *_announcement(entry, ids, self.keys)]
             result = int(self._publish(keys=keys, args=args))
+            if result == 1:
+                self._count(entry)
             if result >= 0:
                 return result == 1
         raise CoalescingContentionError(f"the answer list of {lead} kept changing")
+
+    def _count(self, entry: VerdictEntry) -> None:
+        """Count the verdict just announced, by the job's cluster (its latency is counted by the
+        pipeline that published it: `verdict_published`)."""
+        verdict_announced(entry.verdict.value, cluster_of(entry.report_uri))
 
     def answers(self, lead: str) -> list[str]:
         """Every event id the diagnosis led by `lead` answers so far."""

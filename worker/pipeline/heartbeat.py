@@ -5,6 +5,8 @@ the broker: running in a child, waiting for a free child, or waiting out a retry
 that process lives, the diagnoses of those tasks keep their leases, however long a capture takes;
 when it dies, nothing renews them, and ingest's watchdog sends them again once the lease runs out.
 A pool child killed alone is the broker's business: its task is re-queued at once.
+
+Each beat is also the main process's sign of life for `/healthz` (`worker.pipeline.health`).
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from celery.worker import state
 
 from shared.settings import Settings
 from shared.streams import StreamNames
+from worker.pipeline.health import LIVENESS
 from worker.pipeline.lease import Leases
 
 __all__ = ["LeaseHeartbeat", "held_leads"]
@@ -70,6 +73,7 @@ class LeaseHeartbeat(bootsteps.StartStopStep):  # type: ignore[misc]  # celery i
     def start(self, parent: Any) -> None:
         interval = max(1.0, Settings().lease_s / _BEATS_PER_LEASE)
         self.timer_ref = parent.timer.call_repeatedly(interval, self.beat, priority=10)
+        LIVENESS.begun()  # /readyz: the consumer is starting, its timer runs
 
     def stop(self, parent: Any) -> None:
         if self.timer_ref is not None:
@@ -77,6 +81,7 @@ class LeaseHeartbeat(bootsteps.StartStopStep):  # type: ignore[misc]  # celery i
             self.timer_ref = None
 
     def beat(self) -> None:
+        LIVENESS.beat()  # the main process's event loop went round: /healthz
         leads = held_leads()
         if not leads:
             return

@@ -35,6 +35,7 @@ from shared.settings import Settings
 from shared.streams import ALERT_FIELD, INGEST_GROUP, StreamNames
 from worker.pipeline.coalesce import Admission, Coalescer, coalescing_key
 from worker.pipeline.failures import BadEventError, describe, is_infrastructure
+from worker.pipeline.health import LIVENESS
 from worker.pipeline.logsetup import about_event
 from worker.pipeline.metrics import alert_handled, dead_lettered
 from worker.pipeline.steps import Pipeline
@@ -268,6 +269,7 @@ class Ingest:
         alerts read stay pending for the next run)."""
         handled, backoff = 0, 0.5
         while not stop() and (max_events is None or handled < max_events):
+            LIVENESS.beat()  # the loop went round: /healthz (worker.pipeline.health)
             count = self._step_safely()
             if self.watchdog is not None:
                 self.watchdog.maybe_tick()
@@ -289,6 +291,7 @@ class Ingest:
             if not self._grouped:
                 self.ensure_group()
                 self._grouped = True
+                LIVENESS.begun()
             return self.step()
         except Exception as exc:
             if "NOGROUP" in str(exc) or "UNBLOCKED" in str(exc):

@@ -20,7 +20,14 @@ alert that started the diagnosis was published), ingest for every alert's outcom
 attached, reannounced, duplicate, dead-letter; attached and reannounced are the coalesced ones) and
 every dead letter by reason, the capture policy for the probes it ran, the log cache for the log
 bytes a capture parsed and reused and what became of its S3 copy, the HTML task for every page it
-stored (with plots, without them, or none when the report was gone).
+stored (with plots, without them, or none when the report was gone), the coalescer for every
+diagnosis it answers on the verdict stream for the first time (`verdict_announced`: by verdict and
+the job's cluster).
+
+Bounded label sets are set to zero when a process starts (`initialise_worker`,
+`initialise_ingest`): a series that exists before its first event lets `increase()` and `rate()`
+count that event, and tells "nothing happened" from "not exported". Ingest also serves the queue
+depths read from Redis at scrape time (`worker.pipeline.depth`).
 
 Prefork workers: every pool child is its own process, so values are kept in prometheus-client's
 multiprocess mode — one memory-mapped file per process in `PROMETHEUS_MULTIPROC_DIR`, which must be
@@ -35,7 +42,7 @@ from __future__ import annotations
 import os
 import re
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from typing import Any, Final, Literal
 
 from celery import signals
@@ -70,17 +77,21 @@ __all__ = [
     "TASK_FAILURES",
     "TASK_RETRIES",
     "VERDICTS",
+    "VERDICTS_PUBLISHED",
     "WATCHDOG",
     "alert_handled",
     "dead_letter_kind",
     "dead_lettered",
     "html_drawn",
+    "initialise_ingest",
+    "initialise_worker",
     "log_cache_used",
     "probes_ran",
     "registry_for",
     "serve",
     "served_names",
     "stage_of",
+    "verdict_announced",
     "verdict_published",
     "watchdog_acted",
 ]
@@ -93,6 +104,11 @@ _STAGE_BUCKETS: Final = (0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300)
 _LATENCY_BUCKETS: Final = (0.5, 1, 2, 5, 10, 20, 30, 60, 120, 300, 600, 1200, 1800, 3600)
 _VERDICT_KINDS: Final = ("KILL", "NO-KILL", "ERROR")
 Role = Literal["worker", "ingest"]
+# A cluster name comes from the job's bundle (sanitised like its report key): data, not a setting.
+# Each process keeps this many names as labels and counts any later one as "other", so a watcher
+# that names many clusters cannot grow the series without bound.
+_MAX_CLUSTER_LABELS: Final = 32
+_OTHER_CLUSTER: Final = "other"
 
 DIAGNOSES_STARTED = Counter(
     "rlhealth_diagnoses_started", "Diagnoses whose capture began (first try of the capture task)."
@@ -134,6 +150,13 @@ ALERTS_COALESCED = Counter(
 )
 DEAD_LETTERS = Counter(
     "rlhealth_dead_letters", "Alerts refused to the dead-letter stream, by reason.", ["reason"]
+)
+VERDICTS_PUBLISHED = Counter(
+    "rlhealth_verdicts_published",
+    "Diagnoses answered on the verdict stream (the first announcement of each), by verdict and "
+    "the job's cluster: the worker's verdicts and the ERROR answers of failed diagnoses; a "
+    "cooldown verdict announced again is not counted.",
+    ["verdict", "cluster"],
 )
 WATCHDOG = Counter(
     "rlhealth_watchdog_actions",
@@ -180,8 +203,14 @@ _DEAD_LETTER_KINDS: Final = (
     ("invalid_event", re.compile(r"^invalid event")),
     ("id_archived_already", re.compile(r"is archived already")),
     ("ingest_failed", re.compile(r"^ingest failed")),
+    ("diagnosis_failed", re.compile(r"^diagnosis failed")),  # the worker's, after a failed stage
 )
 _started: dict[str, float] = {}  # task id -> monotonic start, in the process that runs it
+_clusters: set[str] = set()  # the cluster labels this process has used
+# the label values a process counts, set to zero at its start
+_WORKER_TASKS: Final = ("capture", "gate", "verdict", "second_look", "publish", "html", "fail")
+_BACKENDS: Final = ("iris", "kubernetes", "slurm", "local")
+_OUTCOMES: Final = ("started", "attached", "reannounced", "duplicate", "dead-letter")
 
 
 OWN: Final[dict[Role, tuple[MetricWrapperBase, ...]]] = {
@@ -190,6 +219,7 @@ OWN: Final[dict[Role, tuple[MetricWrapperBase, ...]]] = {
         DIAGNOSES_FINISHED,
         VERDICTS,
         ALERT_TO_VERDICT,
+        VERDICTS_PUBLISHED,
         STAGE_SECONDS,
         TASK_RETRIES,
         TASK_FAILURES,
@@ -201,7 +231,8 @@ OWN: Final[dict[Role, tuple[MetricWrapperBase, ...]]] = {
         LOG_CACHE_SHARED,
         HTML_REPORTS,
     ),
-    "ingest": (ALERTS, ALERTS_COALESCED, DEAD_LETTERS, WATCHDOG),
+    # the watchdog's ERROR answers are announced verdicts too
+    "ingest": (ALERTS, ALERTS_COALESCED, DEAD_LETTERS, WATCHDOG, VERDICTS_PUBLISHED),
 }
 """The metrics each process counts, and so serves."""
 
@@ -217,6 +248,42 @@ def verdict_published(verdict: str, confidence: str, latency_s: float | None) ->
     VERDICTS.labels(verdict=verdict, confidence=confidence).inc()
     if latency_s is not None and latency_s >= 0:
         ALERT_TO_VERDICT.labels(verdict=verdict).observe(latency_s)
+
+
+def _cluster_label(cluster: str | None) -> str:
+    """`cluster` as a label, or "other" once this process has used its share of names."""
+    name = cluster or "unknown-cluster"
+    if name in _clusters:
+        return name
+    if len(_clusters) >= _MAX_CLUSTER_LABELS:
+        return _OTHER_CLUSTER
+    _clusters.add(name)
+    return name
+
+
+def verdict_announced(verdict: str, cluster: str | None) -> None:
+    """A diagnosis was answered on the verdict stream for the first time (its latency is
+    `verdict_published`'s)."""
+    VERDICTS_PUBLISHED.labels(verdict=verdict, cluster=_cluster_label(cluster)).inc()
+
+
+def _zero(counter: Counter, label: str, values: Iterable[str]) -> None:
+    for value in values:
+        counter.labels(**{label: value})
+
+
+def initialise_worker() -> None:
+    """The worker's bounded series at zero: retries and failures by task, probes by backend."""
+    for counter in (TASK_RETRIES, TASK_FAILURES):
+        _zero(counter, "task", _WORKER_TASKS)
+    for counter in (PROBES_RUN, PROBES_FAILED):
+        _zero(counter, "backend", _BACKENDS)
+
+
+def initialise_ingest() -> None:
+    """Ingest's bounded series at zero: alerts by outcome, dead letters by reason."""
+    _zero(ALERTS, "outcome", _OUTCOMES)
+    _zero(DEAD_LETTERS, "reason", [kind for kind, _ in _DEAD_LETTER_KINDS] + ["other"])
 
 
 def alert_handled(outcome: str) -> None:
@@ -358,18 +425,22 @@ class _Own(Collector):
 
 def _zeros(role: Role) -> None:
     """The labels a rate is taken over show from the start, at zero: each verdict kind's
-    latency (the worker), each watchdog action (ingest)."""
+    latency and `initialise_worker` (the worker), each watchdog action and `initialise_ingest`
+    (ingest)."""
     if role == "worker":
         for kind in _VERDICT_KINDS:
             ALERT_TO_VERDICT.labels(verdict=kind)
+        initialise_worker()
     else:
         for action in ("resent", "answered_error"):
             WATCHDOG.labels(action=action)
+        initialise_ingest()
 
 
-def registry_for(role: Role) -> CollectorRegistry:
+def registry_for(role: Role, extra: Sequence[Collector] = ()) -> CollectorRegistry:
     """What a process of `role` serves: the metrics it counts (`OWN`), summed over every process
-    sharing the multiprocess directory when there is one, else this process's own values."""
+    sharing the multiprocess directory when there is one, else this process's own values; and
+    the `extra` collectors read at scrape time (ingest's queue depths)."""
     names = served_names(role)
     registry = CollectorRegistry()
     if os.environ.get(MULTIPROC_ENV):
@@ -383,11 +454,15 @@ def registry_for(role: Role) -> CollectorRegistry:
         registry.register(_Own(every, names))
     else:
         registry.register(_Own(REGISTRY, names))
+    for collector in extra:
+        registry.register(collector)
     _zeros(role)
     return registry
 
 
-def serve(port: int, addr: str = "127.0.0.1", role: Role = "worker") -> None:
+def serve(
+    port: int, addr: str = "127.0.0.1", role: Role = "worker", extra: Sequence[Collector] = ()
+) -> None:
     """Serve /metrics of `role` (`registry_for`) on `addr:port` in a background thread
     (RLHEALTH_METRICS_ADDR; loopback unless the operator opens it to a scraper elsewhere)."""
-    start_http_server(port, addr, registry=registry_for(role))
+    start_http_server(port, addr, registry=registry_for(role, extra))

@@ -461,7 +461,7 @@ ENGINE_TUPLE: Final = (
     ("KV-cache use", ("cache_usage", "kv_cache", "cache_perc")),
     ("generation throughput", ("generation_tokens", "throughput", "tokens_per_s")),
 )
-"""The engine tuple DOMAIN.md asks for; `vllm/*` metric keys must cover every member."""
+"""The engine tuple docs/domain.md asks for; `vllm/*` metric keys must cover every member."""
 
 
 def _vllm_steps(logs: LogTables | None) -> int:

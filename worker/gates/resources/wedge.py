@@ -222,9 +222,10 @@ def _every_engine_wedged(
 ) -> GateResult | None:
     """Every engine wedged and no phase or step advanced since the last of them wedged, for more
     than STALL_FLOOR_S: the job cannot generate. It is still not established: a stall is
-    established only by live stacks (DOMAIN.md section 6), and vLLM's stat line cannot tell a
-    wedged scheduler from one paused on purpose or waiting on a KV transfer, a grammar or a LoRA
-    load, while at INFO the wedge is mostly silence. ERROR naming what would establish it."""
+    established only by live stacks (docs/domain.md#what-established-means), and vLLM's stat line
+    cannot tell a wedged scheduler from one paused on purpose or waiting on a KV transfer, a grammar
+    or a LoRA load, while at INFO the wedge is mostly silence. ERROR naming what would establish
+    it."""
     total = _total(evidence, states)
     if wedged.height < total:
         return None

@@ -76,7 +76,8 @@ CAUSES: Final[dict[str, str]] = {
     "fatal_llm_parse_error": AGENT_ERROR,
     "unknown": AGENT_ERROR,
 }
-"""Harbor exception types and terminal-bench failure modes -> cause (DOMAIN.md section 4)."""
+"""Harbor exception types and terminal-bench failure modes -> cause
+(docs/domain.md#harbor-trials)."""
 
 _PROVIDER = re.compile(
     r"quota|limit exceeded|maximum allowed|limit reached|no space left on device", re.I

@@ -1,5 +1,5 @@
-"""Trainer–trial agreement by evidence (DOMAIN.md section 7): do the trials show, over the trainer's
-window, the collapse the trainer shows?
+"""Trainer–trial agreement by evidence (docs/domain.md#agreement): do the trials show, over the
+trainer's window, the collapse the trainer shows?
 
 An agentic learning-quality KILL needs the two sides to agree on the mechanism. Labels are not the
 evidence: the rollouts gate may pass (no trial raised) while the trials' own rewards collapsed, or
