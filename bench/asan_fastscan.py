@@ -8,7 +8,7 @@
         $(gcc -print-file-name=libubsan.so)" .venv/bin/python bench/asan_fastscan.py
     cp /tmp/fastscan.so $SO   # (or `python setup.py build_ext --inplace`)
 
-Stat lines, lines of the kinds the pass reads natively (`detect.NATIVE_KINDS`: Iris and Ray
+Stat lines, lines of the kinds the pass reads natively (`rules.NATIVE_KINDS`: Iris and Ray
 prefixes, colour codes, loguru headers, cut at any byte, a colour code cut at the line's or the
 buffer's end), noise, NUL, CR, invalid UTF-8, every flag literal (whole or truncated) in random
 order, at random `end`s, with rules that keep few lines (so the drop runs) and with the parser's
@@ -26,9 +26,10 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(ROOT)]
 
 from bench.bench_parse import log_path  # noqa: E402
-from worker.evidence.logs import detect, native  # noqa: E402
-from worker.evidence.logs.lines import Read  # noqa: E402
-from worker.evidence.logs.scan import KEEP, scan  # noqa: E402
+from worker.evidence.logs import native, rules  # noqa: E402
+from worker.evidence.logs.reads import Read  # noqa: E402
+from worker.evidence.logs.rules import KEEP  # noqa: E402
+from worker.evidence.logs.scan import scan  # noqa: E402
 
 STAT = (
     b"[21:00:04] task=/ops/rl-bench/0 | (EngineCore_DP0 pid=28723, ip=10.0.0.3) "
@@ -42,8 +43,8 @@ def _kind_lines() -> list[bytes]:
     """Lines of each kind the pass reads natively, and colour codes cut short."""
     prefix = b"[21:00:05] task=/ops/rl-bench/0 | \x1b[36m(skyrl_entrypoint pid=8455, ip=h)\x1b[0m "
     loguru = b"2026-03-26 21:00:05.123 | INFO     | skyrl.train.trainer:train:210 - "
-    kinds = [prefix + loguru + lit.encode() + b"x'" for lit, _ in detect.NATIVE_KINDS]
-    kinds += [prefix + lit.encode() + b" 1 / 9" for lit, _ in detect.NATIVE_KINDS]
+    kinds = [prefix + loguru + lit.encode() + b"x'" for lit, _ in rules.NATIVE_KINDS]
+    kinds += [prefix + lit.encode() + b" 1 / 9" for lit, _ in rules.NATIVE_KINDS]
     # pid, ip and rank inside a task near the line limit: the actor is longer than the line
     task = b"/pid=" + b"1" * 1300 + b"/ip=" + b"a" * 1300 + b"/[rank" + b"2" * 1290 + b"]"
     kinds.append(b"[21:00:05] task=" + task + b" | Started: 'x'")
@@ -52,8 +53,8 @@ def _kind_lines() -> list[bytes]:
 
 def main() -> None:
     rng = random.Random(5)
-    literals = [lit.encode() for lit in detect.FLAG_LITERALS]
-    few = native.rules(detect.FLAG_LITERALS, detect.BLOCK_STARTS, 3, 1, 64)
+    literals = [lit.encode() for lit in rules.FLAG_LITERALS]
+    few = native.rules(rules.FLAG_LITERALS, rules.BLOCK_STARTS, 3, 1, 64)
     kinds = _kind_lines()
     pieces = [STAT, b"noise line", b"", b"\x00", b"\r", b"\xff\xfe", "é█".encode(), *literals]
     pieces += kinds

@@ -46,16 +46,18 @@ sys.path[:0] = [str(ROOT)]
 from bench.baseline_honest import baseline_tables, counts  # noqa: E402
 from bench.gen_continuous import generate_continuous  # noqa: E402
 from bench.gen_finelog import generate  # noqa: E402
+from bench.gen_records import generate_dense, generate_noisy  # noqa: E402
 from bench.hostile import Ran, run_command  # noqa: E402
 from worker.evidence.logs import LogCache, parse_log_file  # noqa: E402
 from worker.evidence.model import LogTables  # noqa: E402
 
 DATA = ROOT / "bench" / "data"
-RL_HEALTH = str(Path(sys.executable).with_name("rl-health"))
 BASELINE = str(ROOT / "bench" / "baseline_honest.py")
 GENERATORS: dict[str, Callable[[Path, float], Path]] = {
     "generated": generate,
     "continuous": generate_continuous,
+    "dense": generate_dense,
+    "noisy": generate_noisy,
 }
 COUNTED = ("metrics", "phases", "engines", "progress")
 
@@ -232,9 +234,7 @@ def main() -> None:
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--gb", type=float, default=0)
     parser.add_argument("--logs", nargs="*", default=list(GENERATORS), choices=list(GENERATORS))
-    parser.add_argument(
-        "--rl-health", default=RL_HEALTH, help="the command to time (another build)"
-    )
+    parser.add_argument("--rl-health", help="the command to time (default: this checkout's)")
     parser.add_argument("--also", nargs="*", default=[], metavar="NAME=CHECKOUT")
     parser.add_argument("--baseline-writes", action="store_true")
     parser.add_argument("--fixed", action="store_true")
@@ -243,9 +243,10 @@ def main() -> None:
     parser.add_argument("--fallback", action="store_true")
     args = parser.parse_args()
     others = {name: other_build(Path(at)) for name, at in (a.split("=", 1) for a in args.also)}
-    if args.fallback:  # the same build with the native stat-line pass off (the polars path)
-        others["fallback"] = ["env", "RLHEALTH_PARSE_NATIVE=0", args.rl_health]
-    setup = Setup([args.rl_health], others, args.baseline_writes, not args.no_in_process)
+    ours = [args.rl_health] if args.rl_health else other_build(ROOT)
+    if args.fallback:  # the same build with the native pass off (the polars path)
+        others["fallback"] = ["env", "RLHEALTH_PARSE_NATIVE=0", *ours]
+    setup = Setup(ours, others, args.baseline_writes, not args.no_in_process)
     paths = {name: log_path(name, args.mb) for name in args.logs}
     results = {name: Rounds([], [], [], []) for name in args.logs}
     tiny = _tiny_log() if args.fixed else None
@@ -273,7 +274,7 @@ def main() -> None:
     if args.gb > 0:
         big = log_path("generated", args.gb * 1000)
         with tempfile.TemporaryDirectory() as out:
-            peak = child([RL_HEALTH, "parse", str(big), "--out", out])
+            peak = child([*ours, "parse", str(big), "--out", out])
         size = big.stat().st_size / 1e6
         rss = f"peak RSS {peak.rss_mb:.0f} MiB"
         print(f"\nrl-health parse, {size:.0f} MB: {rss}, {peak.wall:.2f} s")

@@ -39,7 +39,8 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from bench.bench_diagnose import DATA, now_after
+from bench.bench_diagnose import now_after
+from bench.bench_parse import DATA
 from bench.gen_finelog import generate
 from reports import plots as plots_module
 from reports.html import render_html

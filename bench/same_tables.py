@@ -1,14 +1,15 @@
 """Are the tables the same before and after a change? `rl-health parse` of every input, by two
 builds, compared file by file (byte for byte) with the command's output.
 
-    python bench/same_tables.py write OUT_DIR [--src CHECKOUT] [--mb 200]
+    python bench/same_tables.py write OUT_DIR [--src CHECKOUT] [--mb 200] [--fallback]
     python bench/same_tables.py compare BEFORE_DIR AFTER_DIR
 
 `write` parses the two benchmark logs (`bench_parse.log_path`), every log of tests/fixtures/logs,
 and the small hostile inputs (`bench.hostile`), each into `OUT_DIR/<name>/` (its stdout and exit
 code in `OUT_DIR/<name>.out`). `--src` runs the command from another checkout (its modules first
-on the path), so a build of main and this tree can be compared in one run. `compare` lists every
-file that differs or exists on one side only, and exits 1 when any does.
+on the path), so a build of main and this tree can be compared in one run; `--fallback` runs it
+with the native pass off (`RLHEALTH_PARSE_NATIVE=0`: the polars path reads every line).
+`compare` lists every file that differs or exists on one side only, and exits 1 when any does.
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(ROOT)]
 
-from bench.bench_parse import log_path  # noqa: E402
+from bench.bench_parse import GENERATORS, log_path  # noqa: E402
 from bench.hostile import INPUTS, build  # noqa: E402
 
 FIXTURES = ROOT / "tests" / "fixtures" / "logs"
@@ -34,7 +35,7 @@ _RUN = "import sys; from worker.cli import main; sys.argv[0] = 'rl-health'; main
 
 def inputs(megabytes: float, scratch: Path) -> dict[str, Path]:
     """Every input by name."""
-    found = {name: log_path(name, megabytes) for name in ("continuous", "generated")}
+    found = {name: log_path(name, megabytes) for name in GENERATORS}
     for path in sorted(FIXTURES.iterdir()):
         if path.suffix in {".log", ".out", ".txt"}:
             found[f"fixture-{path.stem}"] = path
@@ -44,9 +45,11 @@ def inputs(megabytes: float, scratch: Path) -> dict[str, Path]:
     return found
 
 
-def write(out: Path, src: Path | None, megabytes: float) -> None:
+def write(out: Path, src: Path | None, megabytes: float, *, fallback: bool = False) -> None:
     """Parse every input with the build at `src` (default: this tree) into `out`."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("RLHEALTH_")}
+    if fallback:
+        env["RLHEALTH_PARSE_NATIVE"] = "0"
     env["PYTHONPATH"] = str(src or ROOT)
     env["COLUMNS"] = "200"
     with tempfile.TemporaryDirectory() as scratch:
@@ -86,12 +89,13 @@ def main() -> None:
     w.add_argument("out", type=Path)
     w.add_argument("--src", type=Path)
     w.add_argument("--mb", type=float, default=200)
+    w.add_argument("--fallback", action="store_true")
     c = sub.add_parser("compare")
     c.add_argument("before", type=Path)
     c.add_argument("after", type=Path)
     args = parser.parse_args()
     if args.command == "write":
-        write(args.out, args.src, args.mb)
+        write(args.out, args.src, args.mb, fallback=args.fallback)
         return
     problems = compare(args.before, args.after)
     print("\n".join(problems) or "identical")

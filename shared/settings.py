@@ -106,6 +106,8 @@ class Settings(BaseSettings):
     gate_time_limit_s: float = Field(90, gt=1)  # for gates, verdict and publish
     # the most memory one parse of a job's logs may use (it also stays within 1.5x the logs)
     parse_memory_mb: int = Field(2048, ge=256)
+    # the native pass (the C extension, when built) reads the lines it can; off: polars reads all
+    parse_native: bool = True
     # Live capture in the pipeline (docs/pipeline.md): the backend the capture task probes through
     # when the capture policy calls for it ("none": never probe), the backends an event's
     # "backend" may choose (comma-separated; default: only RLHEALTH_BACKEND), and the total time

@@ -14,9 +14,9 @@ from shared.settings import Thresholds, load_thresholds
 from worker.evidence.bundle import bundle_discrepancies, read_bundle
 from worker.evidence.layout import SNIFF_BYTES, Layout, discover
 from worker.evidence.logdate import LogDate, has_time_only_lines, reference_date
-from worker.evidence.logs import LogCache, read_job_logs
+from worker.evidence.logs import LogBudgetError, LogCache, parse_job_logs
 from worker.evidence.logs.job import Progress
-from worker.evidence.model import BundleInfo, Evidence, ProbeEvidence, TrialTables
+from worker.evidence.model import BundleInfo, Evidence, LogTables, ProbeEvidence, TrialTables
 from worker.evidence.paths import BundleFiles
 from worker.evidence.probes import read_probes
 from worker.evidence.trials import missing_trials, read_trials
@@ -41,6 +41,23 @@ def _trainer_head(files: BundleFiles) -> tuple[bytes, datetime | None]:
     with opened:
         modified = datetime.fromtimestamp(os.fstat(opened.fileno()).st_mtime, UTC)
         return opened.read(SNIFF_BYTES), modified
+
+
+def _read_logs(
+    root: Path,
+    day: date | None,
+    files: BundleFiles,
+    progress: Progress | None,
+    cache: LogCache | None,
+) -> tuple[LogTables | None, tuple[str, ...]]:
+    """The log tables and what the report must state about them: logs that cannot be read
+    within the parse memory budget give no tables (the gates are blind: ERROR) and the reason;
+    otherwise the summary's notes (cut lines, compressed files)."""
+    try:
+        logs = parse_job_logs(root, reference_date=day, files=files, progress=progress, cache=cache)
+    except LogBudgetError as exc:
+        return None, (str(exc),)
+    return logs, (logs.summary.notes if logs is not None else ())
 
 
 def _log_date(
@@ -104,9 +121,7 @@ def collect_evidence(
     files, root = layout.files, layout.root
     bundle = read_bundle(root, moment, limits, files)
     dated, date_line = _log_date(layout, bundle, moment, log_date)
-    logs, log_notes = read_job_logs(
-        root, reference_date=dated.day, files=files, progress=progress, cache=log_cache
-    )
+    logs, log_notes = _read_logs(root, dated.day, files, progress, log_cache)
     trials = _trials(layout, files)
     probes = read_probes(probes_dir) if probes_dir is not None else None
     declared = declare_mode(mode, bundle.entrypoint)

@@ -47,13 +47,13 @@ def test_a_finelog_swapped_after_it_was_listed_is_not_read(
     was refused."""
     outside = world.tmp / "outside.log"
     outside.write_text(OUTSIDE * 50)
-    original = budget.MemoryBudget.for_logs.__func__  # type: ignore[attr-defined]
+    original = budget.ParseBudget.for_logs.__func__  # type: ignore[attr-defined]
 
-    def swapping(cls: type[budget.MemoryBudget], *args: Any, **kwargs: Any) -> Any:
+    def swapping(cls: type[budget.ParseBudget], *args: Any, **kwargs: Any) -> Any:
         _swap_for_a_symlink(world.log, outside)  # listed and sized already; read next
         return original(cls, *args, **kwargs)
 
-    monkeypatch.setattr(budget.MemoryBudget, "for_logs", classmethod(swapping))
+    monkeypatch.setattr(budget.ParseBudget, "for_logs", classmethod(swapping))
     evidence = collect_evidence(world.job, now=NOW)
     assert world.log.is_symlink(), "the swap never happened: the test would prove nothing"
     keys = evidence.logs.metrics["key"].to_list() if evidence.logs is not None else []

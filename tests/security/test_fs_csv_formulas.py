@@ -19,7 +19,7 @@ import pytest
 from click.testing import CliRunner
 
 from worker.cli import main
-from worker.evidence.logs.write import write_frame
+from worker.cli.tables import write_frame
 
 FIXTURE = Path(__file__).resolve().parents[1] / "fixtures/logs/skyrl_gsm8k_yottalabs.log"
 LINK = '=HYPERLINK("http://evil.example/x","click")'

@@ -16,7 +16,7 @@ from worker.evidence.failures import (
     catalogue,
     load_catalogue,
 )
-from worker.evidence.logs import detect, parse_log_file, rules
+from worker.evidence.logs import parse_log_file, rules
 
 GOOD = """
 [[entry]]
@@ -92,8 +92,8 @@ def test_generic_entries_are_exit_records_or_wrappers() -> None:
 
 def test_every_literal_is_flagged_by_the_parser() -> None:
     """Every entry's literal holds a scan anchor, so no catalogued line can be skipped."""
-    assert set(catalogue().literals) <= set(detect.FAILURE_LITERALS)
-    flags = set(rules._FLAG_LITERALS)
+    assert set(catalogue().literals) <= set(rules.FAILURE_LITERALS)
+    flags = set(rules.FLAG_LITERALS)
     for literal in rules._INTEREST:
         assert any(flag in literal for flag in flags), literal
 
@@ -101,13 +101,7 @@ def test_every_literal_is_flagged_by_the_parser() -> None:
 def test_the_shipped_literals_need_no_extra_alternatives() -> None:
     """Every shipped literal holds one of the anchors: the scan's alternation stays short."""
     assert rules._UNCOVERED == ()
-    assert len(rules._FLAG_LITERALS) <= 55
-
-
-def test_the_polars_free_literals_are_the_catalogues() -> None:
-    """`rules.catalogue_literals` (read without polars, for the native pass begun before polars
-    is imported) gives what the catalogue gives, in its order."""
-    assert rules.catalogue_literals() == catalogue().literals
+    assert len(rules.FLAG_LITERALS) <= 55
 
 
 def test_load_reads_fields_and_defaults() -> None:
@@ -161,7 +155,7 @@ def test_a_bad_catalogue_is_refused_with_a_reason(change: tuple[str, str], messa
 def test_kinds_of_the_older_literal_rules_are_kept(tmp_path: Path) -> None:
     """A line an older literal rule matches keeps that rule's kind; the entry agrees with it."""
     cat = catalogue()
-    for kind, literal in detect.ERROR_RULES:
+    for kind, literal in rules.ERROR_RULES:
         entry = cat.first_match(f"x {literal} y")
         if entry is not None and literal in entry.literal:
             assert entry.kind == kind, (literal, entry.id)

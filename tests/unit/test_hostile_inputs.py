@@ -19,11 +19,11 @@ import pytest
 
 from shared.models import Verdict
 from testkit.hostile import INPUTS, NOW, Input, build, run_command
+from worker.cli.tables import write_tables
 from worker.diagnosis import collect_evidence, judge
 from worker.evidence import parsed
-from worker.evidence.logs import LINE_MAX_BYTES, MemoryBudget, parse_log_file
-from worker.evidence.logs.budget import FLOOR_MB, Held, LogBudgetError, setting_mb
-from worker.evidence.logs.write import write_tables
+from worker.evidence.logs import LINE_MAX_BYTES, ParseBudget, parse_log_file
+from worker.evidence.logs.budget import Held, LogBudgetError, parse_settings
 
 RL_HEALTH = str(Path(sys.executable).with_name("rl-health"))
 ROOT = Path(__file__).resolve().parents[2]
@@ -264,19 +264,15 @@ def test_metric_records_within_the_budget_are_read(tmp_path: Path) -> None:
     job = _built(tmp_path, "metric_records")
     log = job / "finelog.log"
     log.write_bytes(log.read_bytes()[:1_000_000].rsplit(b"\n", 1)[0] + b"\n")
-    tables = parse_log_file(log, "finelog.log", budget=MemoryBudget.for_logs(1_000_000, 256))
+    tables = parse_log_file(log, "finelog.log", budget=ParseBudget.for_logs(1_000_000, 256))
     assert tables.metrics.height == 37 * tables.summary.lines
 
 
-def test_the_limit_is_the_setting_and_reads_aim_at_one_and_a_half_times_the_log() -> None:
-    """The parse stops only past the setting; the reads aim at 1.5x the logs (above the floor,
-    never past the setting)."""
+def test_the_limit_is_the_setting() -> None:
+    """The parse stops only past the setting, whatever the logs' size."""
     mb = 2**20
-    assert MemoryBudget.for_logs(1000 * mb, 4096).limit_mb == 4096
-    assert MemoryBudget.for_logs(1000 * mb, 4096).aim_bytes == 1500 * mb
-    assert MemoryBudget.for_logs(1000 * mb, 1024).aim_bytes == 1024 * mb
-    assert MemoryBudget.for_logs(10 * mb, 4096).aim_bytes == FLOOR_MB * mb
-    assert MemoryBudget.for_logs(10 * mb, 256).limit_mb == 256
+    assert ParseBudget.for_logs(1000 * mb, 4096).limit_mb == 4096
+    assert ParseBudget.for_logs(10 * mb, 256).limit_mb == 256
 
 
 def test_a_parse_past_one_and_a_half_times_the_log_but_within_the_setting_is_read() -> None:
@@ -284,7 +280,7 @@ def test_a_parse_past_one_and_a_half_times_the_log_but_within_the_setting_is_rea
     2048 MB setting: read, not refused (before, every log of ~350-700 MB was refused: ERROR).
     Just past the setting it stops, naming the setting."""
     mb = 2**20
-    budget = MemoryBudget.for_logs(500 * mb, 2048)
+    budget = ParseBudget.for_logs(500 * mb, 2048)
     budget.base_rss = None  # the estimate alone, not this test process's RSS
     budget.check(Held(total=800 * mb), "finelog.log", 1, 1)  # ~1.2 GB with its copies ahead
     with pytest.raises(LogBudgetError, match=r"budget of 2,048 MB \(RLHEALTH_PARSE_MEMORY_MB\)"):
@@ -296,9 +292,9 @@ def test_unusable_memory_setting_is_one_clear_line(monkeypatch: pytest.MonkeyPat
     is accepted."""
     monkeypatch.setenv("RLHEALTH_PARSE_MEMORY_MB", "255")
     with pytest.raises(ValueError, match="parse_memory_mb"):
-        setting_mb()
+        parse_settings()
     monkeypatch.setenv("RLHEALTH_PARSE_MEMORY_MB", "256")
-    assert setting_mb() == 256
+    assert parse_settings()[0] == 256
 
 
 def test_cli_refuses_an_unusable_memory_setting(tmp_path: Path) -> None:

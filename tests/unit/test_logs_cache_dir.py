@@ -18,7 +18,7 @@ from polars.testing import assert_frame_equal
 
 from worker.evidence.logs import LogCache, parse_job_logs, parse_log_file, reader
 from worker.evidence.logs.incremental import VERSION
-from worker.evidence.logs.lines import Read
+from worker.evidence.logs.reads import Read
 from worker.evidence.model import LogTables
 
 FIXTURES = Path(__file__).parent.parent / "fixtures" / "logs"
@@ -34,7 +34,7 @@ def _log_bytes() -> bytes:
     """1.5 MB of the benchmark's generated finelog (steps, restarts, tracebacks, pprint-ed
     dicts, stat lines), made once."""
     if not _GENERATED:
-        from bench.gen_finelog import generate
+        from testkit.gen_finelog import generate
 
         with tempfile.TemporaryDirectory() as tmp:
             _GENERATED.append(generate(Path(tmp) / "f.log", 1.5).read_bytes())
@@ -51,13 +51,13 @@ def _same(left: LogTables, right: LogTables) -> None:
 def starts(monkeypatch: pytest.MonkeyPatch) -> list[int]:
     """The byte offset each read of a file starts at (one per parse)."""
     found: list[int] = []
-    original = reader._reads
+    original = reader.iter_reads
 
     def recording(handle: BufferedReader, chunk_bytes: int) -> Iterator[Read]:
         found.append(handle.tell())
         return original(handle, chunk_bytes)
 
-    monkeypatch.setattr(reader, "_reads", recording)
+    monkeypatch.setattr(reader, "iter_reads", recording)
     return found
 
 

@@ -10,10 +10,11 @@ import pytest
 
 from tests import factories
 from tests.unit.test_frozen import as_format_1
+from worker.cli.tables import write_tables
 from worker.evidence import schema
 from worker.evidence.frozen import freeze, thaw
-from worker.evidence.logs import LogCache, parse_job_logs, parse_log_file, write_tables
-from worker.evidence.logs.lines import WINDOW_LINES
+from worker.evidence.logs import LogCache, parse_job_logs, parse_log_file
+from worker.evidence.logs.rules import WINDOW_LINES
 from worker.evidence.model import Evidence, LogTables
 
 IRIS = "[10:00:00] task=/u/job/0 | "

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from polars.testing import assert_frame_equal
 
-from bench.gen_finelog import generate
+from testkit.gen_finelog import generate
 from worker.evidence.logs import LogCache, incremental
 from worker.evidence.logs.incremental import CacheEntry
 from worker.evidence.logs.job import parse_job_logs

@@ -1,6 +1,6 @@
 """`iter_reads` with read sizes that leave the file handle's own buffer (8 KiB) holding bytes.
 
-The command's reads are multiples of 4 KiB (`MemoryBudget.for_logs`), and a random search over such
+The command's reads are multiples of 4 KiB (`ParseBudget.for_logs`), and a random search over such
 sizes found no fault; other sizes (any `chunk_bytes` a library caller passes) leave the buffered
 reader holding bytes past its position. The sparse-file probe (`SEEK_DATA`, taken while a long
 line is skipped) moved the descriptor under those bytes, and the reader went on from the probe's

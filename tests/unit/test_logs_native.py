@@ -21,13 +21,20 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from polars.testing import assert_frame_equal
 
-from bench.gen_continuous import generate_continuous
-from bench.gen_finelog import generate
-from bench.hostile import INPUTS, build
-from worker.evidence.logs import detect, native, parse_job_logs, parse_log_file, rules
-from worker.evidence.logs.detect import TRACEBACK
-from worker.evidence.logs.lines import LINE_MAX_BYTES, WINDOW_LINES, Read
-from worker.evidence.logs.scan import HEAD_SCAN_LINES, KEEP, Scan, scan
+from testkit.gen_continuous import generate_continuous
+from testkit.gen_finelog import generate
+from testkit.gen_records import generate_dense, generate_noisy
+from testkit.hostile import INPUTS, build
+from worker.evidence.logs import native, parse_job_logs, parse_log_file, rules
+from worker.evidence.logs.reads import Read
+from worker.evidence.logs.rules import (
+    HEAD_SCAN_LINES,
+    KEEP,
+    LINE_MAX_BYTES,
+    TRACEBACK,
+    WINDOW_LINES,
+)
+from worker.evidence.logs.scan import Scan, scan
 from worker.evidence.model import LogTables
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "logs"
@@ -118,10 +125,14 @@ def test_every_fixture_log_parses_the_same_both_ways(path: Path) -> None:
     _assert_same_tables(plain, fast)
 
 
-@pytest.mark.parametrize("make", [generate, generate_continuous], ids=["generated", "continuous"])
+@pytest.mark.parametrize(
+    "make",
+    [generate, generate_continuous, generate_dense, generate_noisy],
+    ids=["generated", "continuous", "dense", "noisy"],
+)
 def test_benchmark_logs_parse_the_same_both_ways(make: object, tmp_path: Path) -> None:
-    """1.5 MB of each benchmark log (stat lines, tracebacks, restarts), in 256 KiB reads so
-    chunks are cut and carried and traceback windows cross reads."""
+    """1.5 MB of each benchmark log (stat lines, records, noise, tracebacks, restarts), in 256 KiB
+    reads so chunks are cut and carried and traceback windows cross reads."""
     path = tmp_path / "finelog.log"
     make(path, 1.5)  # type: ignore[operator]
     with _native(False):
@@ -348,12 +359,12 @@ def test_noise_after_the_first_lines_is_dropped_and_the_first_lines_are_kept() -
     _check([NOISE] * 3, [])
 
 
-@pytest.mark.parametrize("literal", detect.FLAG_LITERALS)
+@pytest.mark.parametrize("literal", rules.FLAG_LITERALS)
 def test_a_flag_literal_keeps_its_line_anywhere_and_not_when_a_byte_short(literal: str) -> None:
     short = literal[:-1]
-    short_kept = [4] if any(other in short for other in detect.FLAG_LITERALS) else []
+    short_kept = [4] if any(other in short for other in rules.FLAG_LITERALS) else []
     body = [literal, f"x {literal}", f"{NOISE} {literal}", NOISE, short, literal[-1]]
-    opens = any(block in literal for block in detect.BLOCK_STARTS)  # a window: all kept
+    opens = any(block in literal for block in rules.BLOCK_STARTS)  # a window: all kept
     _check(body, list(range(6)) if opens else [0, 1, 2, *short_kept])
 
 
@@ -365,7 +376,7 @@ def test_a_flagged_line_after_dropped_ones_keeps_its_index() -> None:
     _check([NOISE, NOISE, "ValueError: boom", NOISE, "Training Step Progress: 3 / 9"], [2, 4])
 
 
-@pytest.mark.parametrize("block", detect.BLOCK_STARTS)
+@pytest.mark.parametrize("block", rules.BLOCK_STARTS)
 def test_a_traceback_window_keeps_window_lines_after_it_and_not_one_more(block: str) -> None:
     body = [f"[21:00:05] task=/ops/rl-bench/0 | {block}"] + [NOISE] * (WINDOW_LINES + 3)
     _check(body, list(range(WINDOW_LINES + 1)))
@@ -465,7 +476,7 @@ def _mixed_body(draw: st.DrawFn) -> list[str]:
         if kind == 0:
             body += [draw(_NOISE_LINES)] * draw(st.integers(1, WINDOW_LINES + 3))
         elif kind == 1:
-            noise, literal = draw(_NOISE_LINES), draw(st.sampled_from(detect.FLAG_LITERALS))
+            noise, literal = draw(_NOISE_LINES), draw(st.sampled_from(rules.FLAG_LITERALS))
             at = draw(st.integers(0, len(noise)))
             body.append(noise[:at] + literal + noise[at:])
         elif kind == 2:
@@ -518,11 +529,11 @@ def test_the_vector_and_scalar_literal_searches_keep_the_same_lines(
         assert_frame_equal(kept[0].picked, kept[1].picked, check_exact=True)
 
 
-@pytest.mark.parametrize("rules", [KEEP, SCALAR], ids=["vector", "scalar"])
-def test_a_literal_at_every_offset_of_a_line_is_found(rules: native.Rules) -> None:
+@pytest.mark.parametrize("keep", [KEEP, SCALAR], ids=["vector", "scalar"])
+def test_a_literal_at_every_offset_of_a_line_is_found(keep: native.Rules) -> None:
     """Every literal at each offset 0-69 (across the 32-byte blocks of the vector search), at
     the end of its line or not, and at the very end of the read (no newline after it)."""
-    for literal in detect.FLAG_LITERALS:
+    for literal in rules.FLAG_LITERALS:
         body = [
             ("x" * offset + literal + tail).encode()
             for offset in range(70)
@@ -530,7 +541,7 @@ def test_a_literal_at_every_offset_of_a_line_is_found(rules: native.Rules) -> No
         ]
         lines = [NOISE.encode()] * (FIRST + 1) + body
         data = b"\n".join(lines)
-        result = native.native_scan(data, len(data), rules)
+        result = native.native_scan(data, len(data), keep)
         assert result is not None
         kept = [*range(FIRST), *range(FIRST + 1, len(lines))]
         assert result.where.to_list() == kept, literal
@@ -589,7 +600,7 @@ def _read_natively(body: list[str], first: int = FIRST) -> list[int]:
 
 
 def test_a_strict_timer_line_is_read_natively_with_the_polars_columns() -> None:
-    assert ("Started: '", "timer") in detect.NATIVE_KINDS == KEEP.kinds
+    assert ("Started: '", "timer") in rules.NATIVE_KINDS == KEEP.kinds
     data = ("\n".join([NOISE] * FIRST + [TIMER, FINISHED]) + "\n").encode()
     result = native.native_scan(data, len(data), KEEP)
     assert result is not None
@@ -685,7 +696,7 @@ def test_each_timer_rule_just_past_and_just_short(past: str, short: str) -> None
 def test_the_kinds_read_natively_are_those_no_prefix_or_other_kind_can_start_at() -> None:
     """`rules._native_kind`, each gate just past and just short; and every kind the native pass
     reads classifies its lines as the polars path does."""
-    kinds = dict(detect.NATIVE_KINDS)
+    kinds = dict(rules.NATIVE_KINDS)
     assert kinds["Started: '"] == "timer" and kinds["WANDB_MIRROR kind="] == "mirror"
     assert "[iris setup] step 1/" not in kinds  # `[` may open a process prefix
     past_short = [
@@ -709,10 +720,10 @@ def test_the_kinds_read_natively_are_those_no_prefix_or_other_kind_can_start_at(
     data = ("\n".join([NOISE] * FIRST + body) + "\n").encode()
     result = native.native_scan(data, len(data), KEEP)
     assert result is not None
-    classes = any(c in lit for lit in kinds for c in detect.CLASS_LITERALS)
+    classes = any(c in lit for lit in kinds for c in rules.CLASS_LITERALS)
     assert len(picked) == len(body) - classes  # `Exception breakdown: ` holds `Exception`
     assert result.picked.get_column("kind").to_list() == [
-        kinds[lit] for lit in kinds if not any(c in lit for c in detect.CLASS_LITERALS)
+        kinds[lit] for lit in kinds if not any(c in lit for c in rules.CLASS_LITERALS)
     ]
 
 
@@ -801,7 +812,7 @@ _HEADERS = st.sampled_from(
 )
 _MESSAGES = st.sampled_from(
     [
-        *(f"{lit}{tail}" for lit, _ in detect.NATIVE_KINDS for tail in ("", " 3 / 9", "x")),
+        *(f"{lit}{tail}" for lit, _ in rules.NATIVE_KINDS for tail in ("", " 3 / 9", "x")),
         '{"a": 1}',
         'WANDB_MIRROR kind=train step=3 metrics={"a": 1, "b": "x"}',
         "{'trainer/global_step': 3, 'loss': 0.5}",

@@ -8,7 +8,8 @@ from pathlib import Path
 import polars as pl
 import pytest
 
-from worker.evidence.logs import parse_job_logs, parse_log_file, write_tables
+from worker.cli.tables import write_tables
+from worker.evidence.logs import parse_job_logs, parse_log_file
 
 RAY = "\x1b[36m(skyrl_entrypoint pid=8455, ip=10.0.0.1)\x1b[0m "
 IRIS = "[10:00:0{}] task=/u/job/0 | "

@@ -26,7 +26,7 @@ from testkit.bundles import write_job_bundle
 from tests.unit.test_capture_requests import CountingStore
 from worker.diagnosis import collect_evidence
 from worker.evidence.logs import LogCache, incremental, reader
-from worker.evidence.logs.lines import Read
+from worker.evidence.logs.reads import Read
 from worker.evidence.model import Evidence, LogTables
 from worker.pipeline import logcache
 from worker.pipeline.logcache import PREFIX, CacheRun, JobLogCache, Limits, finish_sharing, job_id
@@ -53,13 +53,13 @@ def _log_bytes() -> bytes:
 def starts(monkeypatch: pytest.MonkeyPatch) -> list[int]:
     """The byte offset each read of a log file starts at (one per file parsed)."""
     found: list[int] = []
-    original = reader._reads
+    original = reader.iter_reads
 
     def recording(handle: BufferedReader, chunk_bytes: int) -> Iterator[Read]:
         found.append(handle.tell())
         return original(handle, chunk_bytes)
 
-    monkeypatch.setattr(reader, "_reads", recording)
+    monkeypatch.setattr(reader, "iter_reads", recording)
     return found
 
 

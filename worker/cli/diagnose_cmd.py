@@ -187,7 +187,7 @@ def diagnose_command(
     from worker.diagnosis import collect_evidence, judge
     from worker.evidence.layout import discover
     from worker.evidence.logs import LogCache
-    from worker.evidence.logs.budget import setting_mb
+    from worker.evidence.logs.budget import parse_settings
 
     if not (job_dir.is_dir() or job_dir.is_file()):
         raise click.BadParameter(f"{job_dir} is neither a directory nor a file", param_hint="PATH")
@@ -195,7 +195,7 @@ def diagnose_command(
         raise click.UsageError("give --probes or --backend, not both")
     probes_dir = _probe_folder(probes_dir)
     try:
-        setting_mb()
+        parse_settings()
     except ValueError as exc:
         raise click.UsageError(clean(str(exc))) from exc
     thresholds = load_campaign_thresholds(campaign)

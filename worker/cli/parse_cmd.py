@@ -1,7 +1,7 @@
 """`rl-health parse`: extract the evidence tables from a job directory or a single log file.
 
 Every line it prints that quotes the log (malformed examples, the head of a log without metrics)
-is redacted, escaped and cut to LINE_MAX_BYTES: a 300 MB line is never echoed. The tables it writes
+is redacted, escaped and cut to QUOTE_BYTES: a 300 MB line is never echoed. The tables it writes
 are redacted by `write_frame`.
 
 Logs that cannot be read within the parse memory budget (docs/reliability.md) stop the command
@@ -17,11 +17,9 @@ This is the one parse command: `python -m worker.evidence.logs` runs it too.
 
 from __future__ import annotations
 
-import os
 import sys
 import tempfile
-from collections.abc import Iterator
-from contextlib import AbstractContextManager, contextmanager, nullcontext
+from contextlib import AbstractContextManager, nullcontext
 from pathlib import Path
 from typing import TYPE_CHECKING, Final, Literal, NoReturn
 
@@ -33,36 +31,16 @@ from shared.safefs import CACHE_MODE, OUTPUT_MODE, UnsafeDirectoryError, owned_d
 if TYPE_CHECKING:
     from worker.cli.terminal import LogProgress
     from worker.evidence.logs import LogCache
-    from worker.evidence.logs.prelude import Prelude
     from worker.evidence.parsed import LogTables, TrialTables
 
 __all__ = ["parse_command"]
 
-LINE_MAX_BYTES: Final = 300
-# polars' allocator (jemalloc) for the command: one arena, so the pages one thread frees are
-# reused by the next, not kept per thread (~30-50 MB less peak memory for a 200 MB log, fewer
-# page faults, the same CPU); and pages it has decayed (after polars' 500 ms) returned at once,
-# not kept as lazily freed pages that still count as resident (~10 MB). Each is appended to what
-# the operator sets, unless that names the option.
-_ALLOCATOR_ENV: Final = "_RJEM_MALLOC_CONF"
-_ALLOCATOR: Final = (("narenas", "1"), ("muzzy_decay_ms", "0"))
-# The C library's allocator (Python's reads and the native pass's columns): free memory above
-# this at the top of its heap goes back to the system, and the threshold stays fixed (glibc
-# otherwise raises it to the largest block freed, a read: ~25 MB kept per arena). mallopt's
-# M_TRIM_THRESHOLD.
-_TRIM_BYTES: Final = 2**20
-_M_TRIM_THRESHOLD: Final = -1
-# polars' engine for the command's queries, unless the operator names one: the in-memory engine
-# (polars 2's "auto" falls back to streaming). The queries are small and many (a chunk's parse
-# runs ~140): on the 200 MB continuous log, 0.71 s wall against 0.77 s with streaming, ~7 MB more
-# peak memory, the same tables (docs/performance.md, issue 12, sixth round).
-_ENGINE_ENV: Final = "POLARS_ENGINE_AFFINITY"
-_ENGINE: Final = "in-memory"
+QUOTE_BYTES: Final = 300  # of a log line quoted on the terminal
 
 
 def _shown(text: str) -> str:
     """A log line as this command prints it: redacted, escaped, cut by bytes."""
-    return clean_cut(text, LINE_MAX_BYTES)
+    return clean_cut(text, QUOTE_BYTES)
 
 
 def _fail(message: str) -> NoReturn:
@@ -73,8 +51,8 @@ def _fail(message: str) -> NoReturn:
 
 def _own(path: Path, option: str, mode: int) -> None:
     """`path`, made with `mode` if missing and checked to be this process's own, as
-    `options.own_directory` does (same line, exit 2), without importing `worker.cli.options`: it
-    loads the settings (pydantic-settings, ~0.1 s), which a parse never reads."""
+    `options.own_directory` does (same line, exit 2), without importing `worker.cli.options`
+    (and the verdict signing it loads, which a parse never needs)."""
     try:
         owned_directory(path, mode=mode)
     except UnsafeDirectoryError as exc:
@@ -94,20 +72,6 @@ def _writable(out: Path) -> None:
         raise SystemExit(2) from None
 
 
-def _finish(code: int) -> None:
-    """End the command with `code`. When this process is the command itself (its streams are
-    the interpreter's own, not a test runner's), it exits at once after flushing them: the
-    tables are written and closed, and the interpreter's teardown (freeing every frame, polars'
-    and the modules' state: ~0.1-0.2 s) would only delay the exit."""
-    if sys.stdout is sys.__stdout__ and sys.stderr is sys.__stderr__:
-        for stream in (sys.stdout, sys.stderr):
-            if stream is not None:
-                stream.flush()
-        os._exit(code)
-    if code:
-        raise SystemExit(code)
-
-
 def _progress() -> AbstractContextManager[LogProgress | None]:
     """A progress bar on stderr, only on a terminal (rich is imported only then)."""
     isatty = getattr(sys.stderr, "isatty", None)
@@ -118,62 +82,7 @@ def _progress() -> AbstractContextManager[LogProgress | None]:
     return log_progress()
 
 
-def _allocator() -> None:
-    """Ask jemalloc for `_ALLOCATOR` before polars is first imported; once it is (in a test
-    process, say), its allocator is set up and this changes nothing."""
-    if "polars" in sys.modules:
-        return
-    current = os.environ.get(_ALLOCATOR_ENV, "")
-    named = {item.split(":", 1)[0].strip() for item in current.split(",") if item.strip()}
-    added = [f"{name}:{value}" for name, value in _ALLOCATOR if name not in named]
-    if added:
-        os.environ[_ALLOCATOR_ENV] = ",".join([current, *added] if current else added)
-
-
-@contextmanager
-def _engine() -> Iterator[None]:
-    """Ask polars for `_ENGINE` while the parse runs, unless the operator set `_ENGINE_ENV` (read
-    at each collect). The setting is removed afterwards: a process that runs the command in
-    process (a test runner, say) keeps polars' own default for what it does next."""
-    if _ENGINE_ENV in os.environ:
-        yield
-        return
-    os.environ[_ENGINE_ENV] = _ENGINE
-    try:
-        yield
-    finally:
-        os.environ.pop(_ENGINE_ENV, None)
-
-
-def _trim_freed_memory() -> None:
-    """Set the C library's trim threshold (`_TRIM_BYTES`) where it has `mallopt` (glibc; a C
-    library without it is left as it is)."""
-    import ctypes
-
-    try:
-        mallopt = ctypes.CDLL(None).mallopt
-    except (OSError, AttributeError):
-        return
-    mallopt.argtypes, mallopt.restype = [ctypes.c_int, ctypes.c_int], ctypes.c_int
-    mallopt(_M_TRIM_THRESHOLD, _TRIM_BYTES)
-
-
-def _prelude(path: Path, cache_dir: Path | None) -> Prelude | None:
-    """For a single log file read whole (no `--cache`), its first reads and native passes begun
-    in a thread before polars is imported (`worker.evidence.logs.prelude`); else None."""
-    if cache_dir is not None or not path.is_file():
-        return None
-    from worker.evidence.logs.prelude import Prelude
-
-    try:
-        return Prelude.start(path)
-    except (OSError, ValueError):  # the parse itself meets and reports it
-        return None
-
-
-def _read_logs(
-    path: Path, cache: LogCache | None, prelude: Prelude | None = None
-) -> tuple[LogTables | None, list[str]]:
+def _read_logs(path: Path, cache: LogCache | None) -> tuple[LogTables | None, list[str]]:
     """The tables and the notes to print (refused paths, lines cut, compressed files)."""
     from worker.evidence.layout import discover
     from worker.evidence.logs import LogBudgetError, parse_job_logs, parse_log_file
@@ -188,9 +97,7 @@ def _read_logs(
                 files, inputs = layout.files, () if layout.quiet() else layout.inputs()
                 tables = parse_job_logs(layout.root, files=files, progress=progress, cache=cache)
             else:
-                tables = parse_log_file(
-                    path, source=path.name, progress=progress, cache=cache, prelude=prelude
-                )
+                tables = parse_log_file(path, source=path.name, progress=progress, cache=cache)
     except LogBudgetError as exc:
         _fail(str(exc))
     notes = [*inputs, *files.refused, *(tables.summary.notes if tables is not None else ())]
@@ -199,15 +106,10 @@ def _read_logs(
 
 def _read(path: Path, cache_dir: Path | None) -> tuple[LogTables | None, list[str]]:
     """The tables and the notes to print, the log cache's notes printed on stderr."""
-    prelude = _prelude(path, cache_dir)  # reads while polars is imported
-    try:
-        from worker.evidence.logs import LogCache
+    from worker.evidence.logs import LogCache
 
-        cache = LogCache(directory=cache_dir) if cache_dir is not None else None
-        found = _read_logs(path, cache, prelude)
-    finally:
-        if prelude is not None:
-            prelude.close()
+    cache = LogCache(directory=cache_dir) if cache_dir is not None else None
+    found = _read_logs(path, cache)
     for note in cache.notes if cache is not None else ():
         click.echo(f"cache: {_shown(note)}", err=True)
     return found
@@ -229,7 +131,7 @@ def _read_trials(path: Path, trace_jobs_dir: Path | None) -> TrialTables | None:
 def _write_trials(
     trials: TrialTables | None, out: Path, fmt: Literal["csv", "parquet"]
 ) -> list[Path]:
-    from worker.evidence.logs.write import write_frame
+    from worker.cli.tables import write_frame
 
     if trials is None or trials.trials.is_empty():
         return []
@@ -314,33 +216,29 @@ def parse_command(
     Exits 1, quoting what the log looks like, when no usable metrics were found (a failed probe);
     the other tables are still written.
     """
-    from worker.evidence.logs.budget import setting_mb
+    from worker.evidence.logs.budget import parse_settings
 
     try:
-        setting_mb()
+        parse_settings()
     except ValueError as exc:
         _fail(str(exc))
     _writable(out)
     if cache_dir is not None:
         _own(cache_dir, "--cache", CACHE_MODE)
-    _allocator()
-    _trim_freed_memory()
-    with _engine():  # removed after the parse (a caller in process keeps its own setting)
-        logs, notes = _read(path, cache_dir)
-        trials = _read_trials(path, trace_jobs_dir)
-        from worker.evidence.logs import write_tables
+    logs, notes = _read(path, cache_dir)
+    trials = _read_trials(path, trace_jobs_dir)
+    from worker.cli.tables import write_tables
 
-        try:
-            written = write_tables(logs, out, fmt) if logs is not None else []
-            written += _write_trials(trials, out, fmt)
-        except OSError as exc:
-            _fail(f"cannot write the tables to {out}: {exc.strerror or exc}")
-        for note in notes:
-            click.echo(f"note: {_shown(note)}")
-        for line in _summary_lines(logs, trials):
-            click.echo(line)
-        click.echo("wrote: " + (", ".join(p.name for p in written) or "nothing"))
-        if logs is None or logs.metrics.is_empty():
-            click.echo(_no_metrics_message(path, logs), err=True)
-            _finish(1)
-        _finish(0)
+    try:
+        written = write_tables(logs, out, fmt) if logs is not None else []
+        written += _write_trials(trials, out, fmt)
+    except OSError as exc:
+        _fail(f"cannot write the tables to {out}: {exc.strerror or exc}")
+    for note in notes:
+        click.echo(f"note: {_shown(note)}")
+    for line in _summary_lines(logs, trials):
+        click.echo(line)
+    click.echo("wrote: " + (", ".join(p.name for p in written) or "nothing"))
+    if logs is None or logs.metrics.is_empty():
+        click.echo(_no_metrics_message(path, logs), err=True)
+        raise SystemExit(1)

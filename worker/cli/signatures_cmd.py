@@ -53,10 +53,10 @@ def _errors(path: Path) -> pl.DataFrame:
     from worker.evidence import schema
     from worker.evidence.layout import discover
     from worker.evidence.logs import LogBudgetError, parse_job_logs, parse_log_file
-    from worker.evidence.logs.budget import setting_mb
+    from worker.evidence.logs.budget import parse_settings
 
     try:
-        setting_mb()
+        parse_settings()
         if path.is_dir():
             layout = discover(path)
             for line in () if layout.quiet() else layout.inputs():

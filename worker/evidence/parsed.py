@@ -23,6 +23,8 @@ from worker.evidence import schema
 
 __all__ = ["ClockSkew", "LogTables", "ParseSummary", "TrialTables"]
 
+_EXAMPLES = 5  # examples a summary of several files quotes (each file quotes as many)
+
 
 def _utc(value: datetime | None) -> datetime | None:
     return None if value is None else as_utc(value)
@@ -160,6 +162,23 @@ class ClockSkew:
         }
         return cls(**_checked(cls, data, checks))
 
+    @classmethod
+    def merged(cls, clocks: list[ClockSkew]) -> ClockSkew:
+        """The statistics of several files as one; the first disagreeing line of the first."""
+        mins = [c.min_s for c in clocks if c.min_s is not None]
+        maxs = [c.max_s for c in clocks if c.max_s is not None]
+        first = next((c for c in clocks if c.first_line is not None), None)
+        return cls(
+            lines=sum(c.lines for c in clocks),
+            min_s=min(mins, default=None),
+            max_s=max(maxs, default=None),
+            off_lines=sum(c.off_lines for c in clocks),
+            first_line=first.first_line if first else None,
+            source=first.source if first else None,
+            replayed=sum(c.replayed for c in clocks),
+            replayed_examples=tuple(e for c in clocks for e in c.replayed_examples)[:_EXAMPLES],
+        )
+
 
 @dataclass(frozen=True)
 class ParseSummary:
@@ -227,6 +246,40 @@ class ParseSummary:
             "notes": _strs,
         }
         return cls(**_checked(cls, data, checks))
+
+    @classmethod
+    def merged(cls, summaries: list[ParseSummary]) -> ParseSummary:
+        """The summary of several files read together: counts summed, examples and notes in
+        file order (the first few), the head of the first file that has one."""
+        records: dict[str, int] = {}
+        for summary in summaries:
+            for name, count in summary.records.items():
+                records[name] = records.get(name, 0) + count
+        firsts = [s.first_timestamp for s in summaries if s.first_timestamp is not None]
+        lasts = [s.last_timestamp for s in summaries if s.last_timestamp is not None]
+        headed = next((s for s in summaries if s.head), None)
+        head: dict[str, Any] = {}
+        if headed is not None:
+            source = headed.head_source or (headed.files[0] if headed.files else None)
+            head = {"head": headed.head, "head_lines": headed.head_lines, "head_source": source}
+        return cls(
+            files=tuple(f for s in summaries for f in s.files),
+            lines=sum(s.lines for s in summaries),
+            bytes=sum(s.bytes for s in summaries),
+            records=dict(sorted(records.items())),
+            malformed=sum(s.malformed for s in summaries),
+            malformed_examples=tuple(e for s in summaries for e in s.malformed_examples)[
+                :_EXAMPLES
+            ],
+            serializations=tuple(sorted(k for k, v in records.items() if v)),
+            first_timestamp=min(firsts, default=None),
+            last_timestamp=max(lasts, default=None),
+            clock=ClockSkew.merged([s.clock for s in summaries]),
+            cut_lines=sum(s.cut_lines for s in summaries),
+            cut_examples=tuple(e for s in summaries for e in s.cut_examples)[:_EXAMPLES],
+            notes=tuple(n for s in summaries for n in s.notes),
+            **head,
+        )
 
 
 # --- the tables ----------------------------------------------------------------------------------

@@ -48,7 +48,6 @@ from celery.exceptions import Ignore, Reject, SoftTimeLimitExceeded
 
 from shared.settings import Settings
 from worker.pipeline import (
-    gcwarm,  # noqa: F401 - long-lived objects frozen out of full collections
     metrics,  # noqa: F401 - connects the Celery signals it counts
     softlimit,  # noqa: F401 - soft time limits raise only in a task
 )

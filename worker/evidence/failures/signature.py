@@ -16,7 +16,7 @@ functions below run the same expressions on one value.
 
 A signature must be made from redacted text (`shared.redact`): normalising replaces the digits
 inside a token, which would hide the rest of it from the redactor. The log parser redacts a row's
-texts before it signs them (`worker.evidence.logs.errors.annotate`); `normalise` and `signature`
+texts before it signs them (`worker.evidence.failures.rows.annotate`); `normalise` and `signature`
 redact the one value they are given.
 """
 

@@ -1,8 +1,4 @@
-"""`python -m worker.evidence.logs PATH [...]` is `rl-health parse PATH [...]`: one parse command.
-
-A second command beside it once printed what the redactor hides (issue 28); there is one now, with
-its redaction, its checked `--out` and its exit codes (`worker.cli.parse_cmd`).
-"""
+"""`python -m worker.evidence.logs PATH [...]` is `rl-health parse PATH [...]`."""
 
 from __future__ import annotations
 

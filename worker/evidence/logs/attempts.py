@@ -1,34 +1,11 @@
-"""Attempt boundaries: Iris's setup lines, and restarts the log shows by itself.
+"""Attempt boundaries: Iris's setup lines, and restarts the log shows by itself (docs/parsing.md).
 
-**Iris.** A boundary `[iris setup] step 1/2` of the first Iris task seen with one starts a new
-attempt, unless no non-blank line precedes it (a file that starts with a boundary is attempt 0).
-
-**In-log restart.** Hypothesis: a process that restarts without Iris's setup lines in the log (a
-supervisor inside the container, a watcher whose log source drops them, a pod log) still shows
-the restart, in this order: the old attempt ends with a death line (a traceback or Ray's
-unhandled-error block, `Train loop failed`, an actor death, a worker crash, a CUDA or NCCL fault,
-a config override error: `DEATH_KINDS`); then the process starts again and logs a start-up line
-(`Started a local Ray instance`, `Connecting to existing Ray cluster`, `Ray cluster initialized`,
-`No checkpoint found`, `Loading checkpoint from`, `Resuming from global_step`: `START_KINDS`)
-either as the launcher (no process prefix: Ray's own start-up lines) or as the driver
-(`DRIVER_ACTORS`, the Ray prefix `(skyrl_entrypoint pid=N)`) with a pid other than the driver's
-when the death was logged. The first such start-up line after a death starts the new attempt.
-
-What is no restart, and why:
-- a new pid alone: engines, policy workers and helpers come and go within one attempt;
-- a start-up line of another Ray actor (a policy worker loading its checkpoint);
-- a start-up line without a death before it in the attempt (`Resuming from` logged by a running
-  attempt: the driver never resumes in place, and a restart always follows an end);
-- a death followed by a start-up line of the *same* driver pid: the process that logged the death
-  is still the one logging (a caught and logged error);
-- a replayed line (`replays`): a re-sent chunk shows old deaths and starts again.
-
-A death without a start-up line after it is no boundary: the attempt may still be dying.
-Steps, errors and metrics after the boundary belong to the new attempt.
-
-Every expression is cumulative from the chunk's first line, seeded from the carried state, so a
-chunked or incremental parse finds the same boundaries as one pass.
-"""
+Hypothesis: a process that restarts without Iris's setup lines still shows it, in order: a death
+line (`DEATH_KINDS`, or a block start), then a start-up line (`START_KINDS`) of the launcher (no
+process prefix) or of a driver (`DRIVER_ACTORS`) with a pid other than the driver's at the death.
+A new pid alone, another actor's start-up line, a start without a death before it, the same
+driver pid again, a replayed line: no restart. Every expression is cumulative from the chunk's
+first line, seeded from the carried state."""
 
 from __future__ import annotations
 
@@ -38,7 +15,7 @@ import polars as pl
 
 from worker.evidence.logs.state import ParserState
 
-__all__ = ["DEATH_KINDS", "DRIVER_ACTORS", "START_KINDS", "advance", "with_starts"]
+__all__ = ["DEATH_KINDS", "DRIVER_ACTORS", "advance", "with_starts"]
 
 DRIVER_ACTORS: Final = ("skyrl_entrypoint", "main_base")
 """Ray actor names of a SkyRL driver: the remote task that runs the trainer."""
@@ -82,15 +59,20 @@ def _lit(value: str | None) -> pl.Expr:
     return pl.lit(value, dtype=pl.String)
 
 
+def _drivers(frame: pl.DataFrame) -> pl.Series:
+    """The process prefixes of `frame` whose first actor is a driver (read once per prefix)."""
+    prefixes = frame.get_column("prefix").fill_null("").unique()
+    return prefixes.filter(prefixes.str.extract(_ACTOR_NAME, 1).is_in(DRIVER_ACTORS))
+
+
 def with_starts(frame: pl.DataFrame, state: ParserState) -> pl.DataFrame:
-    """Add to `frame` (classified lines with `replayed`) `_start` (the line starts an attempt),
-    `restart` (an in-log restart starts it) and the columns `advance` carries on (`_drv`,
-    `_dpid`, `_dead`). `state` is not changed, but its attempt task is fixed when first seen."""
+    """Add `_start` (the line starts an attempt), `restart` (an in-log restart starts it) and
+    what `advance` carries on (`_drv`, `_dpid`, `_dead`); the attempt task is fixed when seen."""
     if state.attempt_task is None:
         state.attempt_task = _attempt_task(frame, state)
     usable = ~pl.col("window_only") & ~pl.col("replayed")
     pid, prefix = pl.col("pid"), pl.col("prefix").fill_null("")
-    driver = prefix.str.extract(_ACTOR_NAME, 1).is_in(DRIVER_ACTORS) & pid.is_not_null()
+    driver = prefix.is_in(_drivers(frame).implode()) & pid.is_not_null()
     launcher = pid.is_null() & ~prefix.str.contains(_ENDS_IN_PROCESS)
     death = usable & (pl.col("err").is_in(DEATH_KINDS) | pl.col("tb")).fill_null(False)
     start_line = usable & pl.col("kind").is_in(START_KINDS).fill_null(False)

@@ -1,10 +1,5 @@
-"""One chunk of scanned lines in, table rows out, the parser state advanced.
-
-A chunk is cut before the first multi-line construct still open near its end (a dict or traceback
-that may close in the next chunk); those lines are carried, already scanned, into the next chunk.
-The last chunk of a file (`final`) is read whole and open constructs there are malformed or kept as
-they are.
-"""
+"""One chunk of scanned lines in, table rows out, the parser state advanced; a chunk is cut before
+the first dict or traceback still open near its end (docs/parsing.md)."""
 
 from __future__ import annotations
 
@@ -13,23 +8,22 @@ from typing import Final
 import polars as pl
 
 from worker.evidence import schema
-from worker.evidence.logs import batches, context, detect, engines, errors, records, replays, timers
-from worker.evidence.logs.scan import HEAD_LINES, HEAD_SCAN_LINES, Scan
+from worker.evidence.logs import context, detect, engines, errors, records, replays, timers
+from worker.evidence.logs.rules import HEAD_LINES, HEAD_SCAN_LINES
+from worker.evidence.logs.scan import Scan
 from worker.evidence.logs.state import MAX_EXAMPLES, ParserState
 
-__all__ = ["PROGRESS_TABLES", "RAW_METRICS", "TABLES", "conform", "parse_chunk"]
+__all__ = ["SCHEMAS", "TABLES", "parse_chunk"]
 
 TABLES: Final = ("metrics", "timers", "engines", "progress", "batches", "errors", "resumes")
-PROGRESS_TABLES: Final = ("metrics", "timers", "progress", "batches", "resumes")
-"""The tables whose rows can be progress: a replayed line has no row in them (`replays`)."""
-RAW_METRICS: Final[dict[str, pl.DataType]] = dict(schema.METRICS)
+PROGRESS_TABLES: Final = ("metrics", "timers", "progress", "batches", "resumes")  # no replays
 SCHEMAS: Final[dict[str, dict[str, pl.DataType]]] = {
-    "metrics": RAW_METRICS,
+    "metrics": schema.METRICS,
     "timers": schema.TIMERS,
     "engines": schema.ENGINES,
     "progress": schema.PROGRESS,
     "batches": schema.BATCHES,
-    "errors": errors.RAW_ERRORS,  # given their meaning once per file (errors.annotate)
+    "errors": errors.RAW_ERRORS,  # given their meaning once per file (failures.rows.annotate)
     "resumes": schema.RESUMES,
 }
 _EXAMPLE_CHARS: Final = 200
@@ -182,9 +176,7 @@ def parse_chunk(
 
 
 def _without(tables: dict[str, pl.DataFrame], lines: pl.Series) -> dict[str, pl.DataFrame]:
-    """`tables` without the progress rows of replayed `lines`: a re-sent line is never a step, a
-    phase, a metric or a resume (`replays`; the summary counts and quotes them). ERRORS keeps
-    them: a failure is judged by the rules that read failures."""
+    """`tables` without the progress rows of replayed `lines` (ERRORS keeps them)."""
     if lines.is_empty():
         return tables
     gone = pl.col("line").is_in(lines.implode())
@@ -208,7 +200,7 @@ def _tables(
         "metrics": metrics,
         "timers": conform(timers.timer_rows(ev), "timers", source),
         "progress": conform(timers.progress_rows(progress, ev), "progress", source),
-        "batches": conform(batches.batch_rows(ev, state), "batches", source),
+        "batches": conform(timers.batch_rows(ev, state), "batches", source),
         "errors": conform(errors.error_rows(ev), "errors", source),
         "resumes": conform(timers.resume_rows(ev), "resumes", source),
     }

@@ -1,33 +1,9 @@
-"""What a line inherits from the lines before it: timestamp, replay, attempt and step context.
+"""What a line inherits from the lines before it: timestamp, replay, attempt and step context
+(docs/parsing.md, "Context carried from line to line").
 
-All are cumulative expressions over the classified lines of a chunk, seeded from the carried
-`ParserState`, so a chunked or incremental parse gives the same answer as one pass.
-`add_line_context` adds what needs no cut (timestamps, replayed lines, attempt starts: the
-traceback blocks of a chunk end within their attempt); `add_attempts` and `add_step_context` then
-run on the committed lines.
-
-Step context: explicit markers set the completed-step count (a train record or console dict of step
-N, `Resuming from global_step: N`, `Training Step Progress: N / M` set N; `No checkpoint found` and
-an attempt start set 0) and each `Finished: 'step'` adds one. A line belongs to step
-completed + 1, except between `Finished: 'step'` and the next `Started: 'step'`, where it belongs to
-the step just finished. The step timer lines themselves always belong to completed + 1. A replayed
-line (`replays`) sets and adds nothing.
-
-Attempts (`attempts`): an Iris setup line `[iris setup] step 1/2`, or a restart the log shows by
-itself (a death line, then a start-up line of a new driver or of the launcher), starts one.
-
-Timestamps: loguru's full timestamp; else vLLM's `MM-DD HH:MM:SS` with the year of the date anchor;
-else Iris's time of day on the anchor date, plus one day for each time the time of day goes back by
-more than twelve hours. The anchor is the date of the last line with a full timestamp (for an
-Iris-prefixed line, the date its time of day falls on), or `reference_date` before any.
-
-The Iris prefix is the time the line was collected, in UTC; a line's own time is what its writer's
-clock said. When both exist and differ by more than PREFIX_SKEW_TOLERANCE_S the prefix wins (a
-trainer logging local time, or one future-dated line, must not look like fresh progress), and the
-difference is counted in the state (`skew_*`) so the report can state the clock offset. A line
-whose own time is far older than the log's usual offset allows is a replay (`replays`): it is
-counted apart, and the progress tables leave it out.
-"""
+All are cumulative expressions over a chunk's classified lines, seeded from the carried
+`ParserState`. `add_line_context` adds what needs no cut (timestamps, replays, attempt starts);
+`add_attempts` and `add_step_context` then run on the committed lines."""
 
 from __future__ import annotations
 
@@ -44,7 +20,6 @@ __all__ = [
     "add_attempts",
     "add_line_context",
     "add_step_context",
-    "add_timestamps",
     "advance_state",
     "note_timestamps",
 ]
@@ -52,13 +27,11 @@ __all__ = [
 _HALF_DAY: Final = 43_200
 PREFIX_SKEW_TOLERANCE_S: Final = 60.0
 """Own time vs Iris prefix time beyond this is a clock disagreement (collection lag is shorter)."""
-_STEP_MARKERS: Final = ("Started: 'step'", "Finished: 'step'")
 
 
 def add_line_context(frame: pl.DataFrame, state: ParserState) -> pl.DataFrame:
-    """Add `ts` (`add_timestamps`), `replayed` (`replays`) and `_start`/`restart` (`attempts`)
-    to the classified lines of a chunk, before it is cut. Only the attempt task of `state` may be
-    fixed here (when its first boundary is seen); the rest is `advance_state`'s."""
+    """Add `ts`, `replayed` and `_start`/`restart` to a chunk's lines before it is cut (`state`
+    is `advance_state`'s to move, but its attempt task is fixed when first seen)."""
     frame = replays.add_replayed(add_timestamps(frame, state), state)
     return attempts.with_starts(frame, state)
 
@@ -176,7 +149,9 @@ def advance_state(frame: pl.DataFrame, state: ParserState) -> None:
 def _note_skew(frame: pl.DataFrame, state: ParserState) -> None:
     """Widen the state's own-time vs prefix-time statistics (lines with both times; a replayed
     line is counted apart, `replays.note_replayed`)."""
-    both = frame.filter(pl.col("_skew").is_not_null() & ~pl.col("replayed"))
+    both = frame.select("_skew", "line", "replayed").filter(
+        pl.col("_skew").is_not_null() & ~pl.col("replayed")
+    )
     if both.is_empty():
         return
     skew = both.get_column("_skew")

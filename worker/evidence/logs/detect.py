@@ -1,56 +1,26 @@
-"""Line classification: which lines matter, their prefixes stripped, their kind.
-
-One capture-free literal alternation picks the few lines worth reading; other regexes run only on
-that subset. Prefixes removed: SGR colour codes, Iris's `[HH:MM:SS] task=/u/j/t | ` (or a leading
-RFC 3339 timestamp of `kubectl logs --timestamps`, or docker compose's `service-1  | `), then any
-number of process prefixes — Ray's `(Name pid=N, ip=X)` (nested ones too), the square-bracket form
-`[Name pid=N]`, system processes `(raylet)`, torchrun's `[rankN]:`, NCCL's `host:pid:tid [dev] ` —
-and Ray's `[repeated Nx across cluster]`. A loguru or vLLM header leaves `msg`. Failure lines are
-flagged by the catalogue's literals and the generic exception markers (`Error: `, `Exception: `,
-...); `worker.evidence.logs.errors` decides which of them are failures.
-"""
+"""Line classification: which lines matter, their prefixes stripped, their kind."""
 
 from __future__ import annotations
 
 import re
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Final
+from typing import Final
 
 import polars as pl
 
+from worker.evidence.logs.native import Native
 from worker.evidence.logs.rules import (
-    _FLAG_LITERALS,
-    BLOCK_STARTS,
-    CLASS_LITERALS,
     ENGINE_LITERAL,
     ERROR_RULES,
     FAILURE_LITERALS,
     FLAG_LITERALS,
     KIND_RULES,
-    NATIVE_KINDS,
     TRACEBACK,
     UNHANDLED,
     WINDOW_LINES,
 )
 
-if TYPE_CHECKING:
-    from worker.evidence.logs.native import Native
-
-__all__ = [
-    "BLOCK_STARTS",
-    "CLASS_LITERALS",
-    "ENGINE_LITERAL",
-    "ERROR_RULES",
-    "FAILURE_LITERALS",
-    "FLAG_LITERALS",
-    "KIND_RULES",
-    "NATIVE_KINDS",
-    "TRACEBACK",
-    "UNHANDLED",
-    "evidence_lines",
-    "in_windows",
-    "strip_sgr",
-]
+__all__ = ["evidence_lines", "in_windows", "strip_sgr"]
 
 SGR: Final = r"\x1b\[[0-9;]*m"
 # Whole-match patterns (group 0 only, so the regex engine can use its fast path).
@@ -74,8 +44,7 @@ _HEADER: Final = (
     r"(?:\[[^\]]*\]|[\w./-]+:\d+\]) ?)"
 )
 _REPEATED: Final = r"\[repeated \d+x across cluster\]\s*$"
-# The literal rules are polars-free (`rules`: the native pass starts before polars is imported).
-_ANY_FLAG: Final = "|".join(re.escape(lit) for lit in _FLAG_LITERALS)
+_ANY_FLAG: Final = "|".join(re.escape(lit) for lit in FLAG_LITERALS)
 
 
 def strip_sgr(expr: pl.Expr) -> pl.Expr:
@@ -100,11 +69,9 @@ class _Flags:
 
 
 def _flags(lines: pl.Series, where: pl.Series | None = None) -> _Flags:
-    """One regex (a literal prefilter, no captures) finds each line's first flag literal; a line
-    without one has no flag. The engine and traceback literals can also follow another literal
-    (in an Iris job name, say), so only the lines with a hit are searched for them again. Only
-    the one pass touches every line; the rest works on the few lines with a hit. `where` is the
-    line index of each of `lines` in the read (the native pass took the others), if not all."""
+    """One capture-free regex finds each line's first flag literal; only the lines with a hit are
+    searched again for the engine and traceback literals (which may follow another). `where`:
+    the line index of each of `lines` in the read, when the native pass took the others."""
     first = lines.str.extract(_ANY_FLAG, 0)
     hit = first.is_not_null()
     at = hit.arg_true()
@@ -275,18 +242,9 @@ def _native_rows(picked: pl.DataFrame) -> pl.DataFrame:
 def evidence_lines(
     lines: pl.Series, native: Native | None = None
 ) -> tuple[pl.LazyFrame, pl.DataFrame]:
-    """Queries for the lines worth reading, prefixes stripped and classified, and the stat lines.
-
-    The first has idx (0-based in `lines`), window_only (kept only as a possible traceback end),
-    tb (a traceback or Ray's unhandled-error block starts), text, msg, prefix (the process
-    prefixes stripped), task, tod, pid, ip, rank, ldt, vts, kind, err, failure (a failure literal
-    or exception marker is in the message), actor. The second has `idx` and `raw`
-    of the vLLM engine stat lines, which take a shorter path (they are most of a busy log).
-    With `native`, `lines` are the lines the native pass did not read (its `rest`): the stat
-    lines returned are the rest's, `idx` counts every line of the read, and the lines of a kind
-    the pass read (`NATIVE_KINDS`) join the others (a window over one would pick it as
-    interesting anyway).
-    """
+    """A query for the lines worth reading, classified (window_only: kept only as a possible
+    block end; tb: a block starts), and the stat lines (`idx`, `raw`). With `native`, `lines`
+    are its rest lines and the lines it read join the others."""
     flags = _flags(lines, None if native is None else native.where)
     idx = _picked(flags, len(lines) if native is None else native.n_lines)
     done = None if native is None or not len(native.picked) else native.picked

@@ -1,10 +1,5 @@
-"""vLLM engine stat lines (`Engine 000: Avg prompt throughput: ...`) as ENGINES rows.
-
-Stat lines are most of a busy log, so they skip the generic prefix stripping: a few whole-line
-extractions read the pid, ip, vLLM time and Iris time, and one `extract_all` reads the numbers
-(their order is fixed by vLLM's logger; `Swapped:` of older releases shifts the waiting count).
-The attempt and the date come from the nearest earlier classified line (an as-of join).
-"""
+"""vLLM engine stat lines (`Engine 000: Avg prompt throughput: ...`) as ENGINES rows; the attempt
+and the date come from the nearest earlier classified line (an as-of join)."""
 
 from __future__ import annotations
 
@@ -14,23 +9,12 @@ import polars as pl
 
 from worker.evidence.logs.state import ParserState
 
-__all__ = ["RAY_WORKER_PID", "engine_fields", "engine_owner", "engine_rows", "worker_pid"]
+__all__ = ["engine_fields", "engine_owner", "engine_rows", "worker_pid"]
 
 _NUMBER: Final = r"\d+(?:\.\d+)?"
 _HALF_DAY: Final = 43_200
 _FIELDS: Final = ("prompt", "generation", "running", "waiting", "kv", "hit")
 _LITERAL: Final = "Avg prompt throughput"
-# The stat line of vLLM's logger since v0.6, from its literal on: the six numbers lie between
-# these fixed fragments (found by literal search, then sliced; no regex over the line).
-_FRAGMENTS: Final = (
-    "Avg prompt throughput: ",
-    " tokens/s, Avg generation throughput: ",
-    " tokens/s, Running: ",
-    " reqs, Waiting: ",
-    " reqs, GPU KV cache usage: ",
-    "%, Prefix cache hit rate: ",
-)
-_PLAIN: Final = r"^\d+(?:\.\d+)?(?: \d+(?:\.\d+)?){5}$"
 _CLOCK: Final = r"^\[\d\d:\d\d:\d\d"
 RAY_WORKER_PID: Final = r"(?:^|/)worker-[0-9a-f]+-[0-9a-f]+-(\d+)\.(?:out|err)$"
 """Ray names a worker's log `worker-<worker id>-<job id>-<pid>.out|.err`: the file is one process's
@@ -49,68 +33,26 @@ def engine_owner(engine: pl.Expr) -> pl.Expr:
     return engine.str.replace(r"/[^/]*$", "")
 
 
-def _canonical(frame: pl.DataFrame) -> pl.DataFrame:
-    """`frame` with the six numbers of its canonical stat tails as text (null where a fragment
-    is missing) and `_ok`, true when all six are plain numbers where vLLM prints them."""
-    tail = pl.col("_tail")
-    ends = [f"_e{i}" for i in range(1, len(_FRAGMENTS))]
-    frame = frame.with_columns(
-        *(tail.str.find(fragment, literal=True).alias(name)
-          for name, fragment in zip(ends, _FRAGMENTS[1:], strict=True)),
-        _len=tail.str.len_bytes(),
-    )  # fmt: skip
-    starts = [pl.lit(len(_FRAGMENTS[0]))] + [
-        pl.col(name) + len(fragment) for name, fragment in zip(ends, _FRAGMENTS[1:], strict=True)
-    ]
-    stops = [*(pl.col(name) for name in ends), pl.col("_len") - 1]
-    frame = frame.with_columns(
-        tail.str.slice(a, b - a).alias(name)
-        for name, a, b in zip(_FIELDS, starts, stops, strict=True)
-    )
-    # one short pattern over the six tokens together: each a plain number, as vLLM prints it
-    plain = pl.concat_str(*(pl.col(name) for name in _FIELDS), separator=" ").str.contains(_PLAIN)
-    ok = tail.str.starts_with(_FRAGMENTS[0]) & tail.str.ends_with("%") & plain.fill_null(False)
-    return frame.with_columns(_ok=ok).drop(*ends, "_len")
-
-
 def _numbers(frame: pl.DataFrame) -> pl.DataFrame:
-    """The six numbers of `frame`'s `_tail`: canonical tails sliced, the others (older vLLM
-    with `Swapped:`, anything unusual) read by one pattern and their order."""
-    canonical = _canonical(frame)
-    if canonical.get_column("_ok").all():  # the usual case: no filter, no sort
-        return canonical.select(
-            pl.exclude("_ok", "_tail", *_FIELDS), *(pl.col(n).cast(pl.Float64) for n in _FIELDS)
-        )
-    good = canonical.filter(pl.col("_ok")).with_columns(
-        pl.col(name).cast(pl.Float64) for name in _FIELDS
-    )
-    other = canonical.filter(~pl.col("_ok"))
-    found = other.with_columns(_n=pl.col("_tail").str.extract_all(_NUMBER))
+    """The six numbers of `frame`'s `_tail`, by their order (`Swapped:` of older vLLM shifts the
+    last three)."""
+    found = frame.with_columns(_n=pl.col("_tail").str.extract_all(_NUMBER))
     shift = pl.col("_tail").str.contains("Swapped:", literal=True).cast(pl.Int64)
 
     def num(i: int | pl.Expr) -> pl.Expr:
         return pl.col("_n").list.get(i, null_on_oob=True).cast(pl.Float64, strict=False)
 
     positions: tuple[int | pl.Expr, ...] = (0, 1, 2, shift + 3, shift + 4, shift + 5)
-    other = found.with_columns(
+    found = found.with_columns(
         num(at).alias(name) for name, at in zip(_FIELDS, positions, strict=True)
     )
-    both = pl.concat([good, other.drop("_n")]).sort("idx")
-    return both.drop("_ok", "_tail")
+    return found.drop("_n", "_tail")
 
 
 def _split(stats: pl.DataFrame) -> pl.DataFrame:
-    """`idx`, `_head` (the line before the stat literal) and `_tail` (from the literal on).
-
-    `find` counts bytes and `head`/`slice` count characters: they agree on ASCII lines (the
-    usual case, one cheap check); otherwise the head is what precedes the literal and the tail
-    starts after the head's characters."""
-    raw = pl.col("raw")
-    if stats.select((raw.str.len_bytes() == raw.str.len_chars()).all()).item():
-        at = raw.str.find(_LITERAL, literal=True)
-        return stats.select("idx", _head=raw.str.head(at), _tail=raw.str.slice(at))
-    head = raw.str.split_exact(_LITERAL, 1).struct.field("field_0")
-    return stats.select("idx", _head=head, _tail=raw.str.slice(head.str.len_chars()))
+    """`idx`, `_head` (the line before the stat literal) and `_tail` (from the literal on)."""
+    head = pl.col("raw").str.split_exact(_LITERAL, 1).struct.field("field_0")
+    return stats.select("idx", _head=head, _tail=pl.col("raw").str.slice(head.str.len_chars()))
 
 
 def engine_fields(stats: pl.DataFrame) -> pl.DataFrame:

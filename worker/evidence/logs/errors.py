@@ -1,31 +1,7 @@
-"""Every failure a log shows as an ERRORS row, with its exception, component and signature.
-
-Rows come from:
-- **blocks**: a `Traceback (most recent call last)` line or Ray's `Unhandled error (suppress
-  with ...)` line gives one row whose end is the first later line of the same actor that is neither
-  indented, blank, nor a chaining or traceback header, within WINDOW_LINES lines and the same
-  attempt (a block cut by a restart has no final line; each part of a chained traceback is its
-  own block). When that end is a Ray wrapper (`RayTaskError(X): ray::...`,
-  `ActorDiedError: ... ray::...`) the block goes on to the wrapped exception's own final line.
-- **known lines**: the parser's literal rules (`kind` from ERROR_RULES) and the failure catalogue.
-- **final exception lines**: `package.Type: message` (`Type(Inner): message` for Ray wrappers)
-  that lie in no block of this chunk.
-
-Each row has the exception type (the inner type of a wrapper) and message of its final line, the
-catalogue entry and class the failure matches (its final line first, then the wrapper, then its
-first line), the component (the entry's, else the `ray::Class` the text names, else the process
-prefix, else `engine` for a line with vLLM's logger header, else the driver), its first (`line`) and
-last line, and a signature (see `worker.evidence.failures.signature`).
-
-Credentials are redacted (`shared.redact.redact_frame`) from a row's texts before anything is read
-from them: the quoted text, the message and the signature never hold one, and normalising (which
-replaces the digits inside a token) never runs on a credential, so two lines that differ only in a
-secret have one signature.
-
-Two stages keep the cost off the lines: each chunk keeps its few candidate rows with the texts
-they need (RAW_ERRORS, cheap); `annotate` gives a whole file's rows their meaning in one
-vectorised pass (the catalogue's ~60 expressions evaluated once per file, not per chunk).
-"""
+"""A log's failure lines as candidate ERRORS rows (`RAW_ERRORS`), a few per chunk: traceback and Ray
+unhandled-error blocks (to their final line, past a Ray wrapper), lines of a literal rule or of
+the failure catalogue, and final exception lines outside every block (docs/failures.md).
+`worker.evidence.failures.rows.annotate` gives a file's rows their meaning once per file."""
 
 from __future__ import annotations
 
@@ -33,13 +9,10 @@ from typing import Final
 
 import polars as pl
 
-from shared.redact import redact_frame
 from worker.evidence import schema
-from worker.evidence.failures import catalogue, signature_expr, specific_expr
-from worker.evidence.logs.detect import UNHANDLED
-from worker.evidence.logs.lines import WINDOW_LINES
+from worker.evidence.logs.rules import UNHANDLED, WINDOW_LINES
 
-__all__ = ["RAW_ERRORS", "annotate", "error_rows", "open_tracebacks", "with_traceback_ends"]
+__all__ = ["RAW_ERRORS", "error_rows", "open_tracebacks", "with_traceback_ends"]
 
 _NOT_ENDS: Final = (
     "Traceback",
@@ -52,30 +25,7 @@ _NOT_ENDS: Final = (
 )
 # A final line whose real exception follows, with its own frames.
 _WRAPPER: Final = r"^(?:[\w.]+\.)?(?:RayTaskError|ActorDiedError|RayActorError)\b.*ray::"
-_EXCEPTION: Final = (
-    r"^((?:[A-Za-z_]\w*\.)*(?:[A-Za-z_]\w*(?:Error|Exception|Exit|Interrupt|Failure)"
-    r"|(?:errors|exceptions)\.[A-Z]\w*))(?:\(([A-Za-z_][\w.]*)\))?(:)?(?:\s+(.*))?$"
-)
 _VLLM_HEADER: Final = r"^(?:INFO|WARNING|ERROR|DEBUG|CRITICAL) \d\d-\d\d \d\d:\d\d:\d\d"
-_SYSTEM_PREFIX: Final = r"^\((?:raylet|gcs_server|autoscaler|monitor|dashboard|log_monitor)"
-# Process or Ray class names, by component (first that matches wins).
-_NAMED: Final[tuple[tuple[str, str], ...]] = (
-    (
-        "engine",
-        r"(?i)vllm|enginecore|inferenceengine|llmrayactor|apiserver|rayworkerwrapper|asyncllm"
-        r"|llm_?engine|sglang",
-    ),
-    ("sandbox", r"(?i)sandbox|daytona|harbor|generator"),
-    (
-        "policy",
-        r"(?i)policy|fsdp|megatron|deepspeed|refrayactor|critic|reward|workerdict|trainingworker"
-        r"|\[rank\d+\]",
-    ),
-    ("controller", r"(?i)raylet|gcs_server|autoscaler|log_monitor|dashboard|slurm|kubelet"),
-    ("driver", r"(?i)entrypoint|taskrunner|main_task|driver"),
-)
-
-
 # --- blocks ---------------------------------------------------------------------------------
 
 
@@ -95,13 +45,10 @@ def _opens() -> pl.Expr:
 
 
 def with_traceback_ends(ev: pl.DataFrame, attempt_starts: pl.Expr | None = None) -> pl.DataFrame:
-    """Add to the block starts of `ev` (sorted by idx) `tb_end`/`tb_end_idx` (the final line,
-    past a Ray wrapper), `tb_wrap_idx` (the wrapper passed) and `tb_open` (a wrapper whose
-    wrapped exception is not in `ev`, or not within WINDOW_LINES).
-
-    A block ends within its attempt (`attempt_starts`: the lines that start one): a process
-    killed while it printed a traceback leaves it without a final line, and the next attempt's
-    process may have the same pid, so the same prefix; its lines are never the block's end."""
+    """Add to the block starts of `ev` `tb_end`/`tb_end_idx` (the final line, past a Ray
+    wrapper), `tb_wrap_idx` (the wrapper) and `tb_open` (a wrapper whose exception is not in
+    `ev`). A block ends within its attempt (`attempt_starts`): a killed process's traceback has
+    no final line, and the next attempt's process may have the same prefix."""
     if not ev.select(_opens().any()).item():  # most chunks open no block: nothing to join
         return ev.with_columns(
             tb_end_idx=pl.lit(None, dtype=pl.UInt32),
@@ -209,118 +156,4 @@ def error_rows(ev: pl.DataFrame) -> pl.DataFrame:
         wrap_msg="wrap_msg",
         prefix="prefix",
         vllm_header=pl.col("_final_text").fill_null("").str.contains(_VLLM_HEADER),
-    )
-
-
-# --- meaning, once per file ---------------------------------------------------------------
-
-
-def _exception_fields(msg: pl.Expr) -> dict[str, pl.Expr]:
-    """exc_type (last dotted name; a wrapper's inner type), message, `_colon` (`Type:` form)."""
-    groups = msg.str.extract_groups(_EXCEPTION)
-    name = groups.struct.field("1").str.split(".").list.last()
-    inner = groups.struct.field("2").str.split(".").list.last()
-    exc_type = pl.coalesce(inner, name)
-    text = groups.struct.field("4").fill_null("")
-    message = pl.when(exc_type.is_not_null()).then(text).otherwise(msg.str.strip_chars())
-    return {
-        "exc_type": exc_type,
-        "message": message,
-        "_colon": groups.struct.field("3").is_not_null(),
-    }
-
-
-def _named(text: pl.Expr) -> pl.Expr:
-    """The component a process or `ray::Class` name in `text` says, else null."""
-    found = pl.lit(None, dtype=pl.String)
-    for component, pattern in reversed(_NAMED):
-        found = pl.when(text.str.contains(pattern)).then(pl.lit(component)).otherwise(found)
-    return found
-
-
-def _component() -> pl.Expr:
-    """The entry's component, else a `ray::Class` named, else the process prefix, else driver."""
-    ray_class = [
-        pl.col(c).str.extract(r"ray::[A-Za-z_]\w*", 0)
-        for c in ("final_msg", "wrap_msg", "first_msg")
-    ]
-    prefix = pl.col("prefix").fill_null("")
-    system = pl.when(prefix.str.contains(_SYSTEM_PREFIX)).then(pl.lit("controller"))
-    # vLLM's own logger header (`ERROR 04-28 02:37:03 [core.py:398] `) marks an engine line
-    vllm = pl.when(pl.col("vllm_header")).then(pl.lit("engine"))
-    return pl.coalesce(
-        pl.col("entry_component"),
-        *(_named(name) for name in ray_class),
-        system,
-        _named(prefix),
-        vllm,
-        pl.lit("driver"),
-    )
-
-
-def _entries(raw: pl.DataFrame) -> pl.DataFrame:
-    """`entry` (final line first, then the wrapper, then the first line) and `_first_entry`.
-
-    The three texts of every row are matched in one pass over a stacked frame, so the catalogue's
-    expressions are evaluated once per file, whatever the number of rows.
-    """
-    texts = pl.concat(
-        [
-            raw.select(_row="_row", _rank=pl.lit(rank, pl.Int8), _t=pl.col(column))
-            for rank, column in enumerate(("final_msg", "wrap_msg", "first_msg"))
-        ]
-    )
-    found = texts.filter(pl.col("_t").is_not_null()).with_columns(
-        _e=catalogue().match_expr(pl.col("_t"))
-    )
-    best = found.filter(pl.col("_e").is_not_null()).sort("_row", "_rank")
-    entry = best.group_by("_row").agg(entry=pl.col("_e").first())
-    first = found.filter(pl.col("_rank") == 2).select("_row", _first_entry="_e")
-    raw = raw.join(entry, on="_row", how="left", maintain_order="left")
-    return raw.join(first, on="_row", how="left", maintain_order="left")
-
-
-def _is_failure() -> pl.Expr:
-    """Rows kept: a block, a literal rule, a catalogue entry, or a final `Type: message` line."""
-    exception_line = pl.col("exc_type").is_not_null() & pl.col("_colon")
-    return (
-        pl.col("err").is_not_null()
-        | pl.col("block")
-        | pl.col("entry").is_not_null()
-        | (exception_line)
-    )
-
-
-_TEXTS: Final = ("text", "first_msg", "final_msg", "wrap_msg", "prefix")
-
-
-def redacted(raw: pl.DataFrame) -> pl.DataFrame:
-    """`raw` with its texts redacted (`redact_frame`: a vectorised prefilter picks the few cells
-    that may hold a credential, and only those go through `redact_text`)."""
-    return raw.with_columns(redact_frame(raw.select(_TEXTS)))
-
-
-def annotate(raw: pl.DataFrame) -> pl.DataFrame:
-    """ERRORS rows (schema.ERRORS) from a file's RAW_ERRORS rows: the rows that are failures,
-    with exception, catalogue entry and class, kind, component and signature, every text
-    redacted first (`redacted`)."""
-    if raw.is_empty():
-        return schema.empty(schema.ERRORS)
-    cat = catalogue()
-    rows = _entries(redacted(raw).with_row_index("_row"))
-    rows = rows.with_columns(**_exception_fields(pl.col("final_msg")))
-    rows = rows.filter(_is_failure())
-    table = cat.table()
-    first_kinds = table.select(_first_entry="entry", _first_kind="entry_kind")
-    rows = rows.join(table, on="entry", how="left", maintain_order="left")
-    rows = rows.join(first_kinds, on="_first_entry", how="left", maintain_order="left")
-    kind = pl.coalesce(
-        pl.col("err"), pl.col("_first_kind"), pl.col("entry_kind"), pl.lit("exception")
-    )
-    signature = signature_expr(pl.col("exc_type"), pl.col("message"), pl.col("final_msg"))
-    rows = rows.with_columns(kind=kind, component=_component(), signature=signature)
-    specific = specific_expr(pl.col("signature")) & ~pl.col("generic").fill_null(False)
-    return rows.select(
-        pl.col(name).cast(dtype) if name != "specific" else specific.alias("specific")
-        for name, dtype in schema.ERRORS.items()
     )

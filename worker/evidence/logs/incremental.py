@@ -1,49 +1,8 @@
-"""The incremental cache: a grown log is read from its last safe cut point only.
+"""The incremental cache: a grown log is read from its last safe cut only (docs/parsing.md).
 
-An entry is keyed on the file's path, its source name and the reference date, and is valid while
-the file keeps its inode, has not shrunk, still starts with the same bytes (a hash of its head)
-and still holds the same bytes just before the committed offset (a hash of the 4 KiB there: a log
-rewritten in place with the same first lines is read whole, not resumed in the middle of other
-text). It holds the parser state at the last committed line, the rows read up to there and (when
-made by `parse_log_file`, or for a key given to `keep_stitched`, as `parse_job_logs` does for the
-finelog) their stitched METRICS and PHASES; the lines after (an open construct, a partial last
-line) are read again on every parse. An entry read on from the one before (the same file grown)
-is re-stitched from that one's stitched tables: only the steps its new rows touch are stitched
-again (`stitch.restitch`), so `stitched(key, rows)` gives a whole stitch's tables at the cost of
-what the file gained.
-
-Entries live in an in-process LRU and, with `directory`, on disk, one folder per entry:
-
-    <directory>/<sha256 of the key, 32 hex>/meta.json     key, version, file identity, the parts
-                                                          of each table and their rows, and the
-                                                          SHA-256 of every other file
-                                          /state.json    the parser state
-                                          /<table>.parquet, stitched_<table>.parquet
-                                          /<table>-<16 hex>.parquet   later parts of a table
-
-`meta.json` is written last and each folder is renamed into place whole, so a crash never leaves
-half an entry. A table (the stitched ones too) is kept in parts: when an entry replaces one it was
-read on from (same inode, head and no shrink: its rows then start with the earlier rows, told by
-their count, not compared), the earlier parts within the rows that did not change are hard-linked
-into the new folder (copied where links do not work) and only the rows after them are written, as
-one more part named by their hash; a stitched table keeps the parts before the first step the new
-rows touch (a restart that resumes earlier steps rewrites from there). Rows written that number
-more than `SPLIT_ROWS` are two parts, the last `TAIL_ROWS` rows apart: a stitched table's last
-steps, which the next growth re-stitches, are then rewritten without the (up to a million) rows
-before them. An entry that replaces one it was not read on from has its rows compared; past
-`MAX_PARTS` parts a table is written whole again.
-
-An entry of another cache version, or one whose files do not match their hashes or do not read
-back with the expected columns, is ignored (never trusted) and said in `notes`; the file is then
-read whole and the entry replaced. A directory holds the entries of any number of
-files and jobs; `files()` lists what to copy to share it (the pipeline keeps one directory per
-job beside its frozen evidence in S3, so another worker picks it up).
-
-The hashes prove an entry whole, not who wrote it: the directory must be this process's own
-(`shared.safefs.owned_directory`, checked when the cache is made; `UnsafeDirectoryError`
-otherwise), so no other user can put an entry there. `retain` lists and removes through the
-directory's descriptor and never follows a symlink.
-"""
+Entries live in an in-process LRU and, with `directory`, on disk (one folder per entry, renamed
+into place whole; a grown entry links the parts it keeps). An entry that fails its version,
+hashes or schemas is ignored (said in `notes`) and the log read whole."""
 
 from __future__ import annotations
 
@@ -67,22 +26,12 @@ from worker.evidence.logs.chunk import SCHEMAS
 from worker.evidence.logs.state import ParserState
 from worker.evidence.logs.stitch import Stitched, restitch, stitch, unchanged_rows
 
-__all__ = [
-    "VERSION",
-    "CacheEntry",
-    "LogCache",
-    "cache_key",
-    "entry_for",
-    "head_hash",
-    "span_hash",
-]
+__all__ = ["VERSION", "CacheEntry", "LogCache", "cache_key", "entry_for"]
 
 HEAD_BYTES: Final = 4096
 VERSION: Final = "9"  # 9: in-log attempts, replayed lines; 8: stitched tables, rows per part
 MAX_PARTS: Final = 16
-# Rows written after a table's kept parts (all of them for a new table) that number more than
-# SPLIT_ROWS are written as two parts, the last TAIL_ROWS rows apart: the next growth re-stitches
-# a stitched table's last steps, and rewrites only the part that holds them, not the rows before.
+# past SPLIT_ROWS new rows, the last TAIL_ROWS are a part of their own (the next growth rewrites it)
 TAIL_ROWS: Final = 16384
 SPLIT_ROWS: Final = 4 * TAIL_ROWS
 _STITCHED: Final[dict[str, dict[str, pl.DataType]]] = {
@@ -114,8 +63,7 @@ def cache_key(path: Path, source: str, reference_date: date | None) -> str:
 
 
 def span_hash(log: BinaryIO, start: int, length: int) -> str:
-    """SHA-256 of `length` bytes of the open file from `start` (read at that offset: the
-    file's position is left where it is)."""
+    """SHA-256 of `length` bytes of the open file from `start` (its position left as it is)."""
     return hashlib.sha256(_read_at(log.fileno(), start, length)).hexdigest()
 
 
@@ -131,9 +79,10 @@ def _read_at(fd: int, start: int, length: int) -> bytes:
     return b"".join(parts)
 
 
-def head_hash(log: BinaryIO, length: int) -> str:
-    """SHA-256 of the first `length` bytes of the open file."""
-    return span_hash(log, 0, length)
+def _before_hash(log: BinaryIO, offset: int) -> str:
+    """SHA-256 of the HEAD_BYTES before `offset` ("" at offset 0)."""
+    start = max(0, offset - HEAD_BYTES)
+    return span_hash(log, start, offset - start) if offset else ""
 
 
 @dataclass(frozen=True)
@@ -161,14 +110,10 @@ class CacheEntry:
         try:
             stat = os.fstat(log.fileno())
             same = stat.st_ino == self.inode and stat.st_size >= self.size
-            return same and head_hash(log, self.head_len) == self.head_hash and self._before(log)
+            head = span_hash(log, 0, self.head_len) == self.head_hash
+            return same and head and _before_hash(log, self.state.offset) == self.before_hash
         except OSError:
             return False
-
-    def _before(self, log: BinaryIO) -> bool:
-        start = max(0, self.state.offset - HEAD_BYTES)
-        found = span_hash(log, start, self.state.offset - start) if self.state.offset else ""
-        return found == self.before_hash
 
 
 def entry_for(
@@ -180,16 +125,15 @@ def entry_for(
 ) -> CacheEntry:
     """The entry of the open file read to `size` bytes, committed up to `state.offset`."""
     head_len = min(HEAD_BYTES, size)
-    start = max(0, state.offset - HEAD_BYTES)
     return CacheEntry(
         inode=os.fstat(log.fileno()).st_ino,
         size=size,
         head_len=head_len,
-        head_hash=head_hash(log, head_len),
+        head_hash=span_hash(log, 0, head_len),
         state=state,
         rows=rows,
         stitched=stitched,
-        before_hash=span_hash(log, start, state.offset - start) if state.offset else "",
+        before_hash=_before_hash(log, state.offset),
     )
 
 
@@ -202,8 +146,8 @@ def _sha256(path: Path) -> str:
 
 
 def _starts(frame: pl.DataFrame | None, head: pl.DataFrame | None) -> bool:
-    """Whether `frame` starts with `head`, as far as its height and last row tell (O(1): the
-    caller made `frame` from `head` and more rows)."""
+    """Whether `frame` (made from `head` and more rows) starts with `head`: its height and last
+    row tell."""
     if head is None or head.is_empty():
         return True
     if frame is None or frame.height < head.height:
@@ -213,9 +157,8 @@ def _starts(frame: pl.DataFrame | None, head: pl.DataFrame | None) -> bool:
 
 
 def _resumed(entry: CacheEntry, previous: CacheEntry) -> bool:
-    """Whether `entry` was read on from `previous` (the same file grown: inode, head, no shrink,
-    committed no earlier), so `previous.rows` are the first rows of `entry.rows`; a rewritten
-    head or a rotated file fails here."""
+    """Whether `entry` was read on from `previous` (the same file grown), so `previous.rows` are
+    the first rows of `entry.rows`."""
     return (
         entry.inode == previous.inode
         and entry.head_len == previous.head_len
@@ -227,8 +170,7 @@ def _resumed(entry: CacheEntry, previous: CacheEntry) -> bool:
 
 
 def _with_stitched(entry: CacheEntry, previous: CacheEntry | None) -> CacheEntry:
-    """`entry` with the stitched tables of its rows: re-stitched from `previous`'s when it was
-    read on from `previous`, else stitched whole."""
+    """`entry` with the stitched tables of its rows, re-stitched from `previous`'s if it can."""
     if previous is None or previous.stitched is None or not _resumed(entry, previous):
         return replace(entry, stitched=stitch(entry.rows), stitched_same={})
     fresh = {
@@ -255,8 +197,7 @@ class LogCache:
         self._stored: dict[str, CacheEntry] = {}  # the entry stored last for each key
 
     def lookup(self, key: str, log: BinaryIO) -> CacheEntry | None:
-        """The valid entry for `key` of the open file `log`, or None (a stale entry is
-        dropped)."""
+        """The valid entry for `key` of the open file `log` (a stale one is dropped), or None."""
         entry = self._entries.get(key) or self._load(key)
         if entry is None:
             return None
@@ -267,8 +208,7 @@ class LogCache:
         return entry
 
     def store(self, key: str, entry: CacheEntry) -> None:
-        """Keep `entry` (and write it to the directory when there is one; a write that fails,
-        a full disk or another process writing the same entry, is a note, not an error)."""
+        """Keep `entry`, and write it to the directory if any (a failed write is a note)."""
         previous = self._entries.get(key)
         if key in self._stitch and entry.stitched is None:
             entry = _with_stitched(entry, previous)
@@ -282,16 +222,14 @@ class LogCache:
             self.notes.append(f"could not write the cache entry of {key}: {exc}")
 
     def keep_stitched(self, key: str) -> None:
-        """Keep the stitched tables of `key`'s entries: each is re-stitched from the one before
-        (only the steps its new rows touch), so `stitched` costs what the file gained. Call it
-        before each read of the file: an entry stored by an earlier read is forgotten."""
+        """Keep the stitched tables of `key`'s entries (each re-stitched from the one before);
+        call it before each read of the file."""
         self._stitch.add(key)
         self._stored.pop(key, None)
 
     def stitched(self, key: str, rows: dict[str, pl.DataFrame]) -> Stitched | None:
-        """`stitch(rows)`, where `rows` are the rows of the file whose entry was stored last
-        under `key` (its committed rows, then those of its open tail), from the entry's stitched
-        tables; None when there is no such entry or `rows` do not start with its rows."""
+        """`stitch(rows)` of the rows of the file whose entry was stored last under `key`, from
+        the entry's stitched tables; None when there is none or `rows` do not start with its."""
         entry = self._stored.pop(key, None)
         if entry is None or entry.stitched is None:
             return None
@@ -305,8 +243,7 @@ class LogCache:
         return restitch(entry.stitched, rows, [tail])
 
     def files(self) -> list[Path]:
-        """Every file of every entry in the directory, relative to it (what to copy to share
-        the cache); empty without a directory."""
+        """Every file of every entry in the directory, relative to it (what to copy to share)."""
         if self.directory is None or not self.directory.is_dir():
             return []
         found = (p for p in self.directory.glob("*/*") if p.is_file() and p.parent.name[0] != ".")
@@ -317,9 +254,8 @@ class LogCache:
         return self.directory is not None and (self._folder(key) / _META).is_file()
 
     def retain(self, keys: Iterable[str]) -> list[Path]:
-        """Remove from the directory every entry whose key is not in `keys` (the files a job no
-        longer has); returns the folders removed. Listed and removed through the directory's
-        descriptor: a symlink in it is never followed."""
+        """Remove every entry whose key is not in `keys` from the directory (through its
+        descriptor: no symlink followed); the folders removed."""
         if self.directory is None:
             return []
         kept = {self._folder(key).name for key in keys}
@@ -349,8 +285,7 @@ class LogCache:
         return self.directory / hashlib.sha256(key.encode()).hexdigest()[:32]
 
     def _save(self, key: str, entry: CacheEntry, previous: CacheEntry | None) -> CacheEntry:
-        """Write `entry` (reusing the parts of `previous` in the folder); returns it with its
-        parts and hashes."""
+        """Write `entry` (reusing `previous`'s parts); it with its parts and hashes."""
         folder = self._folder(key)
         folder.parent.mkdir(parents=True, exist_ok=True)
         staging = Path(tempfile.mkdtemp(prefix=".entry-", dir=folder.parent))
@@ -389,8 +324,7 @@ class _Reuse:
     resumed: bool  # the new entry was read on from `previous` (its rows start with its rows)
 
     def same(self, entry: CacheEntry, name: str, frame: pl.DataFrame) -> int:
-        """How many first rows of table `name` (a raw table, or `stitched_<name>`) are those
-        of `previous`: O(1) when the entry was read on from it, else compared."""
+        """How many first rows of table `name` (or `stitched_<name>`) are `previous`'s."""
         old = self.previous
         if old is None:
             return 0
@@ -406,8 +340,7 @@ class _Reuse:
         return 0
 
     def kept(self, name: str, same: int) -> tuple[tuple[str, ...], int]:
-        """The first parts of `previous`'s table `name` within its `same` first rows, and
-        their rows."""
+        """`previous`'s first parts of table `name` within its `same` first rows, and their rows."""
         old = self.previous
         if old is None or name not in old.parts or name not in old.part_rows:
             return (), 0
@@ -443,8 +376,8 @@ class _Written:
 
 
 def _spans(done: int, height: int) -> list[tuple[int, int]]:
-    """`(offset, length)` of the parts written for rows `done`.. of a `height`-row table: one
-    part, or, past `SPLIT_ROWS` rows, two, the last `TAIL_ROWS` rows apart."""
+    """`(offset, length)` of the parts for rows `done`.. of a table: the last TAIL_ROWS apart past
+    SPLIT_ROWS."""
     rows = height - done
     if rows <= SPLIT_ROWS:
         return [(done, rows)]
@@ -452,8 +385,8 @@ def _spans(done: int, height: int) -> list[tuple[int, int]]:
 
 
 def _write_part(folder: Path, name: str, rows: pl.DataFrame, *, first: bool) -> tuple[str, str]:
-    """One part of table `name` in `folder`: `<name>.parquet` when it is the table's first,
-    else named by its hash; its file name and SHA-256."""
+    """One part of table `name` (the first `<name>.parquet`, others named by their hash): its file
+    name and SHA-256."""
     if first:
         rows.write_parquet(folder / f"{name}.parquet")
         return f"{name}.parquet", _sha256(folder / f"{name}.parquet")
@@ -468,8 +401,8 @@ def _write_part(folder: Path, name: str, rows: pl.DataFrame, *, first: bool) -> 
 def _write_table(
     folder: Path, name: str, frame: pl.DataFrame, same: int, reuse: _Reuse, out: _Written
 ) -> None:
-    """The parts of one table in `folder`: those of the previous entry within its first `same`
-    rows linked, the rows after them written as one or two more parts (`_spans`)."""
+    """The parts of one table: the previous entry's within its first `same` rows linked, the rest
+    written (`_spans`)."""
     kept, done = reuse.kept(name, same)
     parts = list(kept)
     counts = list(reuse.previous.part_rows[name][: len(parts)]) if reuse.previous else []
@@ -493,8 +426,7 @@ def _tables(entry: CacheEntry) -> dict[str, pl.DataFrame]:
 
 
 def _write_entry(folder: Path, key: str, entry: CacheEntry, reuse: _Reuse) -> CacheEntry:
-    """Every file of `entry` in `folder`, `meta.json` (with the others' hashes) last; returns
-    `entry` with its parts and hashes."""
+    """Every file of `entry` in `folder`, `meta.json` last; `entry` with its parts and hashes."""
     out = _Written()
     for name, frame in _tables(entry).items():
         _write_table(folder, name, frame, reuse.same(entry, name, frame), reuse, out)

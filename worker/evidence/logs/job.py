@@ -1,47 +1,32 @@
-"""The logs of a watcher job directory, read together.
-
-`finelog.log` is the source. `pod_logs/*.log` are read only to fill what it lacks: with no usable
-finelog they are the source; otherwise they add only engine and error rows the finelog does not
-have. `ray_vllm_logs/**/worker-*.out|.err` add engine stat lines and error lines (actor deaths) not
-already present. A Ray worker log is one process's own output (the pid is in its name): its stat
-lines take the id of the engine whose forwarded copies the primary logs show (`<pid>@<ip>`), so
-one engine seen in both is one engine. Every listing goes through `BundleFiles`, so nothing
-outside the job is read, and every log is opened by `BundleFiles.open` (beneath the job
-directory's descriptor, no symlink followed): a log swapped for a symlink after it was listed is
-refused, not read.
-"""
+"""The logs of a watcher job directory, read together (docs/parsing.md, "Public API"): the finelog
+is the source, pod and Ray worker logs add the engine and error rows it lacks."""
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from datetime import date, datetime
+from datetime import date
 from pathlib import Path
-from typing import Any, Final
+from typing import Final
 
 import polars as pl
 
-from worker.evidence.logs.budget import LogBudgetError, MemoryBudget
+from worker.evidence.logs.budget import ParseBudget
 from worker.evidence.logs.engines import engine_owner, worker_pid
 from worker.evidence.logs.incremental import LogCache, cache_key
 from worker.evidence.logs.reader import FileRows, parse_file_rows
 from worker.evidence.logs.stitch import Stitched, build_tables
-from worker.evidence.parsed import ClockSkew, LogTables, ParseSummary
+from worker.evidence.parsed import LogTables, ParseSummary
 from worker.evidence.paths import BundleFiles
 
-__all__ = ["Progress", "parse_job_logs", "read_job_logs"]
+__all__ = ["Progress", "parse_job_logs"]
 
+# told `(source, bytes read before it, bytes in all)` before each log file is read
 Progress = Callable[[str, int, int], None]
-"""Told `(source, bytes read before it, bytes in all)` before each log file is read (the command
-line draws a progress bar from it)."""
 
 FINELOG: Final = "finelog.log"
 _FILL_TABLES: Final = {"engines": ["engine", "timestamp"], "errors": ["kind", "text"]}
 _USABLE: Final = ("metrics", "timers", "engines", "progress", "batches")
-_MAX_EXAMPLES: Final = 5
-
-
-def _usable(found: FileRows) -> bool:
-    return any(name in found.rows and found.rows[name].height for name in _USABLE)
+_NONE: Final = pl.DataFrame()
 
 
 def _fill(
@@ -67,16 +52,14 @@ def _fill(
 
 
 def _pid() -> pl.Expr:
-    """The process a row is of: its prefix's `pid=N`, else the pid a Ray worker log's name
-    carries; null when neither says."""
+    """The process a row is of: its prefix's `pid=N`, else the pid in a Ray worker log's name."""
     prefix = pl.col("prefix").str.extract(r"pid=(\d+)", 1)
     return pl.coalesce(prefix, worker_pid(pl.col("source")))
 
 
 def _other_process(rows: pl.DataFrame, have: pl.DataFrame, keys: list[str]) -> pl.DataFrame:
-    """Rows of `rows` whose text `have` holds only as another process's line: two engines that
-    log the same death line in their own worker logs died twice, not once. A row whose process
-    is unknown on either side is taken for a copy (the forwarded line of the same process)."""
+    """Rows of `rows` whose text `have` holds only as another process's line (two engines that
+    log the same death line died twice); an unknown process on either side is a copy."""
     same = rows.join(have.select(keys).unique(), on=keys, how="semi", nulls_equal=True)
     if same.is_empty():
         return same
@@ -108,9 +91,8 @@ def _attempt_starts(rows: dict[str, pl.DataFrame]) -> pl.DataFrame:
 
 
 def _in_attempts(rows: pl.DataFrame, starts: pl.DataFrame) -> pl.DataFrame:
-    """`rows` of another log (a Ray worker's, a pod's: they mark no attempt of their own) in
-    the primary logs' attempts: a dated row belongs to the last attempt begun at or before it.
-    An undated row, or one before the first attempt, keeps the attempt its own file gave it."""
+    """`rows` of another log in the primary logs' attempts: a dated row belongs to the last
+    attempt begun at or before it; others keep the attempt their own file gave them."""
     if starts.height < 2:
         return rows
     starts = starts.select(_start="timestamp", _attempt="attempt")
@@ -139,8 +121,8 @@ def _owners_by_pid(engines: pl.DataFrame | None) -> pl.DataFrame:
 
 
 def _as_forwarded(extra: FileRows, owners: pl.DataFrame) -> FileRows:
-    """`extra` with the stat lines of a Ray worker log (no process prefix: their id is
-    `<source>/<index>`) under the id of the engine whose pid the file's name carries."""
+    """`extra` with the unprefixed stat lines of a Ray worker log under the id of the engine
+    whose pid the file's name carries."""
     engines = extra.rows.get("engines")
     if engines is None or engines.is_empty() or owners.is_empty():
         return extra
@@ -163,69 +145,12 @@ def _union(parts: list[FileRows]) -> dict[str, pl.DataFrame]:
     return {name: pl.concat([p.rows[name] for p in parts if name in p.rows]) for name in names}
 
 
-def _merge_summaries(parts: list[FileRows]) -> ParseSummary:
-    summaries = [p.summary for p in parts]
-    records: dict[str, int] = {}
-    for summary in summaries:
-        for name, count in summary.records.items():
-            records[name] = records.get(name, 0) + count
-    firsts = [s.first_timestamp for s in summaries if s.first_timestamp is not None]
-    lasts = [s.last_timestamp for s in summaries if s.last_timestamp is not None]
-    examples = tuple(e for s in summaries for e in s.malformed_examples)[:_MAX_EXAMPLES]
-    return ParseSummary(
-        files=tuple(f for s in summaries for f in s.files),
-        lines=sum(s.lines for s in summaries),
-        bytes=sum(s.bytes for s in summaries),
-        records=dict(sorted(records.items())),
-        malformed=sum(s.malformed for s in summaries),
-        malformed_examples=examples,
-        serializations=tuple(sorted(k for k, v in records.items() if v)),
-        first_timestamp=min(firsts, default=None),
-        last_timestamp=_latest(lasts),
-        clock=_merge_clocks([s.clock for s in summaries]),
-        cut_lines=sum(s.cut_lines for s in summaries),
-        cut_examples=tuple(e for s in summaries for e in s.cut_examples)[:_MAX_EXAMPLES],
-        notes=tuple(n for s in summaries for n in s.notes),
-        **_head(summaries),
-    )
-
-
-def _merge_clocks(clocks: list[ClockSkew]) -> ClockSkew:
-    """The skew statistics of several files as one; the first disagreeing line of the first file."""
-    mins = [c.min_s for c in clocks if c.min_s is not None]
-    maxs = [c.max_s for c in clocks if c.max_s is not None]
-    first = next((c for c in clocks if c.first_line is not None), None)
-    return ClockSkew(
-        lines=sum(c.lines for c in clocks),
-        min_s=min(mins, default=None),
-        max_s=max(maxs, default=None),
-        off_lines=sum(c.off_lines for c in clocks),
-        first_line=first.first_line if first else None,
-        source=first.source if first else None,
-        replayed=sum(c.replayed for c in clocks),
-        replayed_examples=tuple(e for c in clocks for e in c.replayed_examples)[:_MAX_EXAMPLES],
-    )
-
-
-def _head(summaries: list[ParseSummary]) -> dict[str, Any]:
-    """The head of the first file that has one, with its line numbers and its file."""
-    first = next((s for s in summaries if s.head), None)
-    if first is None:
-        return {}
-    source = first.head_source or (first.files[0] if first.files else None)
-    return {"head": first.head, "head_lines": first.head_lines, "head_source": source}
-
-
-def _latest(stamps: list[datetime]) -> datetime | None:
-    return max(stamps, default=None)
-
-
 def _parse_all(
     files: BundleFiles,
     paths: list[Path],
     reference_date: date | None,
     cache: LogCache | None,
-    budget: MemoryBudget,
+    budget: ParseBudget,
     announce: Callable[[Path], None] = lambda _path: None,
 ) -> list[FileRows]:
     found = []
@@ -236,15 +161,16 @@ def _parse_all(
             continue
         source = files.relative(path)
         with opened:
-            rows = parse_file_rows(
-                path,
-                source,
-                reference_date=reference_date,
-                cache=cache,
-                budget=budget,
-                opened=opened,
+            found.append(
+                parse_file_rows(
+                    path,
+                    source,
+                    reference_date=reference_date,
+                    cache=cache,
+                    budget=budget,
+                    opened=opened,
+                )
             )
-        found.append(rows)
     return found
 
 
@@ -279,11 +205,8 @@ def parse_job_logs(
     progress: Progress | None = None,
     memory_mb: int | None = None,
 ) -> LogTables | None:
-    """The tables of a job directory's logs, or None when it holds no log file at all.
-
-    The logs are read together within one memory budget (1.5x their bytes, at most `memory_mb`,
-    default RLHEALTH_PARSE_MEMORY_MB); `LogBudgetError` when they cannot be.
-    """
+    """The tables of a job directory's logs (None: no log file at all), read together within
+    one memory budget (`LogBudgetError` when they cannot be)."""
     files = files or BundleFiles(job_dir)
     finelog = files.open_path(FINELOG)
     main = [finelog] if finelog is not None and finelog.is_file() else []
@@ -293,13 +216,13 @@ def parse_job_logs(
         return None
     every = [*main, *pods, *rays]
     tick = _announcer(files, every, progress) if progress else lambda _path: None
-    budget = MemoryBudget.for_logs(sum(_size(path) for path in every), memory_mb)
+    budget = ParseBudget.for_logs(sum(_size(path) for path in every), memory_mb)
     keys = [_stitch_key(files, path, reference_date, cache) for path in main]
     primary = _parse_all(files, main, reference_date, cache, budget, tick)
     secondary = _parse_all(files, pods, reference_date, cache, budget, tick)
     extras = _parse_all(files, rays, reference_date, cache, budget, tick)
     stitched: Stitched | None = None
-    if not (primary and _usable(primary[0])):
+    if not (primary and any(primary[0].rows.get(name, _NONE).height for name in _USABLE)):
         primary, secondary = primary + secondary, []
     elif cache is not None:
         stitched = cache.stitched(keys[0], primary[0].rows)
@@ -310,44 +233,16 @@ def parse_job_logs(
     owners = _owners_by_pid(rows.get("engines"))
     for extra in extras:
         rows = _fill(rows, _as_forwarded(extra, owners), starts)
-    return build_tables(rows, _merge_summaries(primary + secondary + extras), stitched)
+    return build_tables(
+        rows, ParseSummary.merged([p.summary for p in primary + secondary + extras]), stitched
+    )
 
 
 def _stitch_key(
     files: BundleFiles, path: Path, reference_date: date | None, cache: LogCache | None
 ) -> str:
-    """The cache key of the finelog, whose entries keep their stitched tables (the tables are
-    the finelog's alone when it is usable: the other logs add engine and error rows only)."""
+    """The cache key of the finelog, whose entries keep their stitched tables."""
     key = cache_key(path, files.relative(path), reference_date)
     if cache is not None:
         cache.keep_stitched(key)
     return key
-
-
-def read_job_logs(
-    job_dir: Path,
-    *,
-    reference_date: date | None = None,
-    files: BundleFiles | None = None,
-    cache: LogCache | None = None,
-    progress: Progress | None = None,
-    memory_mb: int | None = None,
-) -> tuple[LogTables | None, tuple[str, ...]]:
-    """`parse_job_logs` for a diagnosis: the tables and what the report must state about them.
-
-    Logs that cannot be read within the memory budget give no tables (the gates are blind, so the
-    verdict is ERROR) and the reason; otherwise the notes are the summary's (cut lines,
-    compressed files).
-    """
-    try:
-        logs = parse_job_logs(
-            job_dir,
-            reference_date=reference_date,
-            files=files,
-            cache=cache,
-            progress=progress,
-            memory_mb=memory_mb,
-        )
-    except LogBudgetError as exc:
-        return None, (str(exc),)
-    return logs, (logs.summary.notes if logs is not None else ())

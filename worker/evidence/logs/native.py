@@ -1,31 +1,14 @@
-"""The native fast path of a scan: one C pass (`_fastscan.c`) over a read.
-
-The pass reads the strict vLLM stat lines itself (the fields `engines.engine_fields` reads, with
-the same values) and, with `Rules.kinds`, the strict lines whose message opens with one of
-those kind literals (`Started: '...'`, `WANDB_MIRROR kind=...`: the `detect.evidence_lines`
-columns those lines get, with the same values), and hands every other line, byte for byte, to
-the polars path. A line it cannot
-prove strict (any other shape, non-ASCII, a control byte, a CR, a number of more than 20 digits,
-a traceback literal) is a rest line: the polars path reads it as before, so the tables are the
-same with or without the extension. Without the extension (`AVAILABLE` false) every line takes
-the polars path. The columns come back through the Arrow C data interface: polars takes them
-without a copy (and without numpy or pyarrow).
-
-The pass itself (`raw`) needs no polars, and this module imports polars only when a pass is
-wrapped into frames (`wrap`): `rl-health parse` runs the first passes while polars is imported
-(`worker.evidence.logs.prelude`).
-"""
+"""The native pass of a scan: one C pass (`_fastscan.c`) over a read (docs/parsing.md): it drops
+the lines no rule needs, reads the strict lines itself and leaves the others to the polars path."""
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Final
+from typing import Final
 
-if TYPE_CHECKING:
-    import polars as pl
+import polars as pl
 
-__all__ = ["AVAILABLE", "Native", "Raw", "Rules", "native_scan", "raw", "rules", "wrap"]
+__all__ = ["AVAILABLE", "Native", "Rules", "native_scan", "rules"]
 
 try:
     from worker.evidence.logs import _fastscan  # type: ignore[attr-defined,unused-ignore]
@@ -35,22 +18,13 @@ if _fastscan is not None and getattr(_fastscan, "API", 1) < 2:
     # built from an older _fastscan.c (`make venv` rebuilds it): the polars path, not a crash
     _fastscan = None
 
-# RLHEALTH_PARSE_NATIVE=0 turns the fast path off (to compare both paths).
-AVAILABLE: Final = _fastscan is not None and os.environ.get("RLHEALTH_PARSE_NATIVE", "1") != "0"
-# Whether the rest lines no rule keeps are dropped (off only to compare, in tests and benchmarks).
-DROP: Final = True
+AVAILABLE: Final = _fastscan is not None
 
 
 @dataclass(frozen=True)
 class Rules:
-    """Which rest lines the polars path can need; the extension's copy is `_capsule`.
-
-    A rest line is kept when it holds one of `literals` (searched on its raw bytes), holds a NUL
-    or CR byte or invalid UTF-8 (rewritten before the search), is `long_line` bytes or longer (it
-    may be cut), is among the first `first_lines` lines of the read, or the first rest line up
-    to the first that holds a printable ASCII byte (the summary head), or lies within `window`
-    lines after a line holding one of `blocks` (a traceback window) or a NUL byte.
-    """
+    """Which rest lines the polars path can need (`literals`, `blocks`, `window`, `first_lines`,
+    `long_line`: docs/parsing.md) and the kinds read natively; the extension's copy: `_capsule`."""
 
     literals: tuple[str, ...]
     blocks: tuple[str, ...]
@@ -119,11 +93,9 @@ def rules(
     classes: tuple[str, ...] = (),
     kinds: tuple[tuple[str, str], ...] = (),
 ) -> Rules:
-    """The rules; without the extension, or with a literal the raw bytes cannot show as such
-    (shorter than 2 bytes, or holding a NUL, CR, newline or U+FFFD), none (every line is kept).
-    `vector`: the literal search uses AVX2 when the CPU has it (off: the scalar search, to
-    compare both). `kinds`, (literal, kind) pairs, and `classes`: the strict lines the pass
-    reads natively (the caller vouches for them: `rules.NATIVE_KINDS`, `rules.CLASS_LITERALS`)."""
+    """The rules; none (every line kept) without the extension or with a literal the raw bytes
+    cannot show as such. `vector`: AVX2 when the CPU has it (off: the scalar search). `kinds` and
+    `classes`: the strict lines read natively (`rules.NATIVE_KINDS`, `rules.CLASS_LITERALS`)."""
     usable = (
         _fastscan is not None
         and max(len(literals), len(classes)) <= _MAX_LITERALS
@@ -163,10 +135,8 @@ class _Capsules:
 
 @dataclass(frozen=True)
 class Native:
-    """A read after the native pass: `rest` holds the lines it did not read (`where`: their
-    line index in the read), `stats` the stat lines it read (`engines.engine_fields` columns),
-    `picked` the lines of a native kind it read (`rules.NATIVE_KINDS`; `detect.evidence_lines`
-    columns but the constant ones)."""
+    """A read after the native pass: `rest`, the lines it left (`where`: their index in the
+    read), `stats` and `picked`, the stat lines and the lines of a native kind it read."""
 
     n_lines: int
     rest: bytes
@@ -180,36 +150,19 @@ class Native:
 
     def raw(self, indices: list[int]) -> list[str]:
         """The text of the stat lines of `indices` (ASCII, as the polars split reads it)."""
-        import polars as pl
-
         rows = self.stats.get_column("idx").search_sorted(pl.Series(indices, dtype=pl.UInt32))
         data, starts, stops = self._data, self._starts, self._stops
         return [data[starts[row] : stops[row]].decode("ascii") for row in rows.to_list()]
 
 
-@dataclass(frozen=True)
-class Raw:
-    """The native pass over `data[:end]`, before its columns are polars frames (`wrap`)."""
-
-    data: bytes
-    found: Any  # the tuple `_fastscan.scan` returns
-
-
-def raw(data: bytes, end: int, keep: Rules | None = None) -> Raw | None:
-    """The native pass over `data[:end]` (no polars), or None when the extension is not
-    available. With `keep`, only the rest lines it keeps are in `rest` (all of them without it).
-    The pass releases the GIL."""
+def native_scan(data: bytes, end: int, keep: Rules | None = None) -> Native | None:
+    """The native pass over `data[:end]` (the GIL released), None without the extension; with
+    `keep`, only the rest lines it keeps are in `rest`."""
     if not AVAILABLE or _fastscan is None:
         return None
-    capsule = keep._capsule if keep is not None and DROP else None
-    return Raw(data, _fastscan.scan(data, end, capsule))
-
-
-def wrap(found: Raw) -> Native:
-    """The pass `found` with its columns as polars frames."""
-    import polars as pl
-
-    n_lines, _, rest, starts, stops, columns, dropped = found.found
+    capsule = keep._capsule if keep is not None else None
+    found = _fastscan.scan(data, end, capsule)
+    n_lines, _, rest, starts, stops, columns, dropped = found
     stats, where, picked = columns
     return Native(
         n_lines=n_lines,
@@ -218,14 +171,7 @@ def wrap(found: Raw) -> Native:
         where=pl.Series("idx", _Capsules(where)),
         stats=pl.DataFrame(_Capsules(stats)),
         picked=pl.DataFrame(_Capsules(picked)),
-        _data=found.data,
+        _data=data,
         _starts=memoryview(starts).cast("q"),
         _stops=memoryview(stops).cast("q"),
     )
-
-
-def native_scan(data: bytes, end: int, keep: Rules | None = None) -> Native | None:
-    """The native pass over `data[:end]` as frames (`wrap` of `raw`), or None when the extension
-    is not available. With `keep`, only the rest lines it keeps are in `rest`."""
-    found = raw(data, end, keep)
-    return wrap(found) if found is not None else None

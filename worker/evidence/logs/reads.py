@@ -1,15 +1,8 @@
-"""Reading a log file into reads of complete lines, without polars.
+"""A log file as reads of complete lines, and a read as a polars series of lines.
 
-A read is a run of complete lines (each ended by a newline); the file is sought back to the start
-of a partial last line, so no read is copied to be joined with the next. Reads are bounded: a
-line longer than LINE_MAX_BYTES is cut to its head and a marker naming its length (`cut_line`). A
-line longer than a whole read is never held: its head is kept and the rest is skipped, a read at
-a time, to the next newline (`Read.long_line`); memory stays one read plus one cap whatever the
-file holds (one 300 MB line, a 2 GB sparse file of NUL bytes).
-
-This module imports no polars: `rl-health parse` begins reading before polars is imported
-(`worker.evidence.logs.prelude`). `lines` re-exports what it defines.
-"""
+Long lines are cut (docs/parsing.md, "How a file is read"); a line longer than a read is never
+held. Lines are split by polars' CSV reader with a separator that cannot occur; anything but plain
+UTF-8 without NUL or CR takes a careful path, so nothing ever raises."""
 
 from __future__ import annotations
 
@@ -18,23 +11,33 @@ import os
 from collections.abc import Iterator
 from dataclasses import dataclass
 from io import BufferedReader
-from typing import Final
+from typing import BinaryIO, Final, Literal
+
+import polars as pl
 
 from worker.evidence.logs.rules import LINE_MAX_BYTES
 
 __all__ = [
-    "FIRST_READ_BYTES",
     "Cut",
     "Read",
-    "cut_line",
-    "cut_marker",
-    "first_reads",
+    "bound_lines",
     "iter_reads",
+    "line_start",
+    "read_tail",
+    "split_lines",
+    "split_read",
 ]
 
 _MARKER_ROOM: Final = 64  # bytes kept free for the marker, so a cut line stays within the cap
-# The first read of a file is at most this long (`first_reads`).
-FIRST_READ_BYTES: Final = 2 * 2**20
+# polars' CSV reader decompresses a buffer that starts with these (gzip, zlib, zstd)
+_COMPRESSED: Final = (
+    b"\x1f\x8b",
+    b"\x78\x01",
+    b"\x78\x5e",
+    b"\x78\x9c",
+    b"\x78\xda",
+    b"\x28\xb5\x2f\xfd",
+)
 
 
 @dataclass(frozen=True)
@@ -63,12 +66,8 @@ def cut_line(head: bytes, length: int, line_max: int = LINE_MAX_BYTES) -> str:
 
 @dataclass(frozen=True)
 class Read:
-    """One read: its complete lines are `data[:end]`; `final` is the rest of the file.
-
-    `long_line` > 0: the read is one line of that many bytes, longer than a read, already cut
-    (`data` holds its head and marker); the file bytes it stands for are `long_line` plus its
-    newline.
-    """
+    """One read: its lines are `data[:end]`; `final`: the rest of the file. `long_line` > 0: one
+    line of that many bytes, longer than a read, already cut (`data`: its head and marker)."""
 
     data: bytes
     end: int
@@ -116,9 +115,8 @@ def _next_data(handle: BufferedReader) -> int:
 
 
 def _skip_line(handle: BufferedReader, data: bytes, chunk_bytes: int, line_max: int) -> Read:
-    """The read of a line longer than a read, of which `data` was read: the rest is read and
-    dropped, a block at a time into one buffer (holes of a sparse file are jumped over), up to
-    its newline; the file is left after it."""
+    """The read of a line longer than a read (`data` its start): the rest is read into one buffer
+    and dropped up to its newline, holes of a sparse file jumped."""
     head, length = data[:line_max], len(data)
     buffer = bytearray(min(chunk_bytes, 8 * 2**20))
     view = memoryview(buffer)
@@ -140,22 +138,21 @@ def _skip_line(handle: BufferedReader, data: bytes, chunk_bytes: int, line_max: 
 def iter_reads(
     handle: BufferedReader, chunk_bytes: int, line_max: int = LINE_MAX_BYTES
 ) -> Iterator[Read]:
-    """Reads of complete lines (about `chunk_bytes` each), then one final read of the rest.
-
-    After a read the file is sought back to the start of its partial last line, which the next
-    read begins with. A partial line is kept until it is longer than `line_max`; then it is cut
-    and the rest of it skipped (`_skip_line`), so no read holds more than `chunk_bytes` +
-    `line_max` bytes.
-    """
+    """Reads of complete lines of about `chunk_bytes` (the file sought back to the start of a
+    partial last line); the last (`final`) holds the rest of the file."""
     pending = b""
     while True:
         data = handle.read(chunk_bytes)
         if not data:
             yield Read(pending, len(pending), final=True)
             return
+        short = len(data) < chunk_bytes
         if pending:
             data, pending = pending + data, b""
         end = data.rfind(b"\n") + 1
+        if short and end == len(data):
+            yield Read(data, end, final=True)
+            return
         if end == 0 and len(data) > line_max:
             read = _skip_line(handle, data, chunk_bytes, line_max)
             yield read
@@ -170,13 +167,104 @@ def iter_reads(
         yield Read(data, end, final=False)
 
 
-def first_reads(handle: BufferedReader, chunk_bytes: int) -> Iterator[Read]:
-    """The reads of `handle` from where it is: a short first one (its scan soon tells how much
-    a read of this log costs, so the next reads are scanned at once), then `chunk_bytes` each."""
-    first = min(chunk_bytes, FIRST_READ_BYTES)
-    if first < chunk_bytes:
-        read = next(iter_reads(handle, first, LINE_MAX_BYTES))
-        yield read
-        if read.final:
-            return
-    yield from iter_reads(handle, chunk_bytes, LINE_MAX_BYTES)
+def _count_lines(raw: bytes) -> int:
+    return raw.count(b"\n") + (0 if raw.endswith(b"\n") else 1)
+
+
+def _python_split(raw: bytes) -> pl.Series:
+    text = raw.decode("utf-8", errors="replace")
+    parts = text.split("\n")
+    if raw.endswith(b"\n"):
+        parts.pop()
+    return pl.Series("line", [p.removesuffix("\r") for p in parts], dtype=pl.String)
+
+
+def _read_csv(raw: bytes, encoding: Literal["utf8", "utf8-lossy"]) -> pl.Series | None:
+    if raw.startswith(_COMPRESSED):
+        # one blank line first, so the reader sees text and not a compressed stream to expand
+        lines = _read_csv(b"\n" + raw, encoding)
+        return lines.slice(1) if lines is not None else None
+    try:
+        frame = pl.read_csv(
+            raw,
+            has_header=False,
+            separator="\x00",
+            quote_char=None,
+            new_columns=["line"],
+            infer_schema=False,
+            encoding=encoding,
+            truncate_ragged_lines=True,
+        )
+    except (pl.exceptions.PolarsError, OSError):
+        return None
+    return frame.to_series().fill_null("").alias("line") if frame.width == 1 else None
+
+
+def split_lines(raw: bytes) -> pl.Series:
+    """The lines of `raw` as a String series (newline and a trailing CR removed)."""
+    if not raw:
+        return pl.Series("line", [], dtype=pl.String)
+    if b"\x00" in raw:
+        raw = raw.replace(b"\x00", b" ")
+    lines = _read_csv(raw, "utf8-lossy")
+    if lines is None or len(lines) != _count_lines(raw):
+        return _python_split(raw)
+    return lines
+
+
+def _split_fast(data: bytes, end: int) -> pl.Series | None:
+    """The lines of `data[:end]` when `data` is plain UTF-8 without NUL or CR, else None."""
+    if b"\x00" in data or b"\r" in data:
+        return None
+    lines = _read_csv(data, "utf8")
+    if lines is None:
+        return None
+    # `data[end:]` (no newline in it) is one more line when not empty.
+    n_lines = len(lines) - (1 if end < len(data) else 0)
+    lines = lines.head(n_lines)
+    newlines = n_lines - (0 if data[end - 1 : end] == b"\n" else 1)
+    total = lines.str.len_bytes().sum() + newlines
+    return lines if total == end else None
+
+
+def split_read(data: bytes, end: int) -> pl.Series:
+    """The lines of `data[:end]` (which is empty or ends with a newline, or ends the file)."""
+    if end <= 0:
+        return pl.Series("line", [], dtype=pl.String)
+    fast = _split_fast(data, end)
+    return fast if fast is not None else split_lines(data[:end])
+
+
+def bound_lines(lines: pl.Series, line_max: int = LINE_MAX_BYTES) -> tuple[pl.Series, list[Cut]]:
+    """`lines` with every line longer than `line_max` bytes cut (`cut_line`), and the cuts."""
+    lengths = lines.str.len_bytes()
+    longest = lengths.max()
+    if not isinstance(longest, int) or longest <= line_max:
+        return lines, []
+    where = (lengths > line_max).arg_true()
+    cuts = [Cut(int(i), int(lengths[int(i)])) for i in where]
+    texts = [cut_line(lines[c.idx].encode(), c.length, line_max) for c in cuts]
+    return lines.scatter(where, texts), cuts
+
+
+def line_start(raw: bytes, end: int, n_lines: int, index: int) -> int:
+    """Byte offset in `raw[:end]` (`n_lines` lines, ending with a newline) of line `index`."""
+    if index <= 0:
+        return 0
+    if index >= n_lines:
+        return end
+    pos = end
+    for _ in range(n_lines - index + 1):
+        pos = raw.rfind(b"\n", 0, pos)
+    return pos + 1
+
+
+def read_tail(log: BinaryIO, size: int, tail_bytes: int = 65536) -> bytes:
+    """The last `tail_bytes` of the first `size` bytes of the open file, starting at a line
+    start (read at that offset: the file's position is left where it is)."""
+    start = max(0, size - tail_bytes)
+    data = os.pread(log.fileno(), size - start, start)
+    if start > 0:
+        cut = data.find(b"\n")
+        data = data[cut + 1 :] if cut >= 0 else b""
+    return data

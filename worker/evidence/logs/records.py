@@ -1,10 +1,5 @@
 """Metric records: WANDB_MIRROR JSON, console dicts (one line or pprint-ed), policy dicts, rewards.
-
-Key/value pairs are pulled out with `str.extract_all` and exploded, never parsed per line. Values
-that are not numbers (strings, booleans, null) are dropped; quoted numbers and bare NaN/Infinity are
-cast. A multi-line dict is joined from its lines of one actor (each continuation line carries its
-own prefix) and must close within WINDOW_LINES lines.
-"""
+Pairs are pulled out with `str.extract_all` and exploded, never parsed per line."""
 
 from __future__ import annotations
 
@@ -12,10 +7,10 @@ from typing import Final
 
 import polars as pl
 
-from worker.evidence.logs.lines import WINDOW_LINES
+from worker.evidence import schema
+from worker.evidence.logs.rules import WINDOW_LINES
 
 __all__ = [
-    "PAIR_BATCH_BYTES",
     "block_steps",
     "dict_blocks",
     "dict_metrics",
@@ -40,16 +35,7 @@ _GLOBAL_STEP: Final = r"'trainer/global_step':\s*'?(-?\d+)"
 _METRIC_HINT: Final = ("'trainer/", "'reward/", "'policy", "'timing/", "'final_loss'")
 _KEEP: Final = ("step", "key", "value", "line", "ts", "attempt")
 PAIR_BATCH_BYTES: Final = 4 * 2**20
-_NO_ROWS: Final = pl.DataFrame(
-    schema={
-        "step": pl.Int64,
-        "key": pl.String,
-        "value": pl.Float64,
-        "line": pl.Int64,
-        "ts": pl.Datetime("us", "UTC"),
-        "attempt": pl.Int32,
-    }
-)
+_NO_ROWS: Final = pl.DataFrame(schema={k: {**schema.METRICS, "ts": schema.TS}[k] for k in _KEEP})
 # What a bare JSON value (a number, NaN, Infinity, true, null) never holds.
 _NOT_BARE: Final = (" ", "\t", ",", "{", "}", "[", "]", "(", ")", '"', "'")
 
@@ -73,8 +59,9 @@ def _explode_pairs(frame: pl.DataFrame, text: str, pair: str, key: str) -> pl.Da
 
 
 def mirror_records(ev: pl.DataFrame) -> pl.DataFrame:
-    """Every WANDB_MIRROR line: `mkind`, `mstep`, `json` and `ok` (false: malformed)."""
-    rows = ev.filter(pl.col("kind") == "mirror")
+    """Every WANDB_MIRROR line: `idx`, `text`, `mkind`, `mstep`, `json` and `ok` (false:
+    malformed)."""
+    rows = ev.select("idx", "kind", "text", "msg").filter(pl.col("kind") == "mirror")
     msg = pl.col("msg")
     whole = msg.str.contains(_MIRROR)
     head = msg.str.extract_groups(_MIRROR_HEAD).struct
@@ -84,7 +71,8 @@ def mirror_records(ev: pl.DataFrame) -> pl.DataFrame:
         mstep=pl.when(whole).then(head.field("2").cast(pl.Int64, strict=False)),
         json=pl.when(whole).then(json),
     )
-    return rows.with_columns(ok=pl.col("json").is_not_null() & pl.col("mstep").is_not_null())
+    ok = pl.col("json").is_not_null() & pl.col("mstep").is_not_null()
+    return rows.select("idx", "text", "mkind", "mstep", "json", ok=ok)
 
 
 def _batches(frame: pl.DataFrame, column: str, max_bytes: int) -> list[pl.DataFrame]:
@@ -103,13 +91,9 @@ def _batches(frame: pl.DataFrame, column: str, max_bytes: int) -> list[pl.DataFr
 
 
 def _plain_pairs(part: pl.DataFrame) -> tuple[pl.DataFrame, pl.DataFrame]:
-    """The pairs of the records of `part` (`idx`, `json`) written as `json.dumps` writes them
-    (`"key": value, ...`, values bare), split at `, ` and `: `; and the other records.
-
-    A record is plain when every piece is one quoted key without an escaped quote, `: `, and a
-    value without a quote, space, comma, bracket, brace or parenthesis: then the split gives
-    exactly the pairs `_JSON_PAIR` finds, at a third of its cost. Any other record is left to
-    the pattern (`_explode_pairs`), whole."""
+    """The pairs of the records of `part` written as `json.dumps` writes them, split at `, ` and
+    `: ` (exactly the pairs `_JSON_PAIR` finds, at a third of its cost); and the other records,
+    left whole to the pattern."""
     body = pl.col("json").str.strip_prefix("{").str.strip_suffix("}")
     pieces = part.select("idx", _p=body.str.split(", ")).explode("_p")
     kv = pl.col("_p").str.split_exact(": ", 1).struct
@@ -139,12 +123,9 @@ def _record_pairs(part: pl.DataFrame) -> pl.DataFrame:
 
 
 def mirror_pairs(records: pl.DataFrame) -> pl.DataFrame:
-    """`idx`, `key` and `value` of each numeric pair of the well-formed train records.
-
-    They need no parser state, so the scan threads read them; `mirror_metrics` adds the context.
-    The pairs are exploded PAIR_BATCH_BYTES of JSON at a time: a read of nothing but records
-    would otherwise hold every pair's text at once (several times the read).
-    """
+    """`idx`, `key` and `value` of each numeric pair of the well-formed train records, exploded
+    PAIR_BATCH_BYTES of JSON at a time (a read of records would otherwise hold every pair's text
+    at once)."""
     train = records.filter(pl.col("ok") & (pl.col("mkind") == "train")).select("idx", "json")
     parts = [_record_pairs(part) for part in _batches(train, "json", PAIR_BATCH_BYTES)]
     return parts[0] if len(parts) == 1 else pl.concat(parts)
@@ -159,10 +140,8 @@ def mirror_metrics(records: pl.DataFrame, pairs: pl.DataFrame) -> pl.DataFrame:
 
 
 def dict_blocks(ev: pl.DataFrame) -> pl.DataFrame:
-    """Dicts printed on one line or over several lines of one actor, joined.
-
-    Columns: idx (of the first line), actor, text, closed, last_idx, hint (has metric-like keys).
-    """
+    """Dicts printed on one line or over several lines of one actor, joined: idx (of the first
+    line), actor, text, closed, last_idx, hint (has metric-like keys)."""
     rows = ev.filter(pl.col("kind").is_in(["dict_start", "dict_cont"]))
     if rows.is_empty():
         return pl.DataFrame(
@@ -201,10 +180,7 @@ def open_blocks(blocks: pl.DataFrame, n_lines: int) -> pl.Series:
 
 
 def dict_metrics(blocks: pl.DataFrame) -> tuple[pl.DataFrame, pl.DataFrame]:
-    """METRICS rows of console dicts (`trainer/global_step`) and of unprefixed policy dicts.
-
-    `blocks` must carry `step` (console) and the provenance of its first line.
-    """
+    """METRICS rows of console dicts (`trainer/global_step`) and of unprefixed policy dicts."""
     if blocks.is_empty():
         return _NO_ROWS.with_columns(origin=pl.lit("console")), _NO_ROWS.with_columns(
             origin=pl.lit("policy_dict")
@@ -226,7 +202,8 @@ def dict_metrics(blocks: pl.DataFrame) -> tuple[pl.DataFrame, pl.DataFrame]:
 
 def reward_metrics(ev: pl.DataFrame) -> pl.DataFrame:
     """METRICS rows of `reward/...: X` and `avg_final_rewards: X` lines (step from context)."""
-    rows = ev.filter(pl.col("kind") == "reward")
+    rows = ev.select("kind", "msg", "line", "ts", "attempt", "step_ctx")
+    rows = rows.filter(pl.col("kind") == "reward")
     pairs = rows.with_columns(_pair=pl.col("msg").str.extract_all(_REWARD_PAIR)).explode("_pair")
     pairs = pairs.filter(pl.col("_pair").is_not_null())
     parts = pl.col("_pair").str.split_exact(": ", 1).struct

@@ -1,31 +1,11 @@
-"""Replayed lines: a log shipper that re-sends a chunk it had sent before.
+"""Replayed lines: a log shipper that re-sends a chunk it had sent before (docs/parsing.md).
 
-Hypothesis: a line's Iris prefix is when the line was collected and its own time (loguru's,
-vLLM's) when it was written, so own minus prefix (the *skew*) is the log's lag: a few seconds, or
-a constant clock or time-zone offset, the same on every line. A line the shipper sends again was
-written long before it is collected again: its skew falls far below the log's usual one, and its
-own time is older than lines the log already holds. Such a line is a second copy (or a line whose
-time cannot be trusted): never fresh progress (DOMAIN.md section 7).
-
-A line is *replayed* when
-- its skew is below the log's usual skew by more than REPLAY_TOLERANCE_S, the usual skew
-  being the median skew of the file's first LAG_SAMPLE lines with both times (before that many,
-  of those before it): a constant offset is the usual skew, so it never is a replay; or
-- its own time is older, by more than REPLAY_TOLERANCE_S, than the newest own time of the
-  *consistent* lines before it (lines whose skew is within the tolerance of the usual one, or
-  that have no prefix time): a pod log without Iris prefixes shows a replay this way only.
-
-The parser leaves replayed lines out of the tables of progress (METRICS, TIMERS, PROGRESS,
-BATCHES, RESUMES: `worker.evidence.logs.chunk`), so no step, phase, metric or resume of theirs is
-ever progress, and counts them, the first few quoted, in the summary (`ClockSkew.replayed`). A
-failure line stays in ERRORS, replayed or not (DOMAIN.md: such a line is never *progress*; a
-failure is judged by the rules that read failures, its time as before). Lines without an own time
-(tracebacks, raw prints) cannot be recognised; the engine stat lines are read apart (`engines`)
-and prove no progress anyway.
-
-Every expression is cumulative from the chunk's first line, seeded from the carried state, so a
-chunked or incremental parse flags the same lines as one pass.
-"""
+Hypothesis: own time minus Iris prefix time (the *skew*) is the log's lag, the same on every line;
+a re-sent line was written long before it is collected again. A line is *replayed* when its skew
+is below the usual one (the median of the file's first LAG_SAMPLE skews) by more than
+REPLAY_TOLERANCE_S, or its own time is older by more than that than the newest own time of the
+consistent lines before it. Replayed lines have no progress rows (ERRORS keeps them) and are
+counted in the summary. Cumulative from the chunk's first line, seeded from the carried state."""
 
 from __future__ import annotations
 
@@ -55,9 +35,8 @@ _EXAMPLE_CHARS: Final = 160
 
 
 def usual_skew(frame: pl.DataFrame, state: ParserState) -> pl.Series:
-    """For each row of `frame` with a skew (`_skew`), the usual skew before it: the median of the
-    first min(n, LAG_SAMPLE) skews of the file, n the skews before the row (null for the file's
-    first); null on rows without a skew. One rolling median over at most LAG_SAMPLE values."""
+    """For each row with a skew (`_skew`), the usual skew before it: the median of the file's
+    first min(n, LAG_SAMPLE) skews, n those before the row; null elsewhere."""
     skews = frame.get_column("_skew")
     have = skews.is_not_null()
     values = skews.filter(have)
@@ -95,7 +74,7 @@ def advance(frame: pl.DataFrame, state: ParserState) -> None:
     if room > 0:
         skews = frame.get_column("_skew").drop_nulls().head(room)
         state.lag_sample.extend(float(v) for v in skews.to_list())
-    newest = frame.filter(pl.col("_consistent")).get_column("_own").max()
+    newest = frame.select(pl.col("_own").filter(pl.col("_consistent")).max()).item()
     if isinstance(newest, datetime) and (state.newest_own is None or newest > state.newest_own):
         state.newest_own = newest
 

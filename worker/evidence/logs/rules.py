@@ -1,20 +1,13 @@
-"""The parser's rule constants that need no polars: what flags a line, the traceback block starts,
-the window and line caps, and the rest lines the native pass keeps (`KEEP`).
-
-`rl-health parse` starts reading a log and running the native pass before polars is imported
-(`worker.evidence.logs.prelude`): the pass needs these, so they live here, and `detect`, `lines`
-and `scan` re-export them where they were. Importing this module never imports polars (a test
-checks it).
+"""The parser's literal rules: what flags a line, its kind and error kind, the traceback block
+starts, the window and line caps, and the rest lines the native pass keeps (`KEEP`).
 """
 
 from __future__ import annotations
 
 import re
-import tomllib
-from functools import cache
-from pathlib import Path
 from typing import Final
 
+from worker.evidence.failures import catalogue
 from worker.evidence.logs import native
 
 __all__ = [
@@ -33,34 +26,16 @@ __all__ = [
     "TRACEBACK",
     "UNHANDLED",
     "WINDOW_LINES",
-    "catalogue_literals",
 ]
 
-# A multi-line construct (pprint-ed dict, traceback) must close within this many lines; it is what
-# makes the result independent of where chunks are cut.
+# A pprint-ed dict or traceback closes within this many lines: the tables do not depend on the cuts.
 WINDOW_LINES: Final = 200
-# A line longer than this is cut (its head kept, with a marker): no real log line comes near it
-# (a WANDB_MIRROR record of a thousand metrics is ~40 KB), and every regex runs on bounded text.
+# A longer line is cut (a WANDB_MIRROR record of a thousand metrics is ~40 KB)
 LINE_MAX_BYTES: Final = 2**20
-# The summary head: the first non-empty lines among the first HEAD_SCAN_LINES lines of the file.
-HEAD_SCAN_LINES: Final = 1000
+HEAD_SCAN_LINES: Final = 1000  # the summary head: the first HEAD_LINES non-empty lines among these
 HEAD_LINES: Final = 5
-_CATALOGUE: Final = Path(__file__).resolve().parent.parent / "failures" / "catalogue.toml"
-
-
-@cache
-def catalogue_literals() -> tuple[str, ...]:
-    """Every failure catalogue entry's literal, once each, in the catalogue's order: what
-    `worker.evidence.failures.catalogue().literals` gives, read without importing that package
-    (it imports polars). The catalogue itself is validated where it is loaded."""
-    with _CATALOGUE.open("rb") as handle:
-        entries = tomllib.load(handle).get("entry", [])
-    return tuple(dict.fromkeys(str(entry["literal"]) for entry in entries))
-
-
 TRACEBACK: Final = "Traceback (most recent call last)"
 UNHANDLED: Final = "Unhandled error (suppress with "
-# Lines after which an exception's frames and final line follow.
 BLOCK_STARTS: Final = (TRACEBACK, UNHANDLED)
 ENGINE_LITERAL: Final = "Avg prompt throughput"
 
@@ -124,7 +99,7 @@ _EXCEPTION_MARKERS: Final = (
     ".exceptions.",
 )
 FAILURE_LITERALS: Final[tuple[str, ...]] = tuple(
-    sorted({*catalogue_literals(), *_EXCEPTION_MARKERS, UNHANDLED})
+    sorted({*catalogue().literals, *_EXCEPTION_MARKERS, UNHANDLED})
 )
 
 _INTEREST: Final[list[str]] = sorted(
@@ -134,13 +109,9 @@ _INTEREST: Final[list[str]] = sorted(
     | set(FAILURE_LITERALS)
 )
 
-# The scan flags a line when it holds one of these anchors: every literal above contains one, so
-# a line holding any literal is flagged, and the classification that follows (on the flagged lines
-# only) tests the literals themselves. The one pass over every byte stays fast only with few
-# alternatives, none short and lowercase (the regex engine's literal prefilter: ~21 ms a 48 MiB
-# read with these 52, ~40 ms with one or two more or with `died`, 92 ms with every literal). Bare
-# lowercase words are avoided where possible (`failed` is the exception): an Iris job name in
-# every line's prefix that held one would flag every line (still correct, but slow).
+# A line is flagged when it holds an anchor; every literal above holds one. Few anchors, none short
+# and lowercase where possible: past ~52 the regex engine's literal prefilter slows down sharply,
+# and an Iris job name holding a lowercase anchor would flag every line (docs/parsing.md).
 _ANCHORS: Final = (
     # failure vocabulary
     *("Error", " error", "ERROR", "Exception", ".errors.", ".exceptions.", "Exit", "SIG"),
@@ -161,23 +132,14 @@ _ANCHORS: Final = (
 # A literal no anchor covers (a new catalogue entry, say) flags lines by itself.
 _UNCOVERED: Final = tuple(lit for lit in _INTEREST if not any(a in lit for a in _ANCHORS))
 
-# Every literal that flags a line, longest first: one leftmost-first search finds the first one.
-_FLAG_LITERALS: Final = sorted(
-    {*_ANCHORS, *_UNCOVERED, ENGINE_LITERAL}, key=lambda lit: (-len(lit), lit)
+# Every literal that flags a line, longest first (one leftmost-first search finds the first); the
+# native pass drops a line that holds none and that nothing else reads.
+FLAG_LITERALS: Final[tuple[str, ...]] = tuple(
+    sorted({*_ANCHORS, *_UNCOVERED, ENGINE_LITERAL}, key=lambda lit: (-len(lit), lit))
 )
-# The native pass keeps a rest line that holds one of these (and drops one that holds none and
-# that nothing else reads: `native.Rules`), so they stay the one list of what flags a line.
-FLAG_LITERALS: Final[tuple[str, ...]] = tuple(_FLAG_LITERALS)
-
-# The rest lines the polars path can read (`native.Rules`); the native pass drops the others.
-# Kept: a flag literal; the first lines (the first window, `detect._picked`, and the head lines);
-# a traceback window; a line that could be cut (a line grows at most 3x when invalid UTF-8 is
-# replaced, so 1/16 of the cap is well short of it); the head's first non-blank line.
-# The native pass reads a strict line whose message opens with a kind literal (`native.Rules`)
-# when its message holds none of CLASS_LITERALS: the flag literals found in an error or failure
-# literal or the traceback literal. Every literal that could classify the message otherwise
-# holds one (each holds a flag literal, and those in one of them are these), so the message has
-# no error and no failure and its kind is the one its first bytes name.
+# The native pass reads a strict line of a native kind only when its message holds none of
+# CLASS_LITERALS (the flag literals within an error, failure or traceback literal): every literal
+# that could classify it otherwise holds one, so it has no error or failure.
 _CLASSIFYING: Final = (*(lit for _, lit in ERROR_RULES), *FAILURE_LITERALS, TRACEBACK)
 CLASS_LITERALS: Final[tuple[str, ...]] = tuple(
     flag for flag in FLAG_LITERALS if any(flag in lit for lit in _CLASSIFYING)

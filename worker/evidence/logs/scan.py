@@ -1,10 +1,5 @@
-"""The per-read work that needs no parser state: split, classify, read the stat lines.
-
-A `Scan` holds what a read of complete lines yields on its own (classified lines, engine stat
-fields, the first lines for the summary head, the bytes of its last lines for cut offsets), so the
-reader can scan the next reads in worker threads while the current chunk is parsed. Scans join in
-file order; the lines after a chunk's cut are carried, already scanned, into the next chunk.
-"""
+"""The per-read work that needs no parser state (split, classify, read the stat lines), done in the
+read-ahead thread; scans join in file order."""
 
 from __future__ import annotations
 
@@ -14,19 +9,11 @@ from typing import Final
 import polars as pl
 
 from worker.evidence.logs import detect, engines, records
-from worker.evidence.logs import native as native_pass
-from worker.evidence.logs.lines import (
-    WINDOW_LINES,
-    Cut,
-    Read,
-    bound_lines,
-    line_start,
-    split_read,
-)
-from worker.evidence.logs.native import Native
-from worker.evidence.logs.rules import HEAD_LINES, HEAD_SCAN_LINES, KEEP
+from worker.evidence.logs.native import Native, native_scan
+from worker.evidence.logs.reads import Cut, Read, bound_lines, line_start, split_read
+from worker.evidence.logs.rules import HEAD_LINES, HEAD_SCAN_LINES, KEEP, WINDOW_LINES
 
-__all__ = ["HEAD_LINES", "HEAD_SCAN_LINES", "KEEP", "Scan", "scan"]
+__all__ = ["Scan", "scan"]
 
 # A chunk is cut at most WINDOW_LINES + 1 lines before its end; its tail bytes must cover the cut.
 TAIL_LINES: Final = WINDOW_LINES + 2
@@ -47,7 +34,6 @@ class Scan:
     tail: bytes  # the bytes of the last `tail_lines` lines (a cut line as cut)
     tail_lines: int
     cuts: tuple[Cut, ...] = ()  # lines cut to LINE_MAX_BYTES, by idx
-    density: float = 0.0  # bytes of the frames above for each byte read (what a read costs)
 
     def then(self, other: Scan) -> Scan:
         """This scan followed by `other`."""
@@ -110,10 +96,6 @@ class Scan:
         )
 
 
-def _moved(cuts: tuple[Cut, ...], by: int) -> tuple[Cut, ...]:
-    return tuple(Cut(c.idx + by, c.length, c.dropped) for c in cuts)
-
-
 def _shifted(frame: pl.DataFrame, by: int) -> pl.DataFrame:
     if by == 0:
         return frame
@@ -124,56 +106,43 @@ def _from(frame: pl.DataFrame, index: int) -> pl.DataFrame:
     return _shifted(frame.filter(pl.col("idx") >= index), -index)
 
 
-def _head(lines: pl.Series) -> tuple[pl.DataFrame, int | None]:
-    first = lines.head(HEAD_SCAN_LINES)
-    text = detect.strip_sgr(pl.col("line")).str.strip_chars()
-    head = first.to_frame("line").with_row_index("idx").select("idx", text=text)
-    head = head.filter(pl.col("text").str.len_bytes() > 0).head(HEAD_LINES)
-    found = (first.str.strip_chars().str.len_bytes() > 0).arg_true()
-    if not len(found):
-        found = (lines.str.strip_chars().str.len_bytes() > 0).arg_true()
-    return head, int(found[0]) if len(found) else None
-
-
-def _head_native(lines: pl.Series, native: Native) -> tuple[pl.DataFrame, int | None]:
-    """`_head` of the whole read, from the rest `lines` and the native pass's stat lines."""
-    where, stat_idx = native.where, native.stats.get_column("idx")
-    n_rest = where.search_sorted(HEAD_SCAN_LINES)
-    n_stat = min(stat_idx.search_sorted(HEAD_SCAN_LINES), HEAD_LINES)
-    first = pl.concat(
-        [
-            pl.DataFrame({"idx": where.head(n_rest), "line": lines.head(n_rest)}),
-            pl.DataFrame(
-                {"idx": stat_idx.head(n_stat), "line": native.raw(stat_idx.head(n_stat).to_list())},
-                schema={"idx": pl.UInt32, "line": pl.String},
-            ),
-        ]
-    ).sort("idx")
-    text = detect.strip_sgr(pl.col("line")).str.strip_chars()
-    head = first.select("idx", text=text).filter(pl.col("text").str.len_bytes() > 0)
-    found = (lines.head(HEAD_SCAN_LINES).str.strip_chars().str.len_bytes() > 0).arg_true()
-    if not len(found):
-        found = (lines.str.strip_chars().str.len_bytes() > 0).arg_true()
-    starts = [int(where[int(found[0])])] if len(found) else []
-    starts += [int(stat_idx[0])] if len(stat_idx) else []
-    return head.head(HEAD_LINES), min(starts, default=None)
-
-
-def _lines(read: Read, early: native_pass.Raw | None) -> tuple[pl.Series, list[Cut], Native | None]:
-    """The lines of `read` for the polars path (all, or those the native pass left), cut to
-    LINE_MAX_BYTES, the cuts (by line index in the read) and the native pass (`early`: its pass
-    made before polars was imported, `worker.evidence.logs.prelude`)."""
-    native = (
-        native_pass.wrap(early)
-        if early is not None
-        else native_pass.native_scan(read.data, read.end, KEEP)
+def _head(lines: pl.Series, passed: Native | None) -> tuple[pl.DataFrame, int | None]:
+    """The read's first non-empty lines among its first HEAD_SCAN_LINES (`idx`, `text`: at most
+    HEAD_LINES) and the index of its first non-blank line: of `lines` (the native pass's rest
+    lines, with `passed`) and of the stat lines the pass read."""
+    where = (
+        pl.int_range(len(lines), dtype=pl.UInt32, eager=True) if passed is None else passed.where
     )
-    if native is None:
+    rest = pl.DataFrame({"idx": where, "line": lines})
+    n_rest = where.search_sorted(HEAD_SCAN_LINES)
+    parts, starts = [rest.head(n_rest)], []
+    if passed is not None:
+        stat_idx = passed.stats.get_column("idx")
+        kept = stat_idx.head(min(stat_idx.search_sorted(HEAD_SCAN_LINES), HEAD_LINES))
+        stat_lines = pl.Series("line", passed.raw(kept.to_list()), dtype=pl.String)
+        parts.append(pl.DataFrame({"idx": kept, "line": stat_lines}))
+        starts += stat_idx.head(1).to_list()
+    text = detect.strip_sgr(pl.col("line")).str.strip_chars()
+    head = pl.concat(parts).sort("idx").select("idx", text=text)
+    head = head.filter(pl.col("text").str.len_bytes() > 0).head(HEAD_LINES)
+    filled = pl.col("line").str.strip_chars().str.len_bytes() > 0
+    found = rest.head(n_rest).filter(filled)
+    found = found if len(found) else rest.filter(filled)
+    starts += found.get_column("idx").head(1).to_list()
+    return head, min(starts, default=None)
+
+
+def _lines(read: Read, native: bool) -> tuple[pl.Series, list[Cut], Native | None]:
+    """The lines of `read` for the polars path (all, or those the native pass left), cut to
+    LINE_MAX_BYTES, the cuts (by line index in the read) and the native pass (with `native`,
+    when the extension is built)."""
+    passed = native_scan(read.data, read.end, KEEP) if native else None
+    if passed is None:
         lines, cuts = bound_lines(split_read(read.data, read.end))
         return lines, cuts, None
-    lines, cuts = bound_lines(split_read(native.rest, len(native.rest)))
-    where = native.where
-    return lines, [Cut(int(where[c.idx]), c.length, c.dropped) for c in cuts], native
+    lines, cuts = bound_lines(split_read(passed.rest, len(passed.rest)))
+    where = passed.where
+    return lines, [Cut(int(where[c.idx]), c.length, c.dropped) for c in cuts], passed
 
 
 def _stats(stat_lines: pl.DataFrame, native: Native | None) -> pl.DataFrame:
@@ -186,16 +155,16 @@ def _stats(stat_lines: pl.DataFrame, native: Native | None) -> pl.DataFrame:
     return pl.concat([native.stats, stats]).sort("idx") if len(native.stats) else stats
 
 
-def scan(read: Read, early: native_pass.Raw | None = None) -> Scan:
-    """The scan of the complete lines of `read` (of all of it when final); `early`: the native
-    pass of `read` (with `rules.KEEP`), when it was made already."""
-    lines, cuts, native = _lines(read, early)
-    n_lines = len(lines) if native is None else native.n_lines
-    ev_query, stat_lines = detect.evidence_lines(lines, native)
-    ev, stats = ev_query.collect(), _stats(stat_lines, native)
+def scan(read: Read, *, native: bool = True) -> Scan:
+    """The scan of the complete lines of `read` (of all of it when final); with `native`, its
+    strict lines are read by the native pass (when the extension is built)."""
+    lines, cuts, passed = _lines(read, native)
+    n_lines = len(lines) if passed is None else passed.n_lines
+    ev_query, stat_lines = detect.evidence_lines(lines, passed)
+    ev, stats = ev_query.collect(engine="in-memory"), _stats(stat_lines, passed)
     mirrors = records.mirror_records(ev)
     pairs = records.mirror_pairs(mirrors)
-    head, first_content = _head(lines) if native is None else _head_native(lines, native)
+    head, first_content = _head(lines, passed)
     tail_lines = min(n_lines, TAIL_LINES)
     start = line_start(read.data, read.end, n_lines, n_lines - tail_lines)
     return Scan(
@@ -210,9 +179,4 @@ def scan(read: Read, early: native_pass.Raw | None = None) -> Scan:
         tail=read.data[start : read.end],
         tail_lines=tail_lines,
         cuts=(*read.cuts, *cuts),
-        density=_density([ev, stats, mirrors, pairs], read.end),
     )
-
-
-def _density(frames: list[pl.DataFrame], size: int) -> float:
-    return sum(int(frame.estimated_size()) for frame in frames) / max(size, 1)

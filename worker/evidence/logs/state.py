@@ -1,14 +1,10 @@
-"""The parser state carried from one chunk to the next (and kept by the incremental cache).
-
-Everything a later line needs from earlier ones lives here: the line number, the attempt, the step
-context, the date anchor for lines that carry only a time of day, pending `Exception breakdown`
-lines, and the running summary. It round-trips through JSON so the cache can keep it on disk.
-"""
+"""The parser state carried from one chunk to the next (kept by the incremental cache as JSON)."""
 
 from __future__ import annotations
 
+import copy
 import json
-from dataclasses import asdict, dataclass, field, fields, replace
+from dataclasses import asdict, dataclass, field, fields
 from datetime import date, datetime
 from typing import Any, Final
 
@@ -63,18 +59,8 @@ class ParserState:
         return cls(anchor_day=reference_date)
 
     def copy(self) -> ParserState:
-        """A deep enough copy: the mutable containers are new."""
-        return replace(
-            self,
-            breakdowns=dict(self.breakdowns),
-            head=list(self.head),
-            head_lines=list(self.head_lines),
-            records=dict(self.records),
-            malformed_examples=list(self.malformed_examples),
-            cut_examples=list(self.cut_examples),
-            lag_sample=list(self.lag_sample),
-            replayed_examples=list(self.replayed_examples),
-        )
+        """A deep copy."""
+        return copy.deepcopy(self)
 
     def count(self, name: str, n: int) -> None:
         """Add `n` records of serialization `name`."""

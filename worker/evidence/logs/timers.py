@@ -1,9 +1,5 @@
-"""Phase timers, progress counters and resume markers.
-
-`Started: '<phase>'` / `Finished: '<phase>', time cost: 12.34s` make TIMERS; `Training Step
-Progress: N / M` (bare or tqdm) and `Generation Buffer Progress: 75%|...| 24/32 [41:07<...]` make
-PROGRESS; boundaries and checkpoint lines make RESUMES.
-"""
+"""Phase timers (TIMERS), progress counters (PROGRESS), resume markers (RESUMES), and agentic
+batch lines (BATCHES) joined with the same actor's `Exception breakdown` printed before them."""
 
 from __future__ import annotations
 
@@ -11,7 +7,12 @@ from typing import Final
 
 import polars as pl
 
+from worker.evidence import schema
+from worker.evidence.logs.state import ParserState
+
 __all__ = [
+    "batch_metrics",
+    "batch_rows",
     "progress_parsed",
     "progress_rows",
     "progress_steps",
@@ -36,7 +37,7 @@ _RESUME_KIND: Final = {
 
 def timer_rows(ev: pl.DataFrame) -> pl.DataFrame:
     """TIMERS rows (without `source`): event, phase, seconds, step and provenance."""
-    rows = ev.filter(pl.col("kind") == "timer")
+    rows = ev.select("kind", "msg", *_PROV, "step_ctx").filter(pl.col("kind") == "timer")
     parsed = pl.col("msg").str.extract_groups(_TIMER).struct
     rows = rows.with_columns(
         event=parsed.field("1").str.to_lowercase(),
@@ -56,20 +57,20 @@ def _elapsed(text: pl.Expr) -> pl.Expr:
 
 def progress_parsed(ev: pl.DataFrame) -> pl.DataFrame:
     """The progress lines of `ev` read once: `idx`, `pkind`, `done`, `total`, `elapsed_s`."""
-    return _progress_parsed(ev).select("idx", "pkind", "done", "total", "elapsed_s")
-
-
-def _progress_parsed(ev: pl.DataFrame) -> pl.DataFrame:
-    rows = ev.filter(pl.col("kind").is_in(list(_PROGRESS_KIND)))
+    rows = ev.select("idx", "kind", "msg").filter(pl.col("kind").is_in(list(_PROGRESS_KIND)))
     # tqdm rewrites the bar with carriage returns: the last update on the line counts.
     last = pl.col("msg").str.extract_all(_PROGRESS).list.last()
     parsed = last.str.extract_groups(_PROGRESS).struct
-    return rows.with_columns(
-        pkind=pl.col("kind").replace_strict(_PROGRESS_KIND, return_dtype=pl.String),
-        done=parsed.field("1").cast(pl.Int64, strict=False),
-        total=parsed.field("2").cast(pl.Int64, strict=False),
-        elapsed_s=_elapsed(parsed.field("3")),
-    ).filter(pl.col("done").is_not_null())
+    return (
+        rows.with_columns(
+            pkind=pl.col("kind").replace_strict(_PROGRESS_KIND, return_dtype=pl.String),
+            done=parsed.field("1").cast(pl.Int64, strict=False),
+            total=parsed.field("2").cast(pl.Int64, strict=False),
+            elapsed_s=_elapsed(parsed.field("3")),
+        )
+        .filter(pl.col("done").is_not_null())
+        .select("idx", "pkind", "done", "total", "elapsed_s")
+    )
 
 
 def progress_steps(parsed: pl.DataFrame) -> pl.DataFrame:
@@ -94,9 +95,8 @@ def resume_steps(ev: pl.DataFrame) -> pl.DataFrame:
 
 
 def resume_rows(ev: pl.DataFrame) -> pl.DataFrame:
-    """RESUMES rows (without `source`): Iris boundaries and resume lines, and an
-    `attempt_boundary` row at each in-log restart (`attempts`; a restart on a resume line gives
-    that line both rows, the boundary first)."""
+    """RESUMES rows (without `source`), and an `attempt_boundary` row at each in-log restart
+    (before the line's own row)."""
     rows = ev.filter(pl.col("kind").is_in(list(_RESUME_KIND)) | pl.col("restart"))
     resumed = pl.col("msg").str.extract(_RESUMED, 1).cast(pl.Int64, strict=False)
     kind = pl.col("kind").replace_strict(_RESUME_KIND, default=None, return_dtype=pl.String)
@@ -109,3 +109,78 @@ def resume_rows(ev: pl.DataFrame) -> pl.DataFrame:
         return own.drop("restart")
     both = pl.concat([starts, own]).with_columns(_second=pl.col("kind") != "attempt_boundary")
     return both.sort("line", "_second", maintain_order=True).drop("restart", "_second")
+
+
+_BATCH: Final = (
+    r"Batch generation \w+: (\d+)/(\d+) successful, (\d+) failed instances?, (\d+) masked"
+)
+_CONSUMED: Final = ""
+# built without running a query: no polars thread pool before a fork (test_failure_catalogue)
+_NO_BATCHES: Final = pl.DataFrame(
+    schema={
+        ("ts" if k == "timestamp" else k): v for k, v in schema.BATCHES.items() if k != "source"
+    }
+)
+
+
+def _joined(ev: pl.DataFrame, state: ParserState) -> pl.DataFrame:
+    rows = ev.filter(pl.col("kind").is_in(["breakdown", "batch"]))
+    breakdown = pl.col("msg").str.extract(r"Exception breakdown: (\{.*\})", 1)
+    event = (
+        pl.when(pl.col("kind") == "breakdown")
+        .then(breakdown.fill_null("{}"))
+        .otherwise(pl.lit(_CONSUMED))
+    )
+    carried = pl.col("actor").replace_strict(state.breakdowns, default=None, return_dtype=pl.String)
+    prev = event.forward_fill().shift(1).over("actor")
+    rows = rows.with_columns(_event=event, _prev=pl.coalesce(prev, carried))
+    _carry(rows, state)
+    return rows.filter(pl.col("kind") == "batch")
+
+
+def _carry(rows: pl.DataFrame, state: ParserState) -> None:
+    last = rows.group_by("actor").agg(pl.col("_event").last())
+    for actor, event in last.iter_rows():
+        if event == _CONSUMED:
+            state.breakdowns.pop(actor, None)
+        else:
+            state.breakdowns[actor] = event
+
+
+def batch_rows(ev: pl.DataFrame, state: ParserState) -> pl.DataFrame:
+    """BATCHES rows (without `source`); advances `state.breakdowns`."""
+    if ev.filter(pl.col("kind").is_in(["breakdown", "batch"])).is_empty():
+        return _NO_BATCHES  # most logs print none: skip the joins
+    rows = _joined(ev, state)
+    parsed = pl.col("msg").str.extract_groups(_BATCH).struct
+    exceptions = pl.col("_prev").fill_null("{}").replace(_CONSUMED, "{}")
+    return rows.select(
+        step="step_ctx",
+        successful=parsed.field("1").cast(pl.Int64, strict=False),
+        total=parsed.field("2").cast(pl.Int64, strict=False),
+        failed=parsed.field("3").cast(pl.Int64, strict=False),
+        masked=parsed.field("4").cast(pl.Int64, strict=False),
+        exceptions=exceptions.str.replace_all("'", '"'),
+        line="line",
+        ts="ts",
+        attempt="attempt",
+    ).filter(pl.col("total").is_not_null())
+
+
+def batch_metrics(batches: pl.DataFrame) -> pl.DataFrame:
+    """Per-step `batch_errors/*` totals of a BATCHES table as METRICS rows (origin `batch`)."""
+    sums = {
+        "batch_errors/total_batches": pl.len().cast(pl.Float64),
+        "batch_errors/total_instances": pl.col("total").sum().cast(pl.Float64),
+        "batch_errors/total_successful": pl.col("successful").sum().cast(pl.Float64),
+        "batch_errors/total_failed": pl.col("failed").sum().cast(pl.Float64),
+        "batch_errors/total_masked": pl.col("masked").sum().cast(pl.Float64),
+    }
+    known = batches.filter(pl.col("step").is_not_null())
+    per_step = known.group_by("step", "attempt").agg(
+        pl.col("line").last(), pl.col("timestamp").last(), **sums
+    )
+    long = per_step.unpivot(
+        index=["step", "attempt", "line", "timestamp"], variable_name="key", value_name="value"
+    )
+    return long.with_columns(origin=pl.lit("batch"))

@@ -12,9 +12,10 @@ from polars.testing import assert_frame_equal
 
 from shared.redact import redact_frame
 from tests.security.corpus import HF, JWT
-from worker.evidence.logs import parse_log_file, write
-from worker.evidence.logs.write import ISO_UTC, redacted, write_frame, write_tables
-from worker.evidence.model import LogTables, ParseSummary
+from worker.cli import tables as write
+from worker.cli.tables import ISO_UTC, redacted, write_frame, write_tables
+from worker.evidence.logs import parse_log_file
+from worker.evidence.model import LogTables
 
 FIXTURES = Path(__file__).resolve().parent.parent / "fixtures" / "logs"
 LOGS = sorted(p for p in FIXTURES.iterdir() if p.suffix in {".log", ".out", ".txt"})
@@ -104,70 +105,3 @@ def test_redaction_through_distinct_values_equals_every_cell(rows: int, distinct
     assert_frame_equal(redacted(frame), redact_frame(frame))
     if rows:
         assert HF not in redacted(frame).write_csv()
-
-
-@pytest.mark.parametrize("log", LOGS, ids=[p.name for p in LOGS])
-def test_tables_written_in_parts_equal_the_plain_way(
-    log: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """With every table longer than 3 rows formatted in parts, the files are still byte for byte
-    the plain way's (one header, no row lost or doubled at a seam)."""
-    monkeypatch.setattr(write, "SPLIT_ROWS", 3)
-    test_written_tables_equal_the_plain_way(log, tmp_path)
-
-
-@pytest.mark.parametrize(("rows", "parts"), [(write.SPLIT_ROWS, 0), (write.SPLIT_ROWS + 1, 2)])
-def test_a_table_is_split_just_past_split_rows(
-    rows: int, parts: int, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """At SPLIT_ROWS rows a table is written whole; one row more and it is formatted in parts.
-    Either way every cell is redacted and the file is the plain way's."""
-    made: list[int] = []
-    submit = write._submit_parts
-
-    def counted(pool: object, frame: pl.DataFrame, *where: object) -> list:  # type: ignore[type-arg]
-        found = submit(pool, frame, *where)  # type: ignore[arg-type]
-        made.append(len(found))
-        return found
-
-    monkeypatch.setattr(write, "_submit_parts", counted)
-    engines = pl.concat([_frame(rows // 2, 4), _frame(rows - rows // 2, 4)])
-    tables = LogTables(engines=engines, summary=ParseSummary())
-    written = write_tables(tables, tmp_path / "out")
-    assert [p.name for p in written] == ["engines.csv"]
-    assert made == ([parts] if parts else [])
-    _plain(engines, tmp_path / "plain.csv")
-    assert written[0].read_bytes() == (tmp_path / "plain.csv").read_bytes()
-    assert HF not in written[0].read_text() and JWT not in written[0].read_text()
-
-
-@pytest.mark.parametrize("rows", [write.SPLIT_ROWS, write.SPLIT_ROWS + 1])
-def test_the_parts_files_are_removed_once_appended(rows: int, tmp_path: Path) -> None:
-    """A table formatted in parts goes through temporary files beside it (not memory); once the
-    table is written only the table is in the directory, whether or not it was split."""
-    engines = _frame(rows, 4)
-    written = write_tables(LogTables(engines=engines, summary=ParseSummary()), tmp_path / "out")
-    assert sorted(p.name for p in (tmp_path / "out").iterdir()) == ["engines.csv"]
-    _plain(engines, tmp_path / "plain.csv")
-    assert written[0].read_bytes() == (tmp_path / "plain.csv").read_bytes()
-
-
-@pytest.mark.parametrize("failing", ["first", "other"])
-def test_a_failed_part_leaves_no_part_file(
-    failing: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """When formatting either part fails, the error reaches the caller and no temporary part
-    file is left behind."""
-    real = pl.DataFrame.write_csv
-
-    def broken(frame: pl.DataFrame, file: object = None, **kwargs: object) -> object:
-        header = kwargs.get("include_header", True)
-        if (failing == "first") == bool(header):
-            raise OSError(28, "No space left on device")
-        return real(frame, file, **kwargs)  # type: ignore[arg-type]
-
-    monkeypatch.setattr(pl.DataFrame, "write_csv", broken)
-    engines = _frame(write.SPLIT_ROWS + 1, 4)
-    with pytest.raises(OSError, match="No space left"):
-        write_tables(LogTables(engines=engines, summary=ParseSummary()), tmp_path / "out")
-    assert not [p for p in (tmp_path / "out").iterdir() if ".part-" in p.name]

@@ -2,14 +2,9 @@
 string column redacted (`shared.redact.redact_frame`). METRICS is written wide (`metrics`: `step`
 and a column per key) unless that would be too wide (`wide_fits`): then long (`metrics_long`).
 
-The tables are written at once in a few threads (polars releases the GIL while it writes); the
-wide metrics table is pivoted in one of them, beside the other writes. A CSV table of more than
-`SPLIT_ROWS` rows (the engines table of a busy log) is formatted in parts, one per thread: the
-first is written to the file, the others to temporary files beside it, then appended after it
-and removed (the same bytes as one write; no part is held in memory). A string column is
-redacted through its distinct values (an engine or source column repeats a few values over
-hundreds of thousands of rows). A CSV's datetimes are written by the CSV writer (as naive UTC
-times in `ISO_UTC`), not formatted into string columns first.
+A string column is redacted through its distinct values when they are few (an engine or source
+column repeats a few values over hundreds of thousands of rows). A CSV's datetimes are written by
+the CSV writer (as naive UTC times in `ISO_UTC`), not formatted into string columns first.
 
 A CSV cell or column name that a spreadsheet would run as a formula (it starts with `=`, `+`, `-`,
 `@`, a tab or a carriage return: `=HYPERLINK(...)`, `+cmd|...`) is written behind a `'`, which
@@ -22,11 +17,6 @@ symlink planted in the directory is replaced, never written through.
 
 from __future__ import annotations
 
-import os
-import shutil
-import tempfile
-from concurrent.futures import Future, ThreadPoolExecutor, wait
-from contextlib import ExitStack
 from pathlib import Path
 from typing import TYPE_CHECKING, BinaryIO, Final, Literal
 
@@ -40,7 +30,6 @@ if TYPE_CHECKING:
 
 __all__ = [
     "FORMULA_START",
-    "SPLIT_ROWS",
     "TABLE_NAMES",
     "WIDE_MAX_CELLS",
     "WIDE_MAX_KEYS",
@@ -66,11 +55,6 @@ ISO_UTC: Final = "%Y-%m-%dT%H:%M:%S%.6fZ"
 # billions of cells).
 WIDE_MAX_KEYS: Final = 10_000
 WIDE_MAX_CELLS: Final = 20_000_000
-_WRITERS: Final = 2
-# A CSV table longer than this is formatted in `_WRITERS` parts at once.
-SPLIT_ROWS: Final = 100_000
-# A part's file is appended to its table in blocks of this size.
-_COPY_BYTES: Final = 2**20
 # A column with fewer distinct values than this share of its rows is redacted through them.
 _DISTINCT_SHARE: Final = 0.5
 # What a spreadsheet takes for the start of a formula (OWASP's list for CSV injection).
@@ -123,14 +107,14 @@ def _inert_names(columns: list[str]) -> dict[str, str]:
     return names
 
 
-def _write_csv(frame: pl.DataFrame, target: Path | BinaryIO, *, header: bool = True) -> None:
+def _write_csv(frame: pl.DataFrame, target: BinaryIO) -> None:
     """`frame` as CSV, its datetimes as UTC in `ISO_UTC` (made naive, the writer formats them),
     formulas made inert."""
     stamps = [n for n, t in frame.schema.items() if isinstance(t, pl.Datetime)]
     naive = inert(frame).with_columns(
         pl.col(n).dt.convert_time_zone("UTC").dt.replace_time_zone(None) for n in stamps
     )
-    naive.write_csv(target, include_header=header, datetime_format=ISO_UTC)
+    naive.write_csv(target, datetime_format=ISO_UTC)
 
 
 def _redacted_column(column: pl.Series) -> pl.Series:
@@ -161,86 +145,12 @@ def write_tables(
     `shared.safefs.UnsafeDirectoryError`); the paths written (in table order)."""
     owned_directory(out_dir, mode=OUTPUT_MODE)
     frames, wide = _frames(tables)
-    split = {
-        n
-        for n, f in frames.items()
-        if fmt == "csv" and f.height > SPLIT_ROWS and not (wide and n == "metrics")
-    }
-    # a split table's file is opened here and renamed into place when its parts are in
-    with ExitStack() as files, ThreadPoolExecutor(_WRITERS) as pool:
-        targets = {name: files.enter_context(replacing(out_dir, f"{name}.csv")) for name in split}
-        # the pivot and the long tables' parts first: the short tables then fill the threads
-        whole = {"metrics": pool.submit(_write_wide, tables, out_dir, fmt)} if wide else {}
-        parts = {name: _submit_parts(pool, frames[name], out_dir, targets[name]) for name in split}
-        whole |= {
-            name: pool.submit(write_frame, frame, out_dir, name, fmt)
-            for name, frame in frames.items()
-            if name not in split and name not in whole
-        }
-        return [
-            _join_parts(out_dir / f"{name}.csv", targets[name], parts[name])
-            if name in split
-            else whole[name].result()
-            for name in frames
-        ]
-
-
-def _write_wide(tables: LogTables, out_dir: Path, fmt: Literal["csv", "parquet"]) -> Path:
-    """The metrics pivoted wide (`LogTables.metrics_wide`) and written as `metrics`."""
-    return write_frame(tables.metrics_wide(), out_dir, "metrics", fmt)
-
-
-def _submit_parts(
-    pool: ThreadPoolExecutor, frame: pl.DataFrame, out_dir: Path, target: BinaryIO
-) -> list[Future[Path | None]]:
-    """The parts of `frame` formatted at once: the first written to `target` (with the header),
-    the others to temporary files in `out_dir`, to append after it (`_join_parts`)."""
-    size = -(-frame.height // _WRITERS)
     return [
-        pool.submit(_csv_part, frame.slice(start, size), out_dir, target if start == 0 else None)
-        for start in range(0, frame.height, size)
+        write_frame(
+            tables.metrics_wide() if wide and name == "metrics" else frame, out_dir, name, fmt
+        )
+        for name, frame in frames.items()
     ]
-
-
-def _csv_part(frame: pl.DataFrame, out_dir: Path, target: BinaryIO | None) -> Path | None:
-    """`frame` as CSV: written to `target` with the header (the first part), else its rows to a
-    new temporary file in `out_dir` (on the disk, not in memory: the engines table of a busy log
-    is tens of MB of text), whose path is returned."""
-    frame = redacted(frame)
-    if target is not None:
-        _write_csv(frame, target)
-        return None
-    handle, name = tempfile.mkstemp(dir=out_dir, prefix=".part-")  # O_EXCL|O_NOFOLLOW
-    os.close(handle)
-    part = Path(name)
-    try:
-        _write_csv(frame, part, header=False)
-    except BaseException:
-        part.unlink(missing_ok=True)
-        raise
-    return part
-
-
-def _join_parts(path: Path, target: BinaryIO, parts: list[Future[Path | None]]) -> Path:
-    """`path`: the first part in `target`, the other parts' files appended in order; those files
-    removed whatever happens."""
-    try:
-        parts[0].result()
-        for part in parts[1:]:
-            with _done(part).open("rb") as rows:
-                shutil.copyfileobj(rows, target, _COPY_BYTES)
-    finally:
-        wait(parts)  # a part still being written when another failed is removed too
-        for part in parts[1:]:
-            if part.exception() is None:
-                _done(part).unlink(missing_ok=True)
-    return path
-
-
-def _done(part: Future[Path | None]) -> Path:
-    found = part.result()
-    assert found is not None  # parts after the first are files
-    return found
 
 
 def write_frame(
