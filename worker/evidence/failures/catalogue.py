@@ -5,8 +5,8 @@ regex, the ERRORS `kind` it gives, the component and class it means, whether it 
 record, and the public source of a real example. The first entry that matches a line wins.
 Matching is vectorised: one `contains` per entry over the few candidate rows of a chunk.
 
-A `configuration` entry may also carry its handoff (DOMAIN.md section 7, "deaths that need a
-change"): a `subject` regex whose first group reads the affected key, module or path from the
+A `configuration` entry may also carry its handoff (docs/domain.md#deaths-that-need-a-change):
+a `subject` regex whose first group reads the affected key, module or path from the
 line, the thing to `change` (`{subject}` stands for what the regex read), the `behaviour` to
 propose and the `test` that proves the fix. `worker.gates.configuration.config_handoff` falls
 back on the component's text for an entry without them.
