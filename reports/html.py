@@ -46,7 +46,7 @@ from shared.models import (
 from shared.times import duration_text
 
 if TYPE_CHECKING:
-    from worker.evidence.model import Evidence
+    from worker.evidence.case import Evidence
     from worker.pipeline.store import ObjectStore
 
 __all__ = ["CSP", "HTML_TYPE", "escape", "html_key", "render_html", "store_html"]

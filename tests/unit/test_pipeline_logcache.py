@@ -25,9 +25,10 @@ from shared.settings import Settings
 from testkit.bundles import write_job_bundle
 from tests.unit.test_capture_requests import CountingStore
 from worker.diagnosis import collect_evidence
+from worker.evidence.case import Evidence
 from worker.evidence.logs import LogCache, incremental, reader
 from worker.evidence.logs.lines import Read
-from worker.evidence.model import Evidence, LogTables
+from worker.evidence.model import LogTables
 from worker.pipeline import logcache
 from worker.pipeline.logcache import PREFIX, CacheRun, JobLogCache, Limits, finish_sharing, job_id
 from worker.pipeline.store import MemoryStore

@@ -31,7 +31,7 @@ from worker.cli.options import (
     own_directory,
     writable_directory,
 )
-from worker.evidence.model import Evidence
+from worker.evidence.case import Evidence
 
 if TYPE_CHECKING:
     from worker.backends import Toolbox

@@ -61,9 +61,9 @@ import polars as pl
 from shared.redact import RULES_DIGEST, cut_bytes, redact_data, redact_frame
 from shared.settings import Thresholds
 from worker.evidence import schema
+from worker.evidence.case import Evidence
 from worker.evidence.model import (
     BundleInfo,
-    Evidence,
     LogTables,
     ModeDecision,
     ParseSummary,

@@ -42,8 +42,8 @@ from worker.backends import (
     run_refresh,
 )
 from worker.backends.base import ProbePlan, Recorder, Runner, probe_job
+from worker.evidence.case import Evidence
 from worker.evidence.jobstate import JobState
-from worker.evidence.model import Evidence
 from worker.evidence.probes import write_probes
 from worker.pipeline.metrics import probes_ran
 

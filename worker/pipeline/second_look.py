@@ -27,9 +27,9 @@ from shared.settings import Settings
 from worker.backends import Toolbox
 from worker.backends.base import Runner
 from worker.diagnosis import collect_evidence
+from worker.evidence.case import Evidence
 from worker.evidence.frozen import MARKER, freeze, thaw
 from worker.evidence.logs.incremental import LogCache
-from worker.evidence.model import Evidence
 from worker.evidence.probes import read_probes
 from worker.pipeline.capture import (
     BackendChoiceError,

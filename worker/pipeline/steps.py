@@ -60,6 +60,7 @@ from shared.settings import Settings
 from shared.signing import KeyRing, UnverifiedError
 from shared.streams import StreamNames
 from worker.diagnosis import GATE_NAMES, collect_evidence, run_gate
+from worker.evidence.case import Evidence
 from worker.evidence.frozen import (
     MARKER,
     PARTS,
@@ -69,7 +70,6 @@ from worker.evidence.frozen import (
     referenced_parts,
     thaw,
 )
-from worker.evidence.model import Evidence
 from worker.pipeline.capture import BackendChoiceError, LiveCapture, LiveProbes, choose_backend
 from worker.pipeline.claim import CaptureClaim
 from worker.pipeline.coalesce import Coalescer, job_dir_of, question

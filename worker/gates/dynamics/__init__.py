@@ -45,7 +45,7 @@ from typing import Final
 import polars as pl
 
 from shared.models import GateResult, GateStatus, Table
-from worker.evidence.model import Evidence
+from worker.evidence.case import Evidence
 from worker.evidence.quotes import quote
 from worker.gates.base import error, passed
 from worker.gates.dynamics import errors, hard, phases, tis, trend

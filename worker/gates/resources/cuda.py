@@ -21,8 +21,9 @@ import polars as pl
 
 from shared.models import GateResult, GateStatus, Handoff, KillProof, Quote
 from shared.times import age_text, duration_text
+from worker.evidence.case import Evidence
 from worker.evidence.jobstate import JobState
-from worker.evidence.model import Evidence, LogTables
+from worker.evidence.model import LogTables
 from worker.evidence.quotes import quote, quote_rows
 from worker.gates import deaths
 from worker.gates.base import error
