@@ -43,8 +43,7 @@ from typing import Any, Final
 
 from pydantic import ValidationError
 
-from reports.html import html_key, store_html
-from reports.sinks import S3ReportSink, StoredReport, VerdictStreamSink
+from reports.html import html_key
 from shared.alerts import OutsideBundleRootError, confine
 from shared.models import (
     Event,
@@ -101,6 +100,7 @@ from worker.pipeline.second_look import (
     observe_again,
     thaw_look,
 )
+from worker.pipeline.sinks import S3ReportSink, StoredReport, VerdictStreamSink, store_html
 from worker.pipeline.store import ObjectMissingError, ObjectStore, download_prefix, key_segment
 from worker.second_look import compare, first_look_at, observe, rests_on_stacks, settle
 from worker.verdict import decide

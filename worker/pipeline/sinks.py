@@ -1,4 +1,5 @@
-"""Where a finished report goes: a local folder, S3 (write-once), and the verdict stream.
+"""Where a finished report goes: S3 (write-once; the JSON, text and HTML reports) and the verdict
+stream. The renderings themselves are `reports/`'s; this module only stores and announces them.
 
 The order is the contract's: the report is in S3 before its verdict entry is announced, so every
 `report_uri` a supervisor reads can be fetched. Both renderings are bounded and redacted
@@ -10,11 +11,14 @@ values keep only `[A-Za-z0-9._-]`. The JSON report in S3 and the verdict entry a
 from __future__ import annotations
 
 import json
+import logging
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Final
 
+from reports.html import HTML_TYPE, html_key, render_html
 from reports.json_report import render_json
 from reports.text import render_text
 from shared.models import Report, VerdictEntry, iso_utc
@@ -22,6 +26,7 @@ from shared.redact import clean, cut_bytes
 from shared.signing import KeyRing, sign
 
 if TYPE_CHECKING:
+    from worker.evidence.case import Evidence
     from worker.pipeline.coalesce import Coalescer
     from worker.pipeline.store import ObjectStore
 
@@ -32,7 +37,10 @@ __all__ = [
     "cluster_of",
     "report_key",
     "signed_json",
+    "store_html",
 ]
+
+log = logging.getLogger(__name__)
 
 _UNSAFE_KEY: Final = re.compile(r"[^A-Za-z0-9._-]+")
 
@@ -123,3 +131,32 @@ class VerdictStreamSink:
             return published
         answers = tuple(self.coalescer.answers(entry.event_id)) or entry.event_ids
         return entry.model_copy(update={"event_ids": answers}).signed(self.coalescer.keys)
+
+
+def store_html(
+    store: ObjectStore,
+    json_key: str,
+    report: Report,
+    evidence: Evidence | None,
+    *,
+    failed: Callable[[BaseException], None] | None = None,
+) -> str:
+    """Store the HTML report once beside the JSON report (same key, `.html`); returns its key.
+
+    Rendering is best effort: the text and JSON reports are the contract, so a page that cannot
+    be drawn is stored without its plots (saying why; `failed` is told the exception). Faults of
+    the store itself propagate, to be retried like any other. The pipeline calls this in its own
+    task after the verdict is published (`worker.pipeline.steps.Pipeline.html`).
+    """
+    key = html_key(json_key)
+    if store.exists(key):  # written on an earlier run of this step: no need to draw again
+        return key
+    try:
+        page = render_html(report, evidence)
+    except Exception as exc:
+        log.exception("the HTML report of %s could not be drawn; storing it without plots", key)
+        if failed is not None:
+            failed(exc)
+        page = render_html(report)
+    store.put_once(key, page.encode("utf-8"), HTML_TYPE)
+    return key
