@@ -58,6 +58,7 @@ from shared.safefs import Folder, owned_directory, remove_tree
 from shared.settings import Settings
 from shared.signing import KeyRing, UnverifiedError
 from shared.streams import StreamNames
+from worker.capture_policy import BackendChoiceError, choose_backend
 from worker.diagnosis import GATE_NAMES, collect_evidence, run_gate
 from worker.evidence.case import Evidence
 from worker.evidence.frozen import (
@@ -69,7 +70,7 @@ from worker.evidence.frozen import (
     referenced_parts,
     thaw,
 )
-from worker.pipeline.capture import BackendChoiceError, LiveCapture, LiveProbes, choose_backend
+from worker.pipeline.capture import LiveCapture, LiveProbes
 from worker.pipeline.claim import CaptureClaim
 from worker.pipeline.coalesce import Coalescer, job_dir_of, question
 from worker.pipeline.failed import (
