@@ -24,7 +24,7 @@ from worker.pipeline import metrics
 from worker.pipeline.depth import QueueDepth
 from worker.pipeline.health import LIVENESS, Liveness, serve_health
 from worker.pipeline.ingest import Ingest
-from worker.pipeline.sinks import cluster_of
+from worker.pipeline.report_keys import cluster_of
 from worker.pipeline.steps import Pipeline
 from worker.pipeline.store import MemoryStore
 

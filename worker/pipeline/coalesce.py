@@ -50,7 +50,7 @@ from shared.models import Event, VerdictEntry
 from shared.signing import KeyRing
 from shared.streams import RefusedEntryError, StreamNames, entry_fields, read_entry
 from worker.pipeline.metrics import verdict_announced
-from worker.pipeline.sinks import cluster_of
+from worker.pipeline.report_keys import cluster_of
 
 __all__ = [
     "Admission",

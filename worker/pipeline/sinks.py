@@ -12,18 +12,17 @@ from __future__ import annotations
 
 import json
 import logging
-import re
 from collections.abc import Callable
 from dataclasses import dataclass
-from pathlib import Path
-from typing import TYPE_CHECKING, Final
+from typing import TYPE_CHECKING
 
 from reports.html import HTML_TYPE, html_key, render_html
 from reports.json_report import render_json
 from reports.text import render_text
-from shared.models import Report, VerdictEntry, iso_utc
+from shared.models import Report, VerdictEntry
 from shared.redact import clean, cut_bytes
 from shared.signing import KeyRing, sign
+from worker.pipeline.report_keys import report_key
 
 if TYPE_CHECKING:
     from worker.evidence.case import Evidence
@@ -34,38 +33,11 @@ __all__ = [
     "S3ReportSink",
     "StoredReport",
     "VerdictStreamSink",
-    "cluster_of",
-    "report_key",
     "signed_json",
     "store_html",
 ]
 
 log = logging.getLogger(__name__)
-
-_UNSAFE_KEY: Final = re.compile(r"[^A-Za-z0-9._-]+")
-
-
-def _segment(value: str | None, fallback: str) -> str:
-    """One key segment from a bundle value: only `[A-Za-z0-9._-]`, never `.` or `..` alone."""
-    text = _UNSAFE_KEY.sub("_", (value or "").strip("/"))[:128].lstrip(".")
-    return text or fallback
-
-
-def report_key(report: Report, cluster: str | None, user: str | None, job: str | None) -> str:
-    """`reports/<cluster>/<user>/<job>/<captured_at>-<event_id>` (without the extension)."""
-    job_name = job or Path(report.job_id).name
-    stamp = iso_utc(report.captured_at)
-    return (
-        f"reports/{_segment(cluster, 'unknown-cluster')}/{_segment(user, 'unknown-user')}/"
-        f"{_segment(job_name, 'unknown-job')}/{stamp}-{report.event_id or 'no-event'}"
-    )
-
-
-def cluster_of(report_uri: str) -> str | None:
-    """The cluster segment of a report's URI (`.../reports/<cluster>/<user>/<job>/<file>`), as
-    `report_key` wrote it; None for a URI of another shape."""
-    parts = report_uri.split("/")
-    return parts[-4] if len(parts) >= 5 and parts[-5] == "reports" else None
 
 
 @dataclass(frozen=True)
