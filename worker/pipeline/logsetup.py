@@ -161,3 +161,23 @@ def configure_logging(level: str | int = "INFO", *, broker: str | None = None) -
         connection = logging.getLogger(_BROKER_LOGGER)
         connection.filters = [f for f in connection.filters if not isinstance(f, BrokerNamed)]
         connection.addFilter(BrokerNamed(broker))
+
+
+def _lead_of(args: Any, kwargs: Any) -> str | None:
+    """The diagnosis a task run works for: its `lead`, else the entry's (html), else its first
+    argument when that is an event id (capture)."""
+    found = (kwargs or {}).get("lead")
+    if found is None and args:
+        first = args[0]
+        found = first.get("event_id") if isinstance(first, dict) else first
+    return found if isinstance(found, str) else None
+
+
+def task_started(args: Any = None, kwargs: Any = None, **_: Any) -> None:
+    """Celery's `task_prerun`: the task's lines carry its diagnosis (connected by `make_app`)."""
+    set_event(_lead_of(args, kwargs))
+
+
+def task_over(**_: Any) -> None:
+    """Celery's `task_postrun`: lines after the task carry no event."""
+    set_event(None)

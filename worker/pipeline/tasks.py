@@ -42,16 +42,12 @@ from functools import cache, partial
 from typing import Any, Final, TypeVar, cast
 
 import redis
-from celery import Task, chain, chord, group, signals
+from celery import Task, chain, chord, group
 from celery.canvas import Signature
 from celery.exceptions import Ignore, Reject, SoftTimeLimitExceeded
 
 from shared.settings import Settings
-from worker.pipeline import (
-    gcwarm,  # noqa: F401 - long-lived objects frozen out of full collections
-    metrics,  # noqa: F401 - connects the Celery signals it counts
-    softlimit,  # noqa: F401 - soft time limits raise only in a task
-)
+from worker.pipeline import gcwarm  # noqa: F401 - long-lived objects frozen out of full collections
 from worker.pipeline.app import app, limits
 from worker.pipeline.failures import (
     EvidenceLostError,
@@ -63,7 +59,6 @@ from worker.pipeline.failures import (
     is_time_limit,
 )
 from worker.pipeline.guard import DeliveryGuard, MemoryBudget
-from worker.pipeline.logsetup import set_event
 from worker.pipeline.steps import GATE_NAMES, CaptureBusyError, Pipeline
 from worker.pipeline.store import store_from_settings
 
@@ -404,31 +399,6 @@ def redispatch(lead: str, why: str = "") -> bool:
 def resend(lead: str, job: str, evidence_id: str) -> None:
     """Send a registered diagnosis again, as a new workflow with a new retry deadline."""
     dispatch(lead, job, evidence_id=evidence_id, register=False)
-
-
-# --- the event id on every log line of a task ---------------------------------------------------
-
-
-def _lead_of(args: Any, kwargs: Any) -> str | None:
-    """The diagnosis a task run works for: its `lead`, else the entry's (html), else its first
-    argument when that is an event id (capture)."""
-    found = (kwargs or {}).get("lead")
-    if found is None and args:
-        first = args[0]
-        found = first.get("event_id") if isinstance(first, dict) else first
-    return found if isinstance(found, str) else None
-
-
-def _about_task(args: Any = None, kwargs: Any = None, **_: Any) -> None:
-    set_event(_lead_of(args, kwargs))
-
-
-def _task_over(**_: Any) -> None:
-    set_event(None)
-
-
-signals.task_prerun.connect(_about_task, weak=False)
-signals.task_postrun.connect(_task_over, weak=False)
 
 
 # --- the workflow -------------------------------------------------------------------------------
