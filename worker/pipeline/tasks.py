@@ -58,7 +58,7 @@ from worker.pipeline.failures import (
     is_infrastructure,
     is_time_limit,
 )
-from worker.pipeline.guard import DeliveryGuard, MemoryBudget
+from worker.pipeline.guard import DeliveryGuard, MemoryCeiling
 from worker.pipeline.steps import GATE_NAMES, CaptureBusyError, Pipeline
 from worker.pipeline.store import store_from_settings
 
@@ -125,7 +125,7 @@ def _timed(what: str, soft_s: float) -> Iterator[None]:
         )
 
 
-def _budget(task_id: str, what: str) -> MemoryBudget:
+def _budget(task_id: str, what: str) -> MemoryCeiling:
     budget_mb = settings().worker_memory_mb
 
     def record(used: int) -> None:
@@ -135,7 +135,7 @@ def _budget(task_id: str, what: str) -> MemoryBudget:
         )
         DeliveryGuard(pipeline().redis, pipeline().names).stopped(task_id, reason)
 
-    return MemoryBudget(budget_mb, record)
+    return MemoryCeiling(budget_mb, record)
 
 
 def _delivery(task: Task) -> str:
