@@ -23,8 +23,7 @@ from __future__ import annotations
 import base64
 import html
 import re
-from collections.abc import Iterable, Mapping, Sequence
-from datetime import datetime
+from collections.abc import Iterable, Sequence
 from importlib import metadata
 from typing import TYPE_CHECKING, Any, Final
 
@@ -144,10 +143,6 @@ def html_key(json_key: str) -> str:
 # --- pieces ---------------------------------------------------------------------------------------
 
 
-def _field(item: Any, name: str) -> Any:
-    return item.get(name) if isinstance(item, Mapping) else getattr(item, name, None)
-
-
 def _as_quote(item: Any) -> Quote:
     return item if isinstance(item, Quote) else Quote.model_validate(item)
 
@@ -186,12 +181,6 @@ def _header(report: Report) -> str:
         f'<div class="job">job {escape(report.job_id)} · evidence {escape(report.evidence_dir)}'
         f" · event ids {escape(ids)}</div></header>"
     )
-
-
-def _stamp(value: Any) -> str | None:
-    if isinstance(value, datetime):
-        return iso_utc(value)
-    return None if value is None else str(value)
 
 
 def _proof(report: Report) -> str:
