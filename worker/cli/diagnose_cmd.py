@@ -65,7 +65,7 @@ def _live_probes(
 
 
 def _write_outputs(report: Report, out: Path, html: str) -> None:
-    from reports.local import write_local
+    from worker.cli.local_reports import write_local
 
     write_local(report, out)
     write_file(out, "report.html", html.encode())
