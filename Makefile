@@ -64,9 +64,11 @@ demo: venv
 	  --out $(DEMO_OUT)
 	@echo "HTML report: $(abspath $(DEMO_OUT))/report.html"
 
+## ruff, and the rooms' import contracts (pyproject.toml [tool.importlinter], docs/architecture.md).
 lint: venv
 	$(BIN)/ruff check shared worker reports tests testkit bench
 	$(BIN)/ruff format --check shared worker reports tests testkit bench
+	$(BIN)/lint-imports --no-cache
 
 typecheck: venv
 	$(BIN)/mypy

@@ -48,7 +48,7 @@ from reports.json_report import render_json
 from reports.text import render_text
 from shared.models import Report
 from worker.diagnosis import collect_evidence, judge
-from worker.evidence.model import Evidence
+from worker.evidence.case import Evidence
 
 __all__ = ["measure"]
 

@@ -22,10 +22,8 @@ from __future__ import annotations
 
 import base64
 import html
-import logging
 import re
-from collections.abc import Callable, Iterable, Mapping, Sequence
-from datetime import datetime
+from collections.abc import Iterable, Sequence
 from importlib import metadata
 from typing import TYPE_CHECKING, Any, Final
 
@@ -46,17 +44,15 @@ from shared.models import (
 from shared.times import duration_text
 
 if TYPE_CHECKING:
-    from worker.evidence.model import Evidence
-    from worker.pipeline.store import ObjectStore
+    from worker.evidence.case import Evidence
 
-__all__ = ["CSP", "HTML_TYPE", "escape", "html_key", "render_html", "store_html"]
+__all__ = ["CSP", "HTML_TYPE", "escape", "html_key", "render_html"]
 
 HTML_TYPE: Final = "text/html; charset=utf-8"
 
 CSP: Final = "default-src 'none'; img-src data:; style-src 'unsafe-inline'"
 """Nothing but inline styles and data-URI images: the report cannot load or send anything."""
 
-log = logging.getLogger(__name__)
 
 _UNSAFE: Final = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f\u200e\u200f\u202a-\u202e\u2066-\u2069]")
 _GATE_TITLES: Final[dict[GateName, str]] = {
@@ -147,10 +143,6 @@ def html_key(json_key: str) -> str:
 # --- pieces ---------------------------------------------------------------------------------------
 
 
-def _field(item: Any, name: str) -> Any:
-    return item.get(name) if isinstance(item, Mapping) else getattr(item, name, None)
-
-
 def _as_quote(item: Any) -> Quote:
     return item if isinstance(item, Quote) else Quote.model_validate(item)
 
@@ -189,12 +181,6 @@ def _header(report: Report) -> str:
         f'<div class="job">job {escape(report.job_id)} · evidence {escape(report.evidence_dir)}'
         f" · event ids {escape(ids)}</div></header>"
     )
-
-
-def _stamp(value: Any) -> str | None:
-    if isinstance(value, datetime):
-        return iso_utc(value)
-    return None if value is None else str(value)
 
 
 def _proof(report: Report) -> str:
@@ -402,32 +388,3 @@ def render_html(report: Report, evidence: Evidence | None = None) -> str:
         f"<title>{escape(title)}</title><style>{_STYLE}</style></head>"
         f"<body><main>{body}</main></body></html>\n"
     )
-
-
-def store_html(
-    store: ObjectStore,
-    json_key: str,
-    report: Report,
-    evidence: Evidence | None,
-    *,
-    failed: Callable[[BaseException], None] | None = None,
-) -> str:
-    """Store the HTML report once beside the JSON report (same key, `.html`); returns its key.
-
-    Rendering is best effort: the text and JSON reports are the contract, so a page that cannot
-    be drawn is stored without its plots (saying why; `failed` is told the exception). Faults of
-    the store itself propagate, to be retried like any other. The pipeline calls this in its own
-    task after the verdict is published (`worker.pipeline.steps.Pipeline.html`).
-    """
-    key = html_key(json_key)
-    if store.exists(key):  # written on an earlier run of this step: no need to draw again
-        return key
-    try:
-        page = render_html(report, evidence)
-    except Exception as exc:
-        log.exception("the HTML report of %s could not be drawn; storing it without plots", key)
-        if failed is not None:
-            failed(exc)
-        page = render_html(report)
-    store.put_once(key, page.encode("utf-8"), HTML_TYPE)
-    return key

@@ -56,7 +56,8 @@ from reports.downsample import Downsampled, downsample
 from shared.models import Mode
 from shared.redact import clean
 from shared.settings import Thresholds
-from worker.evidence.model import Evidence, LogTables
+from worker.evidence.case import Evidence
+from worker.evidence.model import LogTables
 from worker.gates import metric_keys as mk
 from worker.gates.duty_cycle import duty_shares
 from worker.gates.progress import finished_steps

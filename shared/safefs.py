@@ -41,7 +41,7 @@ from typing import BinaryIO, Final
 
 __all__ = [
     "Beneath",
-    "Entry",
+    "DirEntry",
     "Folder",
     "RefusedFileError",
     "UnsafeDirectoryError",
@@ -142,7 +142,7 @@ def owned_directory(path: Path, *, mode: int = CACHE_MODE) -> Path:
 
 
 @dataclass(frozen=True)
-class Entry:
+class DirEntry:
     """One entry of a directory as it is, not followed: a symlink is neither file nor directory."""
 
     name: str
@@ -174,9 +174,9 @@ class Folder:
     def __exit__(self, *_exc: object) -> None:
         os.close(self.fd)
 
-    def entries(self) -> list[Entry]:
+    def entries(self) -> list[DirEntry]:
         """Every entry, by name, as `lstat` sees it (one gone meanwhile is left out)."""
-        found: list[Entry] = []
+        found: list[DirEntry] = []
         with os.scandir(self.fd) as listing:
             for item in listing:
                 try:
@@ -184,7 +184,7 @@ class Folder:
                 except FileNotFoundError:
                     continue
                 is_dir, is_file = stat.S_ISDIR(seen.st_mode), stat.S_ISREG(seen.st_mode)
-                found.append(Entry(item.name, is_dir, is_file, seen.st_mtime))
+                found.append(DirEntry(item.name, is_dir, is_file, seen.st_mtime))
         return sorted(found, key=lambda entry: entry.name)
 
     def remove(self, name: str) -> bool:

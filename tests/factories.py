@@ -12,9 +12,9 @@ import polars as pl
 from shared.models import Mode
 from shared.settings import Thresholds
 from worker.evidence import schema
+from worker.evidence.case import Evidence
 from worker.evidence.model import (
     BundleInfo,
-    Evidence,
     LogTables,
     ModeDecision,
     ParseSummary,

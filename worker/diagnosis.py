@@ -12,11 +12,12 @@ from pathlib import Path
 from shared.models import GateName, GateResult, Mode, Report, RestartsResult
 from shared.settings import Thresholds, load_thresholds
 from worker.evidence.bundle import bundle_discrepancies, read_bundle
+from worker.evidence.case import Evidence
 from worker.evidence.layout import SNIFF_BYTES, Layout, discover
 from worker.evidence.logdate import LogDate, has_time_only_lines, reference_date
 from worker.evidence.logs import LogBudgetError, LogCache, parse_job_logs
 from worker.evidence.logs.job import Progress
-from worker.evidence.model import BundleInfo, Evidence, LogTables, ProbeEvidence, TrialTables
+from worker.evidence.model import BundleInfo, LogTables, ProbeEvidence, TrialTables
 from worker.evidence.paths import BundleFiles
 from worker.evidence.probes import read_probes
 from worker.evidence.trials import missing_trials, read_trials

@@ -7,7 +7,7 @@ A labelled case is a folder holding `case.json`:
      "expected": {"verdict": "KILL", "gates": {"liveness": "FAIL"}}}
 
 Paths are relative to the case folder and may not leave it. `Case` validates the file (unknown
-keys are refused, so a typo is not a silently ignored expectation); `Outcome` is what the
+keys are refused, so a typo is not a silently ignored expectation); `CaseOutcome` is what the
 diagnosis gave; `score` joins outcomes into the figures an operator asks for: a confusion matrix,
 KILL precision and recall, false KILLs (a kill order the label did not want) and false NO-KILLs
 (a healthy answer where the label wanted a kill or an error), and one line per miss.
@@ -27,8 +27,8 @@ from shared.models import GateName, GateStatus, Mode, UtcDatetime, Verdict
 __all__ = [
     "Case",
     "CaseError",
+    "CaseOutcome",
     "Expected",
-    "Outcome",
     "Score",
     "load_case",
     "render_score",
@@ -102,7 +102,7 @@ def load_case(folder: Path) -> tuple[Case, Path, Path | None]:
 
 
 @dataclass(frozen=True)
-class Outcome:
+class CaseOutcome:
     """What the diagnosis of one case gave (`verdict` None: the case could not be run)."""
 
     name: str
@@ -152,11 +152,11 @@ class Outcome:
 class Score:
     """The figures of one evaluation run."""
 
-    outcomes: tuple[Outcome, ...]
+    outcomes: tuple[CaseOutcome, ...]
     matrix: dict[tuple[Verdict, Verdict | None], int]
 
     @property
-    def misses(self) -> tuple[Outcome, ...]:
+    def misses(self) -> tuple[CaseOutcome, ...]:
         return tuple(o for o in self.outcomes if not o.hit)
 
     def count(self, expected: Verdict | None = None, got: Verdict | None = None) -> int:
@@ -189,7 +189,7 @@ class Score:
         return self.count(Verdict.KILL, Verdict.KILL) / wanted if wanted else None
 
 
-def score(outcomes: Sequence[Outcome]) -> Score:
+def score(outcomes: Sequence[CaseOutcome]) -> Score:
     """Join the outcomes of every case into the evaluation's figures."""
     matrix = Counter((o.expected.verdict, o.verdict) for o in outcomes if o.expected is not None)
     return Score(tuple(outcomes), dict(matrix))

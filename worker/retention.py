@@ -22,7 +22,7 @@ from typing import Final
 import polars as pl
 
 from shared.models import iso_utc
-from worker.evidence.model import Evidence
+from worker.evidence.case import Evidence
 
 __all__ = [
     "FrozenRecord",

@@ -46,8 +46,9 @@ from shared.models import (
     Verdict,
     iso_utc,
 )
+from worker.evidence.case import Evidence
 from worker.evidence.jobstate import JobState
-from worker.evidence.model import Evidence, StackDump
+from worker.evidence.model import StackDump
 from worker.evidence.pyspy import ParkingKind, idle_wait, parking, parse_dump, primary_thread
 from worker.evidence.quotes import quote
 from worker.evidence.roles import (

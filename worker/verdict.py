@@ -45,8 +45,8 @@ from shared.models import (
     Verdict,
     iso_utc,
 )
+from worker.evidence.case import Evidence
 from worker.evidence.jobstate import JobState
-from worker.evidence.model import Evidence
 from worker.gates.base import error
 from worker.gates.proofs import PROOF_RULES, crash_loop_check, restarts_proof, validate
 from worker.gates.rollouts.agreement import TrialSide, trial_agreement

@@ -20,7 +20,7 @@ from tests.security.forged_cache import forge, forged_in
 from tests.security.other_user import as_other_user, copy_tree_as_other_user, open_to_all
 from tests.unit.test_pipeline_logcache import JOB, World, _same_logs
 from worker.cli import main
-from worker.evidence.model import Evidence
+from worker.evidence.case import Evidence
 from worker.pipeline.logcache import JobLogCache
 from worker.pipeline.store import MemoryStore
 

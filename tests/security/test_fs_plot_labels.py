@@ -19,7 +19,7 @@ from reports import plots
 from tests.security.corpus import HF
 from tests.unit.test_pipeline_logcache import NOW
 from worker.diagnosis import collect_evidence
-from worker.evidence.model import Evidence
+from worker.evidence.case import Evidence
 
 FIXTURE = Path(__file__).resolve().parents[1] / "fixtures/logs/skyrl_gsm8k_yottalabs.log"
 

@@ -22,12 +22,12 @@ import polars as pl
 import pytest
 from click.testing import CliRunner
 
-from reports.sinks import S3ReportSink, VerdictStreamSink
 from testkit.keys import TEST_KEY, TEST_KEYS
 from tests.security.bundles import NOW, crafted_bundle
 from tests.security.corpus import SAMPLES, corpus_lines, leaks
 from tests.security.spies import Spies, make_spybin
 from worker.cli import main
+from worker.pipeline.sinks import S3ReportSink, VerdictStreamSink
 
 LINES = corpus_lines()
 CARRIERS = [carrier for sample in SAMPLES for carrier in sample.carriers]

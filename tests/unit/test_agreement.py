@@ -13,7 +13,7 @@ import pytest
 from shared.models import GateName, GateResult, GateStatus, Handoff, Mode, Report, Verdict
 from tests import factories as f
 from tests.unit.test_verdict import RESTARTS_NONE, Q, gate, gates, learning
-from worker.evidence.model import Evidence
+from worker.evidence.case import Evidence
 from worker.gates.rollouts import agentic
 from worker.gates.rollouts.agreement import trial_agreement
 from worker.verdict import decide

@@ -14,10 +14,10 @@ with warnings.catch_warnings():  # starlette asks for httpx2 over httpx; both dr
     warnings.simplefilter("ignore")
     from starlette.testclient import TestClient
 
-from reports.board import Board, make_board, mechanism_of, report_key_of
 from reports.html import CSP
 from shared.signing import sign
 from testkit.keys import TEST_KEYS, signed_fields
+from worker.pipeline.board import Board, make_board, mechanism_of, report_key_of
 from worker.pipeline.store import MemoryStore
 
 STREAM = "rlhtest:verdicts"

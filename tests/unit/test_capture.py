@@ -12,9 +12,11 @@ import pytest
 
 from shared.settings import Settings, Thresholds
 from tests.factories import NOW, evidence, logs
-from worker.evidence.model import Evidence, ParseSummary, ProbeEvidence
+from worker.capture_policy import needs_live_probes
+from worker.evidence.case import Evidence
+from worker.evidence.model import ParseSummary, ProbeEvidence
 from worker.evidence.probes import read_probes
-from worker.pipeline.capture import capture_live, needs_live_probes
+from worker.pipeline.capture import capture_live
 
 
 def _log(minutes_quiet: float) -> ParseSummary:

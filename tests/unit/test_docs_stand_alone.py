@@ -16,13 +16,6 @@ ROOT = Path(__file__).resolve().parents[2]
 # does not mention them itself.
 OUTSIDE = (*(name + ".md" for name in ("DOMAIN", "CONTRACT", "STYLE")), "../" + "shared")
 
-# Cleaned in the parser merge (issue 29: another engineer rewrites the parser, its docs and the
-# changelog). Delete this list once that merge has landed; the test must then pass without it.
-NOT_YET_CLEANED = frozenset(
-    {
-        "docs/architecture.md",
-    }
-)
 
 CITED_PAGE = re.compile(r"\bdocs/([A-Za-z0-9_./-]+\.md)(?:#([A-Za-z0-9_-]+))?")
 RELATIVE_LINK = re.compile(r"\]\((?!https?:|#|/)([A-Za-z0-9_./-]+\.md)(?:#([A-Za-z0-9_-]+))?\)")
@@ -89,7 +82,7 @@ def test_no_tracked_file_points_outside_the_repository() -> None:
     offenders = []
     for name in _tracked():
         path = ROOT / name
-        if name in NOT_YET_CLEANED or not path.is_file():
+        if not path.is_file():
             continue
         text = _text(path)
         if text is None:

@@ -12,11 +12,13 @@ from shared.models import GateName, GateStatus, Verdict
 from tests.corpus.kit import Labelled, write_case
 from tests.scenarios.catalog import crash_loop, healthy_standard
 from worker.cli import main
-from worker.evaluation import CaseError, Expected, Outcome, load_case, render_score, score
+from worker.evaluation import CaseError, CaseOutcome, Expected, load_case, render_score, score
 
 
-def _outcome(name: str, want: Verdict, got: Verdict | None, **gates: GateStatus) -> Outcome:
-    return Outcome(name, Expected(verdict=want), got, {GateName(k): v for k, v in gates.items()})
+def _outcome(name: str, want: Verdict, got: Verdict | None, **gates: GateStatus) -> CaseOutcome:
+    return CaseOutcome(
+        name, Expected(verdict=want), got, {GateName(k): v for k, v in gates.items()}
+    )
 
 
 def test_the_matrix_counts_each_expected_and_given_verdict() -> None:
@@ -55,7 +57,7 @@ def test_precision_recall_false_kill_and_false_no_kill() -> None:
 
 def test_a_gate_status_that_differs_is_a_miss_even_with_the_right_verdict() -> None:
     """A label's gate statuses are checked too: the right verdict for the wrong reason misses."""
-    outcome = Outcome(
+    outcome = CaseOutcome(
         "a",
         Expected(verdict=Verdict.KILL, gates={GateName.LIVENESS: GateStatus.FAIL}),
         Verdict.KILL,

@@ -11,8 +11,8 @@ import pytest
 
 from tests import factories
 from tests.unit.test_frozen import assert_same
+from worker.evidence.case import Evidence
 from worker.evidence.frozen import MARKER, PART_ROWS, PARTS, freeze, thaw
-from worker.evidence.model import Evidence
 from worker.pipeline.parts import PARTS_PREFIX, SharedParts, stored_parts, sweep
 from worker.pipeline.store import MemoryStore
 from worker.retention import FrozenRecord, expired_evidence, unreferenced_parts

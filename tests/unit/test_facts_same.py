@@ -15,7 +15,8 @@ from tests import factories
 from tests.scenarios.boundary import PAIRS
 from worker.diagnosis import collect_evidence
 from worker.evidence import facts
-from worker.evidence.model import Evidence, LogTables
+from worker.evidence.case import Evidence
+from worker.evidence.model import LogTables
 
 DEMO = Path(__file__).resolve().parents[2] / "examples/jobs/cw-rno2a/ops/rl-gsm8k-stalled"
 DEMO_PROBES = DEMO.parents[3] / "probes/rl-gsm8k-stalled"

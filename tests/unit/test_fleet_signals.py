@@ -16,7 +16,6 @@ import fakeredis
 import pytest
 from prometheus_client import REGISTRY, CollectorRegistry
 
-from reports.sinks import cluster_of
 from shared.models import Confidence, Event, Verdict, VerdictEntry
 from shared.settings import Settings
 from shared.streams import INGEST_GROUP, StreamNames
@@ -25,6 +24,7 @@ from worker.pipeline import metrics
 from worker.pipeline.depth import QueueDepth
 from worker.pipeline.health import LIVENESS, Liveness, serve_health
 from worker.pipeline.ingest import Ingest
+from worker.pipeline.report_keys import cluster_of
 from worker.pipeline.steps import Pipeline
 from worker.pipeline.store import MemoryStore
 

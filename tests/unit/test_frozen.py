@@ -17,6 +17,7 @@ from testkit.bundles import write_job_bundle
 from tests import factories
 from worker.diagnosis import collect_evidence, judge
 from worker.evidence import frozen
+from worker.evidence.case import Evidence
 from worker.evidence.frozen import (
     MARKER,
     PART_ROWS,
@@ -31,7 +32,6 @@ from worker.evidence.logs import LogCache
 from worker.evidence.model import (
     AttemptRecord,
     ControllerView,
-    Evidence,
     LogTables,
     ProbeCommand,
     ProbeEvidence,

@@ -12,7 +12,8 @@ from hypothesis import strategies as st
 
 from shared.models import GateResult, GateStatus
 from tests.factories import at, evidence, logs, metric_rows, phase_rows
-from worker.evidence.model import Evidence, ParseSummary
+from worker.evidence.case import Evidence
+from worker.evidence.model import ParseSummary
 from worker.gates import dynamics
 from worker.gates.metric_keys import resolve
 

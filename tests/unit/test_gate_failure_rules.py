@@ -13,9 +13,10 @@ import pytest
 
 from shared.models import GateName, GateResult, GateStatus, KillProof, Quote, RestartsResult
 from tests import factories as f
+from worker.evidence.case import Evidence
 from worker.evidence.facts import attempt_failures
 from worker.evidence.logs import parse_job_logs
-from worker.evidence.model import AttemptRecord, Evidence, LogTables, ProbeEvidence
+from worker.evidence.model import AttemptRecord, LogTables, ProbeEvidence
 from worker.gates import configuration, deaths
 from worker.gates.proofs import validate
 from worker.gates.restarts import check as restarts_check

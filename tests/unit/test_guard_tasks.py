@@ -17,7 +17,7 @@ from celery.exceptions import Reject, SoftTimeLimitExceeded, TimeLimitExceeded
 
 from shared.streams import StreamNames
 from worker.pipeline.failures import PoisonError, StageTimeoutError, classified
-from worker.pipeline.guard import DeliveryGuard, MemoryBudget, resident_bytes
+from worker.pipeline.guard import DeliveryGuard, MemoryCeiling, resident_bytes
 from worker.pipeline.heartbeat import held_leads
 from worker.pipeline.tasks import _timed, workflow
 
@@ -69,7 +69,7 @@ def test_memory_budget_stops_the_process_past_the_budget() -> None:
         calls.append("stopped")
         stopped.set()
 
-    budget = MemoryBudget(
+    budget = MemoryCeiling(
         100,
         lambda used: calls.append(f"recorded {used}"),
         interval_s=0.01,
@@ -93,13 +93,13 @@ def test_memory_budget_leaves_a_process_within_it_alone() -> None:
             checked_thrice.set()
         return measured[-1]
 
-    within = MemoryBudget(
+    within = MemoryCeiling(
         100, lambda used: calls.append("recorded"), interval_s=0.01,
         measure=measure, stop_process=lambda: calls.append("stopped"),
     )  # fmt: skip
     with within.watching():
         assert checked_thrice.wait(WAIT_S)
-    with MemoryBudget(0, lambda used: calls.append("recorded")).watching():
+    with MemoryCeiling(0, lambda used: calls.append("recorded")).watching():
         pass
     assert calls == []
 
@@ -110,8 +110,8 @@ def test_memory_budget_kills_a_real_process(tmp_path: Path) -> None:
     code = textwrap.dedent(f"""
         import time
         from pathlib import Path
-        from worker.pipeline.guard import MemoryBudget
-        budget = MemoryBudget(120, lambda used: Path({str(note)!r}).write_text(str(used)))
+        from worker.pipeline.guard import MemoryCeiling
+        budget = MemoryCeiling(120, lambda used: Path({str(note)!r}).write_text(str(used)))
         hoard = []
         with budget.watching():
             for _ in range(100):

@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from reports import html as html_module
-from reports.html import CSP, escape, html_key, render_html, store_html
+from reports.html import CSP, escape, html_key, render_html
 from reports.plots import MAX_POINTS
 from shared.models import (
     Confidence,
@@ -26,6 +26,8 @@ from shared.models import (
 )
 from tests import factories as f
 from worker.diagnosis import collect_evidence, judge
+from worker.pipeline import sinks
+from worker.pipeline.sinks import store_html
 from worker.pipeline.store import MemoryStore
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -171,13 +173,13 @@ def test_store_html_writes_once_beside_the_json_report(monkeypatch: pytest.Monke
     """The page lands at the JSON key with `.html`, as text/html, and is not drawn twice."""
     store = MemoryStore()
     drawn: list[int] = []
-    real = html_module.render_html
+    real = sinks.render_html
 
     def counting(report: Report, evidence: Any = None) -> str:
         drawn.append(1)
         return real(report, evidence)
 
-    monkeypatch.setattr(html_module, "render_html", counting)
+    monkeypatch.setattr(sinks, "render_html", counting)
     key = "reports/cw/ops/rl-job/2026-07-30T21:15:00Z-e1.json"
     evidence = f.evidence()
     assert store_html(store, key, _report(), evidence) == html_key(key)

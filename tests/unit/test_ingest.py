@@ -17,7 +17,7 @@ from shared.settings import Settings
 from shared.streams import ALERT_FIELD, INGEST_GROUP, StreamNames, read_entry, read_message
 from testkit.keys import TEST_KEYS
 from worker.pipeline.coalesce import Coalescer
-from worker.pipeline.ingest import Entry, Ingest
+from worker.pipeline.ingest import Ingest, StreamEntry
 from worker.pipeline.steps import Pipeline
 from worker.pipeline.store import MemoryStore
 
@@ -304,7 +304,7 @@ def test_handle_reports_the_outcome(ingest: Ingest, client: Any, settings: Setti
         INGEST_GROUP, "c1", {ingest.names.alerts: ">"}
     )
     decoded = {k.decode(): v.decode() for k, v in fields.items()}
-    assert ingest.handle(Entry(entry_id.decode(), decoded, False)) == "started"
+    assert ingest.handle(StreamEntry(entry_id.decode(), decoded, False)) == "started"
     assert ingest.pipeline.coalescer.in_flight(JOB) == event_id
 
 

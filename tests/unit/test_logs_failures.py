@@ -12,10 +12,11 @@ from tests import factories
 from tests.unit.test_frozen import as_format_1
 from worker.cli.tables import write_tables
 from worker.evidence import schema
+from worker.evidence.case import Evidence
 from worker.evidence.frozen import freeze, thaw
 from worker.evidence.logs import LogCache, parse_job_logs, parse_log_file
 from worker.evidence.logs.rules import WINDOW_LINES
-from worker.evidence.model import Evidence, LogTables
+from worker.evidence.model import LogTables
 
 IRIS = "[10:00:00] task=/u/job/0 | "
 RAY = "\x1b[36m(skyrl_entrypoint pid=8455, ip=10.0.0.1)\x1b[0m "

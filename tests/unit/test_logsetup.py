@@ -9,7 +9,7 @@ import json
 import logging
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import fakeredis
 import pytest
@@ -36,9 +36,11 @@ class Stream(io.StringIO):
         super().__init__()
         self.monkeypatch = monkeypatch
 
-    def configure(self, level: str, broker: str | None = None) -> None:
+    def configure(
+        self, level: str, broker: str | None = None, fmt: Literal["text", "json"] = "text"
+    ) -> None:
         self.monkeypatch.setattr("sys.stderr", self)
-        configure_logging(level, broker=broker)
+        configure_logging(level, broker=broker, fmt=fmt)
 
 
 @pytest.fixture
@@ -66,8 +68,7 @@ def test_json_logs_carry_the_event_id_on_every_line(
 ) -> None:
     """RLHEALTH_LOG_FORMAT=json: one JSON object per line, `event_id` on each (null outside an
     event), the level, the logger and the message."""
-    monkeypatch.setenv("RLHEALTH_LOG_FORMAT", "json")
-    stream.configure("INFO")
+    stream.configure("INFO", fmt=Settings(log_format="json").log_format)
     log = logging.getLogger("rlhealth.test")
     log.info("outside")
     with about_event("evt-42"):

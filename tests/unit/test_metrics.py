@@ -26,6 +26,12 @@ from worker.pipeline.store import MemoryStore
 JOB = "jobs/cw/ops/rl-job"
 
 
+@pytest.fixture(autouse=True)
+def _counting() -> None:
+    """The task signals counted, as the Celery app's factory connects them."""
+    metrics.connect_signals()
+
+
 def _value(name: str, **labels: str) -> float:
     return REGISTRY.get_sample_value(name, labels) or 0.0
 

@@ -14,7 +14,7 @@ from reports import html as html_module
 from shared.models import Event, VerdictEntry
 from shared.settings import Settings
 from testkit.bundles import write_job_bundle
-from worker.pipeline import steps
+from worker.pipeline import sinks, steps
 from worker.pipeline.metrics import HTML_REPORTS
 from worker.pipeline.steps import Pipeline
 from worker.pipeline.store import MemoryStore
@@ -69,7 +69,7 @@ def test_the_verdict_step_does_not_draw(
     def no_drawing(*_args: Any, **_kwargs: Any) -> str:
         raise AssertionError("the verdict step drew the HTML page")
 
-    monkeypatch.setattr(html_module, "render_html", no_drawing)
+    monkeypatch.setattr(sinks, "render_html", no_drawing)
     entry = _published(pipeline)
     json_key, page = _keys(entry)
     assert json_key in _objects(pipeline)

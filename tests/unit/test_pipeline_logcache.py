@@ -25,11 +25,19 @@ from shared.settings import Settings
 from testkit.bundles import write_job_bundle
 from tests.unit.test_capture_requests import CountingStore
 from worker.diagnosis import collect_evidence
+from worker.evidence.case import Evidence
 from worker.evidence.logs import LogCache, incremental, reader
 from worker.evidence.logs.reads import Read
-from worker.evidence.model import Evidence, LogTables
+from worker.evidence.model import LogTables
 from worker.pipeline import logcache
-from worker.pipeline.logcache import PREFIX, CacheRun, JobLogCache, Limits, finish_sharing, job_id
+from worker.pipeline.logcache import (
+    PREFIX,
+    CacheLimits,
+    CacheRun,
+    JobLogCache,
+    finish_sharing,
+    job_id,
+)
 from worker.pipeline.store import MemoryStore
 
 NOW = datetime(2026, 3, 27, 12, 0, tzinfo=UTC)
@@ -76,14 +84,16 @@ class World:
         self.half = len(data) // 2
         self.log.write_bytes(data[: self.half])
 
-    def worker(self, disk: str = "w1", limits: Limits | None = None) -> JobLogCache:
+    def worker(self, disk: str = "w1", limits: CacheLimits | None = None) -> JobLogCache:
         settings = Settings(bundle_root=self.root, cache_dir=self.tmp / disk)
         return JobLogCache(settings, self.store, limits)
 
     def read(self, cache: LogCache | None) -> Evidence:
         return collect_evidence(self.job, now=NOW, log_cache=cache)
 
-    def capture(self, disk: str = "w1", limits: Limits | None = None) -> tuple[Evidence, CacheRun]:
+    def capture(
+        self, disk: str = "w1", limits: CacheLimits | None = None
+    ) -> tuple[Evidence, CacheRun]:
         return self.worker(disk, limits).collect(JOB, self.read)
 
     def grow(self, data: bytes | None = None) -> None:
@@ -384,10 +394,10 @@ def test_an_archive_at_the_size_bound_is_used_and_one_byte_more_is_not(world: Wo
     body = _archive(world)
     size = len(body) + sum(json.loads(body)["sizes"].values())
     world.grow()
-    _, just = world.capture("w2", Limits(archive_bytes=size))
+    _, just = world.capture("w2", CacheLimits(archive_bytes=size))
     assert just.origin == "s3" and _finelog(just)[0] > 0
     world.replace_archive(body)
-    _, past = world.capture("w3", Limits(archive_bytes=size - 1))
+    _, past = world.capture("w3", CacheLimits(archive_bytes=size - 1))
     assert past.origin == "none" and _finelog(past)[0] == 0
     assert any("more than the" in note for note in past.notes)
 
@@ -431,7 +441,7 @@ def _job_folder(cache: JobLogCache, name: str, size: int, age_s: float) -> Path:
 
 
 def test_folders_past_the_age_are_removed_and_those_just_short_kept(world: World) -> None:
-    cache = world.worker(limits=Limits(archive_bytes=2**20, max_age_s=3600))
+    cache = world.worker(limits=CacheLimits(archive_bytes=2**20, max_age_s=3600))
     old = _job_folder(cache, "old", 10, 3600 + 60)
     young = _job_folder(cache, "young", 10, 3600 - 60)
     assert cache.prune() == [old]
@@ -439,7 +449,7 @@ def test_folders_past_the_age_are_removed_and_those_just_short_kept(world: World
 
 
 def test_staging_left_by_a_dead_process_goes_after_an_hour(world: World) -> None:
-    cache = world.worker(limits=Limits(archive_bytes=2**20))
+    cache = world.worker(limits=CacheLimits(archive_bytes=2**20))
     dead = _job_folder(cache, ".pull-dead", 10, 3600 + 60)
     busy = _job_folder(cache, ".pull-busy", 10, 3600 - 60)
     assert cache.prune() == [dead]
@@ -451,7 +461,7 @@ def test_the_least_recently_used_folders_go_beyond_the_disk_bound(
     world: World, room: int, kept: int
 ) -> None:
     """Three folders of 1000 bytes: a bound of 3000 keeps all, 2999 drops the oldest."""
-    cache = world.worker(limits=Limits(archive_bytes=2**20, disk_bytes=room))
+    cache = world.worker(limits=CacheLimits(archive_bytes=2**20, disk_bytes=room))
     folders = [_job_folder(cache, f"j{i}", 1000, 100 - i) for i in range(3)]
     cache.prune()
     assert [f.is_dir() for f in folders] == [kept == 3, True, True]

@@ -14,10 +14,10 @@ from tests.factories import NOW, evidence, logs
 from tests.ray_node import AGENT, DRIVER, IDLE_WORKER, LOG_MONITOR
 from tests.unit.test_gate_liveness import steady_steps, timer
 from worker.diagnosis import judge
+from worker.evidence.case import Evidence
 from worker.evidence.model import (
     AttemptRecord,
     ControllerView,
-    Evidence,
     ParseSummary,
     ProbeCommand,
     ProbeEvidence,

@@ -19,7 +19,7 @@ from shared.settings import Settings
 from worker.backends import resolve_tools
 from worker.backends.spawn import ProbeResult
 from worker.diagnosis import collect_evidence
-from worker.evidence.model import Evidence
+from worker.evidence.case import Evidence
 from worker.pipeline.second_look import NO_BACKEND, Live, observe_again
 from worker.second_look import observe
 

@@ -29,8 +29,8 @@ from tests.unit.test_second_look import (
     _second,
 )
 from worker.diagnosis import GATE_NAMES, judge, run_gate
+from worker.evidence.case import Evidence
 from worker.evidence.frozen import freeze
-from worker.evidence.model import Evidence
 from worker.pipeline import steps as steps_module
 from worker.pipeline import tasks
 from worker.pipeline.steps import MIN_LOOK_WAIT_S, Pipeline

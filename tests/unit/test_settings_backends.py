@@ -7,7 +7,7 @@ from pydantic import ValidationError
 
 from shared.models import Event
 from shared.settings import Settings
-from worker.pipeline.capture import BackendChoiceError, choose_backend
+from worker.capture_policy import BackendChoiceError, choose_backend
 
 
 def test_default_is_no_live_probe() -> None:

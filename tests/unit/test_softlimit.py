@@ -16,6 +16,7 @@ from worker.pipeline import softlimit
 @pytest.fixture()
 def restore_handler() -> Iterator[None]:
     before = signal.getsignal(signal.SIGUSR1)
+    softlimit.connect_signals()  # as the Celery app's factory does
     yield
     signal.signal(signal.SIGUSR1, before)
     task_postrun.send(sender=None)

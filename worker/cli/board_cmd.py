@@ -1,4 +1,4 @@
-"""`rl-health board`: serve the read-only board of recent verdicts (reports/board.py).
+"""`rl-health board`: serve the read-only board of recent verdicts (worker/pipeline/board.py).
 
 Connections come from settings (RLHEALTH_REDIS_URL, RLHEALTH_S3_*, RLHEALTH_STREAM_PREFIX), like
 every pipeline command; the verdict key (RLHEALTH_VERDICT_KEY or _FILE) verifies what it shows.
@@ -35,9 +35,9 @@ def board_command(host: str, port: int, limit: int, refresh: int) -> None:
     """
     import uvicorn
 
-    from reports.board import Board, make_board
     from shared.streams import StreamNames
     from worker.cli.dependencies import reach_redis, reach_s3
+    from worker.pipeline.board import Board, make_board
 
     settings = load_settings()  # exit 2 with one line for an unusable setting
     keys = load_verdict_keys(settings)

@@ -23,6 +23,7 @@ from shared.models import Mode, Report
 from shared.redact import clean
 from shared.safefs import CACHE_MODE, write_file
 from shared.settings import Settings
+from worker.backends import BACKENDS
 from worker.cli.options import (
     ISO_DATETIME,
     UnusableError,
@@ -31,14 +32,12 @@ from worker.cli.options import (
     own_directory,
     writable_directory,
 )
-from worker.evidence.model import Evidence
+from worker.evidence.case import Evidence
 
 if TYPE_CHECKING:
     from worker.backends import Toolbox
 
 __all__ = ["diagnose_command"]
-
-BACKENDS = ("iris", "kubernetes", "slurm", "local")
 
 
 def _tools(settings: Settings) -> Toolbox:
@@ -66,7 +65,7 @@ def _live_probes(
 
 
 def _write_outputs(report: Report, out: Path, html: str) -> None:
-    from reports.local import write_local
+    from worker.cli.local_reports import write_local
 
     write_local(report, out)
     write_file(out, "report.html", html.encode())
@@ -82,7 +81,7 @@ def _render(report: Report, evidence: Evidence, fmt: str) -> str:
     return render_json(report) if fmt == "json" else render_text(report)
 
 
-class LogDate(click.ParamType[date]):
+class DateParam(click.ParamType[date]):
     """A calendar date, `YYYY-MM-DD`."""
 
     name = "YYYY-MM-DD"
@@ -121,7 +120,7 @@ def _probe_folder(probes_dir: Path | None) -> Path | None:
 )
 @click.option(
     "--log-date",
-    type=LogDate(),
+    type=DateParam(),
     help="The date of the log's time-only [HH:MM:SS] lines (default: inferred, and the report "
     "says from what).",
 )

@@ -20,7 +20,15 @@ import click
 from shared.redact import clean
 from shared.settings import Thresholds
 from worker.cli.options import UnusableError, load_campaign_thresholds
-from worker.evaluation import CaseError, Expected, Outcome, Score, load_case, render_score, score
+from worker.evaluation import (
+    CaseError,
+    CaseOutcome,
+    Expected,
+    Score,
+    load_case,
+    render_score,
+    score,
+)
 
 __all__ = ["eval_command"]
 
@@ -49,13 +57,13 @@ def _label(folder: Path) -> Expected | None:
         return None
 
 
-def _run(folder: Path, name: str, thresholds: Thresholds | None) -> Outcome:
+def _run(folder: Path, name: str, thresholds: Thresholds | None) -> CaseOutcome:
     from worker.diagnosis import collect_evidence, judge
 
     try:
         case, job_dir, probes = load_case(folder)
     except CaseError as exc:
-        return Outcome(name, _label(folder), None, {}, broken=clean(str(exc)))
+        return CaseOutcome(name, _label(folder), None, {}, broken=clean(str(exc)))
     try:
         evidence = collect_evidence(
             job_dir, now=case.now, mode=case.mode, probes_dir=probes, thresholds=thresholds
@@ -63,9 +71,9 @@ def _run(folder: Path, name: str, thresholds: Thresholds | None) -> Outcome:
         report = judge(evidence)
     except Exception as exc:  # a crash on one case is that case's miss, never the run's end
         why = f"the diagnosis raised {exc.__class__.__name__}: {clean(str(exc))[:200]}"
-        return Outcome(name, case.expected, None, {}, why=case.why, broken=why)
+        return CaseOutcome(name, case.expected, None, {}, why=case.why, broken=why)
     gates = {gate: result.status for gate, result in report.gates.items()}
-    return Outcome(
+    return CaseOutcome(
         name,
         case.expected,
         report.verdict,

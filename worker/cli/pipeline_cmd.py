@@ -27,7 +27,7 @@ from collections.abc import Callable, Iterator
 from datetime import UTC, datetime
 from itertools import islice
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, NoReturn, TypeVar
+from typing import TYPE_CHECKING, Any, Literal, NoReturn, TypeVar
 
 import click
 
@@ -282,7 +282,7 @@ def ingest_command(
         serve(metrics_port, settings.metrics_addr, role="ingest", extra=[depth])
     _serve_health(health_port, settings)
 
-    configure_logging(logging.DEBUG if _debugging() else logging.INFO)
+    configure_logging(logging.DEBUG if _debugging() else logging.INFO, fmt=settings.log_format)
     stopping: list[int] = []
     signal.signal(signal.SIGTERM, lambda signum, _frame: stopping.append(signum))
     started = partial(dispatch, register=False)  # the admission registered the lead
@@ -354,7 +354,7 @@ def worker_command(
     from shared.streams import StreamNames
     from worker.pipeline.app import app
 
-    _celery_logs_ours(loglevel, redis_address(settings.redis_url))
+    _celery_logs_ours(loglevel, redis_address(settings.redis_url), settings.log_format)
 
     if metrics_port is not None:
         from worker.pipeline.metrics import serve
@@ -380,7 +380,7 @@ def _debugging() -> bool:
     return debugging()
 
 
-def _celery_logs_ours(loglevel: str, broker: str) -> None:
+def _celery_logs_ours(loglevel: str, broker: str, fmt: Literal["text", "json"]) -> None:
     """Celery configures no logging of its own: ours (`worker.pipeline.logsetup`, text or
     JSON, the event id on every line, task results at DEBUG) in this process and its pool."""
     from celery import signals
@@ -390,10 +390,10 @@ def _celery_logs_ours(loglevel: str, broker: str) -> None:
     level = "DEBUG" if _debugging() else loglevel
 
     def ours(**_: Any) -> None:
-        configure_logging(level, broker=broker)
+        configure_logging(level, broker=broker, fmt=fmt)
 
     signals.setup_logging.connect(ours, weak=False)
-    configure_logging(level, broker=broker)
+    configure_logging(level, broker=broker, fmt=fmt)
 
 
 def _check_cache_dir(settings: Settings) -> None:

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Final
 
 from shared.times import as_utc, duration_text
+from worker.evidence.layout import MANIFEST
 from worker.evidence.model import ArtifactState, ArtifactStatus, BundleInfo, ClassFreshness
 from worker.evidence.paths import BundleFiles
 from worker.evidence.values import integer, read_json, text
@@ -37,7 +38,6 @@ __all__ = [
     "read_bundle",
 ]
 
-MANIFEST: Final = "manifest.json"
 ARTIFACT_CLASSES: Final = ("finelog", "pod_logs", "ray_logs", "traces", "slurm_logs")
 # Where each class lives in the job directory; slurm logs have no place in the bundle layout.
 CLASS_PATHS: Final[dict[str, str]] = {

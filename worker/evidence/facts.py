@@ -16,7 +16,7 @@ import shlex
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
-from typing import TYPE_CHECKING, Any, Final
+from typing import Any, Final, Protocol
 
 import polars as pl
 
@@ -25,12 +25,16 @@ from shared.redact import redact_text
 from shared.times import duration_text
 from worker.evidence import failures
 from worker.evidence.jobstate import JobState
-from worker.evidence.model import ClockSkew, LogTables, ProbeCommand, ProbeEvidence
+from worker.evidence.model import (
+    BundleInfo,
+    ClockSkew,
+    LogTables,
+    ProbeCommand,
+    ProbeEvidence,
+    TrialTables,
+)
 from worker.evidence.quotes import quote
 from worker.evidence.schema import ERRORS, HARD_ERROR_KINDS
-
-if TYPE_CHECKING:
-    from worker.evidence.model import Evidence
 
 __all__ = [
     "CLOCK_TOLERANCE_S",
@@ -40,12 +44,33 @@ __all__ = [
     "Facts",
     "Moment",
     "ProbeFailure",
+    "Sources",
     "attempt_failures",
     "attempt_source",
     "derive",
     "newest_attempt",
     "row_signature",
 ]
+
+
+class Sources(Protocol):
+    """What the facts are derived from: the parts of `worker.evidence.case.Evidence` they read.
+
+    A protocol, not the class, so that the evidence (which caches its facts) can import this
+    module without this module importing it back.
+    """
+
+    @property
+    def now(self) -> datetime: ...
+    @property
+    def bundle(self) -> BundleInfo: ...
+    @property
+    def logs(self) -> LogTables | None: ...
+    @property
+    def trials(self) -> TrialTables | None: ...
+    @property
+    def probes(self) -> ProbeEvidence | None: ...
+
 
 CLOCK_TOLERANCE_S: Final = 60.0
 """Evidence dated up to this long after `now` is clock noise (a live capture runs a little past the
@@ -108,11 +133,6 @@ class Facts:
     # ERRORS rows: the failure of each attempt (`attempt_failures`); a table, so not compared
     attempt_failures: pl.DataFrame = field(compare=False)
 
-    def attempt_failure(self, attempt: int) -> dict[str, Any] | None:
-        """The row of the failure that ended `attempt` in the logs, or None."""
-        rows = self.attempt_failures.filter(pl.col("attempt") == attempt)
-        return rows.row(0, named=True) if not rows.is_empty() else None
-
     def newest(self, *kinds: str) -> Moment | None:
         """The newest progress of the given kinds (all kinds when none is given)."""
         found = [m for m in self.progress if not kinds or m.kind in kinds]
@@ -150,7 +170,7 @@ def newest_attempt(logs: LogTables) -> int:
     return max((int(v) for v in values if isinstance(v, int)), default=0)
 
 
-def _state(evidence: Evidence) -> tuple[JobState | None, str]:
+def _state(evidence: Sources) -> tuple[JobState | None, str]:
     probes = evidence.probes
     if probes is not None and probes.controller is not None:
         return JobState.parse(probes.controller.state), "probes/controller.json"
@@ -168,7 +188,7 @@ def _log_start(logs: LogTables, attempt: int) -> datetime | None:
     return min((t for t in firsts if isinstance(t, datetime)), default=None)
 
 
-def _attempt_start(evidence: Evidence, attempt: int) -> datetime | None:
+def _attempt_start(evidence: Sources, attempt: int) -> datetime | None:
     """The current attempt's start: the controller's record, else its first log line."""
     records = evidence.probes.attempts if evidence.probes else None
     starts = [r.started_at_ms for r in records or () if r.started_at_ms is not None]
@@ -276,7 +296,7 @@ def _engine_moments(logs: LogTables, limit: datetime) -> list[Moment]:
     return [_moment(ENGINE_LINE, "engines", row)] if row is not None else []
 
 
-def _trial_moments(evidence: Evidence, now: datetime, limit: datetime) -> tuple[list[Moment], ...]:
+def _trial_moments(evidence: Sources, now: datetime, limit: datetime) -> tuple[list[Moment], ...]:
     table = evidence.trials
     if table is None or table.trials.is_empty():
         return [], []
@@ -305,7 +325,7 @@ def _probe_moments(probes: ProbeEvidence | None, limit: datetime) -> list[Moment
     return found[:3]
 
 
-def _bundle_moments(evidence: Evidence, limit: datetime) -> list[Moment]:
+def _bundle_moments(evidence: Sources, limit: datetime) -> list[Moment]:
     synced = evidence.bundle.synced_at
     if synced is None or synced <= limit:
         return []
@@ -411,7 +431,7 @@ def _probe_failures(probes: ProbeEvidence | None) -> tuple[ProbeFailure, ...]:
 # --- identity ----------------------------------------------------------------------------------
 
 
-def _identity(evidence: Evidence) -> str | None:
+def _identity(evidence: Sources) -> str | None:
     bundle = evidence.bundle
     name = bundle.job_name or (bundle.job_id.rsplit("/", 1)[-1] if bundle.job_id else None)
     probe_job = evidence.probes.job_id if evidence.probes else None
@@ -514,8 +534,8 @@ def _no_failures() -> pl.DataFrame:
 # --- the whole -----------------------------------------------------------------------------------
 
 
-def derive(evidence: Evidence) -> Facts:
-    """Every derived fact of one Evidence (call `evidence.facts`, which caches it)."""
+def derive(evidence: Sources) -> Facts:
+    """Every derived fact of one evidence (call `Evidence.facts`, which caches it)."""
     now = evidence.now
     limit = now + timedelta(seconds=CLOCK_TOLERANCE_S)
     logs = evidence.logs

@@ -61,9 +61,9 @@ import polars as pl
 from shared.redact import RULES_DIGEST, cut_bytes, redact_data, redact_frame
 from shared.settings import Thresholds
 from worker.evidence import schema
+from worker.evidence.case import Evidence
 from worker.evidence.model import (
     BundleInfo,
-    Evidence,
     LogTables,
     ModeDecision,
     ParseSummary,
@@ -94,7 +94,7 @@ MARKER: Final = "evidence.json"
 PARTS: Final = "parts"
 PART_ROWS: Final = 65536
 TAIL_PARTS: Final = 4  # a large table's rows after its last full part: parts of PART_ROWS // 4
-LINE_MAX_BYTES: Final = 16 * 1024
+QUOTED_LINE_MAX_BYTES: Final = 16 * 1024
 _PART_TAG: Final = b"rlhealth frozen part 1\0"
 _SEED: Final = 0
 _LOG_FRAMES: Final = tuple(f.name for f in dataclasses.fields(LogTables) if f.name != "summary")
@@ -279,10 +279,11 @@ def _trials_meta(trials: TrialTables, refs: dict[str, list[list[Any]]]) -> dict[
 
 
 def _summary(summary: ParseSummary) -> dict[str, Any]:
-    """The parse summary; its quoted lines cut to LINE_MAX_BYTES (a log line may be 300 MB)."""
+    """The parse summary; its quoted lines cut to QUOTED_LINE_MAX_BYTES (a log line may be 300
+    MB)."""
     data = summary.to_json()
     for name in ("head", "malformed_examples"):
-        data[name] = [cut_bytes(line, LINE_MAX_BYTES) for line in data.get(name) or ()]
+        data[name] = [cut_bytes(line, QUOTED_LINE_MAX_BYTES) for line in data.get(name) or ()]
     return data
 
 

@@ -7,23 +7,14 @@ types, so a gate can be tested with an `Evidence` made by hand.
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
-from datetime import datetime
 from enum import StrEnum
-from functools import cached_property
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Final
+from typing import Any, Final
 
 from pydantic import BaseModel, ConfigDict
 
 from shared.models import Mode, UtcDatetime
 from worker.evidence.parsed import ClockSkew, LogTables, ParseSummary, TrialTables
-
-if TYPE_CHECKING:
-    # an annotation only (of a dataclass): the settings (pydantic-settings, ~0.1 s to import) are
-    # not loaded by a parse that never reads them
-    from shared.settings import Thresholds
-    from worker.evidence.facts import Facts
 
 __all__ = [
     "ArtifactState",
@@ -33,7 +24,6 @@ __all__ = [
     "ClassFreshness",
     "ClockSkew",
     "ControllerView",
-    "Evidence",
     "LogTables",
     "ModeDecision",
     "ParseSummary",
@@ -214,36 +204,3 @@ class ProbeEvidence(_Frozen):
 class ModeDecision(_Frozen):
     mode: Mode
     reason: str
-
-
-@dataclass(frozen=True)
-class Evidence:
-    """Everything one diagnosis judges, as of `now`."""
-
-    job_dir: str  # as given (a path, or an s3:// URI in the pipeline)
-    now: datetime
-    thresholds: Thresholds
-    mode: ModeDecision
-    bundle: BundleInfo
-    logs: LogTables | None = None  # None: no log file at all
-    trials: TrialTables | None = None  # None: no trials directory
-    probes: ProbeEvidence | None = None  # None: no live probe available
-    discrepancies: tuple[str, ...] = ()
-    # what each file given was taken to be, what was skipped and why, where dates came from
-    # (`worker.evidence.layout`, `worker.evidence.logdate`); empty for a plain watcher directory
-    inputs: tuple[str, ...] = ()
-
-    @cached_property
-    def facts(self) -> Facts:
-        """The facts derived from this evidence (`worker.evidence.facts`), computed once."""
-        from worker.evidence.facts import derive
-
-        return derive(self)
-
-    @property
-    def job_id(self) -> str:
-        if self.bundle.job_id:
-            return self.bundle.job_id
-        if self.probes and self.probes.job_id:
-            return self.probes.job_id
-        return Path(self.job_dir).name

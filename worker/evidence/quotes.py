@@ -10,7 +10,7 @@ import polars as pl
 
 from shared.models import Quote
 from shared.redact import clean_cut
-from worker.evidence.model import LogTables
+from worker.evidence.parsed import LogTables
 
 __all__ = ["is_comment", "log_head", "log_head_quotes", "quote", "quote_rows"]
 

@@ -11,7 +11,7 @@ from collections.abc import Callable
 from typing import TypeAlias
 
 from shared.models import GateResult, GateStatus
-from worker.evidence.model import Evidence
+from worker.evidence.case import Evidence
 
 __all__ = ["GateCheck", "error", "guarded", "na", "passed"]
 

@@ -32,10 +32,10 @@ import polars as pl
 
 from shared.models import GateResult, GateStatus, Handoff, KillProof, Quote
 from shared.redact import redact_text
+from worker.evidence.case import Evidence
 from worker.evidence.facts import row_signature
 from worker.evidence.failures import Entry, FailureClass, catalogue
 from worker.evidence.jobstate import JobState
-from worker.evidence.model import Evidence
 from worker.evidence.quotes import quote_rows
 from worker.gates.base import error
 from worker.gates.progress import finished_steps, minute_utc

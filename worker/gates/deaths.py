@@ -33,9 +33,10 @@ import polars as pl
 
 from shared.models import GateResult, GateStatus, KillProof, Quote
 from shared.times import duration_text
+from worker.evidence.case import Evidence
 from worker.evidence.facts import PHASE, STEP
 from worker.evidence.logs.engines import engine_owner
-from worker.evidence.model import Evidence, LogTables
+from worker.evidence.model import LogTables
 from worker.evidence.quotes import quote_rows
 from worker.gates.engine_owners import owner_of_rows
 from worker.gates.engines import engine_config

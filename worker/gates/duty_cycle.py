@@ -32,7 +32,7 @@ import polars as pl
 
 from shared.models import GateResult, GateStatus, Mode, Quote, Table
 from shared.settings import Thresholds
-from worker.evidence.model import Evidence
+from worker.evidence.case import Evidence
 from worker.evidence.quotes import quote_rows
 from worker.gates.base import na, passed
 from worker.gates.progress import initialization, started_at

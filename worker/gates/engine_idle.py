@@ -27,7 +27,7 @@ import polars as pl
 
 from shared.models import Quote
 from shared.times import duration_text
-from worker.evidence.model import Evidence
+from worker.evidence.case import Evidence
 from worker.evidence.quotes import quote
 from worker.gates.progress import minute_utc
 

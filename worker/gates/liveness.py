@@ -79,6 +79,7 @@ import polars as pl
 
 from shared.models import GateResult, GateStatus, Handoff, KillProof, Quote
 from shared.times import age_text, duration_text
+from worker.evidence.case import Evidence
 from worker.evidence.facts import (
     CLOCK_TOLERANCE_S,
     LOG_LINE,
@@ -89,7 +90,7 @@ from worker.evidence.facts import (
     ProbeFailure,
 )
 from worker.evidence.jobstate import JobState
-from worker.evidence.model import ArtifactState, Evidence, LogTables
+from worker.evidence.model import ArtifactState, LogTables
 from worker.evidence.quotes import log_head_quotes, quote, quote_rows
 from worker.evidence.roles import roles_of
 from worker.gates import configuration, deaths

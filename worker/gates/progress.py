@@ -10,9 +10,10 @@ from datetime import UTC, datetime, timedelta
 
 import polars as pl
 
+from worker.evidence.case import Evidence
 from worker.evidence.facts import newest_attempt
 from worker.evidence.jobstate import JobState
-from worker.evidence.model import Evidence, LogTables
+from worker.evidence.model import LogTables
 
 __all__ = [
     "Initialization",

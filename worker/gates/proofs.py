@@ -16,9 +16,9 @@ from typing import Final
 
 from shared.models import KillProof, RestartsResult
 from shared.times import age_text, duration_text
+from worker.evidence.case import Evidence
 from worker.evidence.facts import CLOCK_TOLERANCE_S, PHASE, STEP
 from worker.evidence.jobstate import JobState
-from worker.evidence.model import Evidence
 from worker.evidence.roles import roles_of
 from worker.gates.restarts import is_specific_signature
 from worker.gates.stacks import rests_on_collective, stack_holes

@@ -9,7 +9,7 @@ from __future__ import annotations
 from types import MappingProxyType
 
 from shared.models import GateName, RestartsResult
-from worker.evidence.model import Evidence
+from worker.evidence.case import Evidence
 from worker.gates import duty_cycle, dynamics, liveness, resources, restarts, rollouts
 from worker.gates.base import GateCheck
 

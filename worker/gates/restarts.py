@@ -50,9 +50,10 @@ import polars as pl
 from shared.models import Quote, RestartsResult
 from shared.redact import redact_text
 from worker.evidence import failures
+from worker.evidence.case import Evidence
 from worker.evidence.facts import row_signature
 from worker.evidence.jobstate import JobState
-from worker.evidence.model import AttemptRecord, ControllerView, Evidence, LogTables
+from worker.evidence.model import AttemptRecord, ControllerView, LogTables
 from worker.evidence.quotes import quote, quote_rows
 from worker.gates.progress import finished_steps, newest_attempt
 

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 from typing import Any, Final
 
-from celery import Celery
+from celery import Celery, signals
 
 from shared.redact import install_log_redaction
 from shared.settings import Settings
@@ -129,7 +129,20 @@ def make_app(settings: Settings | None = None) -> Celery:
     from worker.pipeline.heartbeat import LeaseHeartbeat
 
     celery.steps["worker"].add(LeaseHeartbeat)
+    _connect_signals()
     return celery
+
+
+def _connect_signals() -> None:
+    """The task signals' handlers: task metrics, the soft time limit's guard, the event id on
+    every log line of a task. Connected here, where an app is made, never by importing a module;
+    a second app connects nothing twice (Celery keys a receiver by its identity)."""
+    from worker.pipeline import logsetup, metrics, softlimit
+
+    metrics.connect_signals()
+    softlimit.connect_signals()
+    signals.task_prerun.connect(logsetup.task_started, weak=False)
+    signals.task_postrun.connect(logsetup.task_over, weak=False)
 
 
 # `celery -A worker.pipeline.app worker` starts without the rl-health CLI: its log records (task

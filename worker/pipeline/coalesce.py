@@ -46,11 +46,11 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Final, Literal, cast
 
-from reports.sinks import cluster_of
 from shared.models import Event, VerdictEntry
 from shared.signing import KeyRing
 from shared.streams import RefusedEntryError, StreamNames, entry_fields, read_entry
 from worker.pipeline.metrics import verdict_announced
+from worker.pipeline.report_keys import cluster_of
 
 __all__ = [
     "Admission",

@@ -25,7 +25,8 @@ from shared.models import (
     Verdict,
 )
 from shared.settings import load_thresholds
-from worker.evidence.model import BundleInfo, Evidence, ModeDecision
+from worker.evidence.case import Evidence
+from worker.evidence.model import BundleInfo, ModeDecision
 from worker.verdict import decide
 
 __all__ = ["FAILED_NOTE", "failure_evidence", "failure_report", "not_judged", "unreadable_result"]

@@ -6,7 +6,7 @@ exhausts the worker would be redelivered without end. Two guards stop that:
 - `DeliveryGuard.started` counts the starts of one delivery of a task (its id and retry number).
   The third start means the task was killed twice while running: it raises `PoisonError`
   instead of running, and the workflow's error callback answers the diagnosis ERROR.
-- `MemoryBudget` watches the resident memory of the process running a task. Past the budget it
+- `MemoryCeiling` watches the resident memory of the process running a task. Past the budget it
   records why (so the next delivery fails at once with the reason) and stops the process with
   SIGKILL — before the kernel's OOM killer picks a victim, possibly another service.
 """
@@ -25,7 +25,7 @@ from typing import Any, Final
 from shared.streams import StreamNames
 from worker.pipeline.failures import PoisonError
 
-__all__ = ["DeliveryGuard", "MemoryBudget", "resident_bytes"]
+__all__ = ["DeliveryGuard", "MemoryCeiling", "resident_bytes"]
 
 log = logging.getLogger(__name__)
 
@@ -81,7 +81,7 @@ def _kill_self() -> None:
     os.kill(os.getpid(), signal.SIGKILL)
 
 
-class MemoryBudget:
+class MemoryCeiling:
     """Stops this process when its resident memory passes `budget_mb` while a block runs."""
 
     def __init__(

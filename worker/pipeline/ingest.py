@@ -106,7 +106,7 @@ def validate_alert(fields: dict[str, str], settings: Settings) -> tuple[Event, s
 
 
 @dataclass(frozen=True)
-class Entry:
+class StreamEntry:
     id: str
     fields: dict[str, str]
     redelivered: bool
@@ -147,7 +147,7 @@ class Ingest:
 
     # --- one entry --------------------------------------------------------------------------
 
-    def handle(self, entry: Entry) -> str:
+    def handle(self, entry: StreamEntry) -> str:
         """Process one alert entry and acknowledge it; returns what happened to it (logged: one
         line per alert taken, one warning per alert dead-lettered)."""
         with about_event(_claimed_event_id(entry.fields)):
@@ -167,7 +167,7 @@ class Ingest:
         alert_handled(outcome)
         return outcome
 
-    def refuse(self, entry: Entry, reason: str) -> str:
+    def refuse(self, entry: StreamEntry, reason: str) -> str:
         """Put the entry on the dead-letter stream with the reason and the raw payload, both
         redacted: a credential pasted into an alert is lost, nothing else is."""
         reason = redact_text(reason)
@@ -210,7 +210,7 @@ class Ingest:
 
     # --- the loop ---------------------------------------------------------------------------
 
-    def read(self) -> list[Entry]:
+    def read(self) -> list[StreamEntry]:
         """The next batch: our pending entries first, then entries abandoned by dead consumers,
         then new ones."""
         if time.monotonic() >= self._next_claim:
@@ -224,23 +224,23 @@ class Ingest:
 
     def _read_group(
         self, start: str, *, redelivered: bool, block: int | None = None
-    ) -> list[Entry]:
+    ) -> list[StreamEntry]:
         reply = self.redis.xreadgroup(
             INGEST_GROUP, self.consumer, {self.names.alerts: start}, count=_BATCH, block=block
         )
         return [
-            Entry(_text(entry_id), _decode(fields), redelivered)
+            StreamEntry(_text(entry_id), _decode(fields), redelivered)
             for _stream, items in reply or ()
             for entry_id, fields in items
             if fields is not None  # an entry deleted from the stream while pending
         ]
 
-    def _claim_abandoned(self) -> list[Entry]:
+    def _claim_abandoned(self) -> list[StreamEntry]:
         reply = self.redis.xautoclaim(
             self.names.alerts, INGEST_GROUP, self.consumer, _CLAIM_IDLE_MS, "0-0", count=_BATCH
         )
         items: Iterable[Any] = reply[1] if reply else ()
-        return [Entry(_text(i), _decode(f), True) for i, f in items if f is not None]
+        return [StreamEntry(_text(i), _decode(f), True) for i, f in items if f is not None]
 
     def step(self) -> int:
         """Read and handle one batch; on an infrastructure fault leave the rest pending."""

@@ -98,9 +98,9 @@ from shared.alerts import OutsideBundleRootError, confine
 from shared.redact import PREFILTER, RULES_DIGEST, redact_data, redact_text
 from shared.safefs import Folder, owned_directory, remove_tree
 from shared.settings import Settings
+from worker.evidence.case import Evidence
 from worker.evidence.logs import LogCache
 from worker.evidence.logs.incremental import CacheEntry
-from worker.evidence.model import Evidence
 from worker.evidence.values import loads_json
 from worker.pipeline.failures import describe, is_time_limit
 from worker.pipeline.metrics import log_cache_used
@@ -115,10 +115,10 @@ from worker.pipeline.parts import (
 from worker.pipeline.store import ObjectMissingError, ObjectStore, in_parallel, put_all
 
 __all__ = [
+    "CacheLimits",
     "CacheRun",
     "FileRead",
     "JobLogCache",
-    "Limits",
     "collect_cached",
     "finish_sharing",
     "job_id",
@@ -149,7 +149,7 @@ KEPT_BYTES: Final = 512 * 2**20
 
 
 @dataclass(frozen=True)
-class Limits:
+class CacheLimits:
     """The bounds of the cache: the largest archive read or written, the disk, the age."""
 
     archive_bytes: int
@@ -158,7 +158,7 @@ class Limits:
     kept_archives: int = 2
 
     @classmethod
-    def from_settings(cls, settings: Settings) -> Limits:
+    def from_settings(cls, settings: Settings) -> CacheLimits:
         """An archive is at most the memory one parse may hold (RLHEALTH_PARSE_MEMORY_MB): the
         parsed state of a log is no larger in Parquet than in memory."""
         return cls(archive_bytes=settings.parse_memory_mb * 2**20)
@@ -355,12 +355,12 @@ def _must_propagate(exc: BaseException) -> bool:
 class JobLogCache:
     """The adapter between a capture and the job's log cache on disk and in S3."""
 
-    def __init__(self, settings: Settings, store: ObjectStore, limits: Limits | None = None):
+    def __init__(self, settings: Settings, store: ObjectStore, limits: CacheLimits | None = None):
         # this process's own (no other user may put an entry in it), or UnsafeDirectoryError
         self.root = owned_directory(owned_directory(settings.cache_root()) / "logs")
         self.bundle_root = settings.bundle_root
         self.store = store
-        self.limits = limits or Limits.from_settings(settings)
+        self.limits = limits or CacheLimits.from_settings(settings)
 
     def collect(
         self, job_dir: str, read: Read, *, share_later: bool = False
@@ -649,7 +649,7 @@ def finish_sharing(folder: Path | None = None) -> None:
 _WITHHELD: Final = "it holds text the redactor hides, so it is not shared through S3"
 
 
-def _pruned(root: Folder, limits: Limits, now: float) -> list[str]:
+def _pruned(root: Folder, limits: CacheLimits, now: float) -> list[str]:
     """Remove from `root` the staging folders older than `_LEFTOVER_S`, then the job folders
     older than `limits.max_age_s` and the least recently used beyond `limits.disk_bytes`; the
     names removed. Symlinks are neither followed nor counted."""

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import re
 import sys
 from collections.abc import Iterator
@@ -29,7 +28,6 @@ from typing import Any, Final, Literal
 from shared.redact import install_log_redaction
 
 __all__ = [
-    "LOG_FORMAT_ENV",
     "BrokerNamed",
     "EventIdFilter",
     "JsonFormatter",
@@ -37,11 +35,9 @@ __all__ = [
     "about_event",
     "configure_logging",
     "current_event",
-    "log_format",
     "set_event",
 ]
 
-LOG_FORMAT_ENV: Final = "RLHEALTH_LOG_FORMAT"
 TEXT_FORMAT: Final = "%(asctime)s %(levelname)s [%(event_id)s] %(name)s: %(message)s"
 # the Celery lines about each task's delivery and result, as the redactor leaves them (formatted)
 _TASK_LINE: Final = re.compile(r"^Task \S+\[[^\]]*\] (?:received|succeeded in )")
@@ -74,14 +70,6 @@ def about_event(event_id: str | None) -> Iterator[None]:
         yield
     finally:
         _event.reset(token)
-
-
-def log_format() -> Literal["text", "json"]:
-    """RLHEALTH_LOG_FORMAT: `json`, else `text` (an unknown value is refused by the caller)."""
-    value = os.environ.get(LOG_FORMAT_ENV, "text").strip().lower() or "text"
-    if value not in ("text", "json"):
-        raise ValueError(f"{LOG_FORMAT_ENV} must be text or json")
-    return "json" if value == "json" else "text"
 
 
 class EventIdFilter(logging.Filter):
@@ -139,14 +127,19 @@ class BrokerNamed(logging.Filter):
         return True
 
 
-def configure_logging(level: str | int = "INFO", *, broker: str | None = None) -> None:
-    """The root logger to stderr in RLHEALTH_LOG_FORMAT, at `level`, for this process and the
-    ones it forks (Celery's pool children inherit it); `broker` is the Redis address Celery's
-    connection line names."""
+def configure_logging(
+    level: str | int = "INFO",
+    *,
+    broker: str | None = None,
+    fmt: Literal["text", "json"] = "text",
+) -> None:
+    """The root logger to stderr in `fmt` (`Settings.log_format`, RLHEALTH_LOG_FORMAT), at
+    `level`, for this process and the ones it forks (Celery's pool children inherit it); `broker`
+    is the Redis address Celery's connection line names."""
     install_log_redaction()
     handler = logging.StreamHandler(sys.stderr)
     handler.addFilter(EventIdFilter())
-    if log_format() == "json":
+    if fmt == "json":
         handler.setFormatter(JsonFormatter())
     else:
         handler.setFormatter(logging.Formatter(TEXT_FORMAT))
@@ -161,3 +154,23 @@ def configure_logging(level: str | int = "INFO", *, broker: str | None = None) -
         connection = logging.getLogger(_BROKER_LOGGER)
         connection.filters = [f for f in connection.filters if not isinstance(f, BrokerNamed)]
         connection.addFilter(BrokerNamed(broker))
+
+
+def _lead_of(args: Any, kwargs: Any) -> str | None:
+    """The diagnosis a task run works for: its `lead`, else the entry's (html), else its first
+    argument when that is an event id (capture)."""
+    found = (kwargs or {}).get("lead")
+    if found is None and args:
+        first = args[0]
+        found = first.get("event_id") if isinstance(first, dict) else first
+    return found if isinstance(found, str) else None
+
+
+def task_started(args: Any = None, kwargs: Any = None, **_: Any) -> None:
+    """Celery's `task_prerun`: the task's lines carry its diagnosis (connected by `make_app`)."""
+    set_event(_lead_of(args, kwargs))
+
+
+def task_over(**_: Any) -> None:
+    """Celery's `task_postrun`: lines after the task carry no event."""
+    set_event(None)

@@ -389,12 +389,15 @@ def _child_gone(pid: int | None = None, **_: Any) -> None:
         multiprocess.mark_process_dead(pid or os.getpid())  # type: ignore[no-untyped-call]
 
 
-# Strong references: these handlers are module functions, but nothing else needs to hold them.
-signals.task_prerun.connect(_task_started, weak=False)
-signals.task_postrun.connect(_task_finished, weak=False)
-signals.task_retry.connect(_task_retried, weak=False)
-signals.task_failure.connect(_task_failed, weak=False)
-signals.worker_process_shutdown.connect(_child_gone, weak=False)
+def connect_signals() -> None:
+    """Count tasks from now on (the Celery app's factory calls this: `make_app`). Connecting
+    again adds nothing: Celery keys a receiver by its identity. Strong references: these handlers
+    are module functions, but nothing else needs to hold them."""
+    signals.task_prerun.connect(_task_started, weak=False)
+    signals.task_postrun.connect(_task_finished, weak=False)
+    signals.task_retry.connect(_task_retried, weak=False)
+    signals.task_failure.connect(_task_failed, weak=False)
+    signals.worker_process_shutdown.connect(_child_gone, weak=False)
 
 
 # --- serving --------------------------------------------------------------------------------------

@@ -26,17 +26,13 @@ from shared.models import Event
 from shared.settings import Settings
 from worker.backends import Toolbox
 from worker.backends.base import Runner
+from worker.capture_policy import BackendChoiceError, choose_backend
 from worker.diagnosis import collect_evidence
+from worker.evidence.case import Evidence
 from worker.evidence.frozen import MARKER, freeze, thaw
 from worker.evidence.logs.incremental import LogCache
-from worker.evidence.model import Evidence
 from worker.evidence.probes import read_probes
-from worker.pipeline.capture import (
-    BackendChoiceError,
-    CaptureBudget,
-    capture_live,
-    choose_backend,
-)
+from worker.pipeline.capture import CaptureBudget, capture_live
 from worker.pipeline.logcache import collect_cached
 from worker.pipeline.store import ObjectStore, download_prefix
 

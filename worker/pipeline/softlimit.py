@@ -23,7 +23,7 @@ from typing import Any, Final
 from celery.exceptions import SoftTimeLimitExceeded
 from celery.signals import task_postrun, task_prerun
 
-__all__ = ["dropped", "in_task", "soft_limit_handler"]
+__all__ = ["connect_signals", "dropped", "in_task", "soft_limit_handler"]
 
 _SIGNAL: Final = getattr(signal, "SIGUSR1", None)
 
@@ -63,5 +63,9 @@ def _task_finished(**_: Any) -> None:
     _State.running = False
 
 
-task_prerun.connect(_task_started, weak=False)
-task_postrun.connect(_task_finished, weak=False)
+def connect_signals() -> None:
+    """Guard this process's soft time limits from now on (the Celery app's factory calls this:
+    `worker.pipeline.app.make_app`). Connecting again adds nothing: Celery keys a receiver by
+    its identity."""
+    task_prerun.connect(_task_started, weak=False)
+    task_postrun.connect(_task_finished, weak=False)

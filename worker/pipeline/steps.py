@@ -43,8 +43,7 @@ from typing import Any, Final
 
 from pydantic import ValidationError
 
-from reports.html import html_key, store_html
-from reports.sinks import S3ReportSink, StoredReport, VerdictStreamSink
+from reports.html import html_key
 from shared.alerts import OutsideBundleRootError, confine
 from shared.models import (
     Event,
@@ -59,7 +58,9 @@ from shared.safefs import Folder, owned_directory, remove_tree
 from shared.settings import Settings
 from shared.signing import KeyRing, UnverifiedError
 from shared.streams import StreamNames
+from worker.capture_policy import BackendChoiceError, choose_backend
 from worker.diagnosis import GATE_NAMES, collect_evidence, run_gate
+from worker.evidence.case import Evidence
 from worker.evidence.frozen import (
     MARKER,
     PARTS,
@@ -69,8 +70,7 @@ from worker.evidence.frozen import (
     referenced_parts,
     thaw,
 )
-from worker.evidence.model import Evidence
-from worker.pipeline.capture import BackendChoiceError, LiveCapture, LiveProbes, choose_backend
+from worker.pipeline.capture import LiveCapture, LiveProbes
 from worker.pipeline.claim import CaptureClaim
 from worker.pipeline.coalesce import Coalescer, job_dir_of, question
 from worker.pipeline.failed import (
@@ -101,6 +101,7 @@ from worker.pipeline.second_look import (
     observe_again,
     thaw_look,
 )
+from worker.pipeline.sinks import S3ReportSink, StoredReport, VerdictStreamSink, store_html
 from worker.pipeline.store import ObjectMissingError, ObjectStore, download_prefix, key_segment
 from worker.second_look import compare, first_look_at, observe, rests_on_stacks, settle
 from worker.verdict import decide

@@ -42,15 +42,11 @@ from functools import cache, partial
 from typing import Any, Final, TypeVar, cast
 
 import redis
-from celery import Task, chain, chord, group, signals
+from celery import Task, chain, chord, group
 from celery.canvas import Signature
 from celery.exceptions import Ignore, Reject, SoftTimeLimitExceeded
 
 from shared.settings import Settings
-from worker.pipeline import (
-    metrics,  # noqa: F401 - connects the Celery signals it counts
-    softlimit,  # noqa: F401 - soft time limits raise only in a task
-)
 from worker.pipeline.app import app, limits
 from worker.pipeline.failures import (
     EvidenceLostError,
@@ -61,8 +57,7 @@ from worker.pipeline.failures import (
     is_infrastructure,
     is_time_limit,
 )
-from worker.pipeline.guard import DeliveryGuard, MemoryBudget
-from worker.pipeline.logsetup import set_event
+from worker.pipeline.guard import DeliveryGuard, MemoryCeiling
 from worker.pipeline.steps import GATE_NAMES, CaptureBusyError, Pipeline
 from worker.pipeline.store import store_from_settings
 
@@ -129,7 +124,7 @@ def _timed(what: str, soft_s: float) -> Iterator[None]:
         )
 
 
-def _budget(task_id: str, what: str) -> MemoryBudget:
+def _budget(task_id: str, what: str) -> MemoryCeiling:
     budget_mb = settings().worker_memory_mb
 
     def record(used: int) -> None:
@@ -139,7 +134,7 @@ def _budget(task_id: str, what: str) -> MemoryBudget:
         )
         DeliveryGuard(pipeline().redis, pipeline().names).stopped(task_id, reason)
 
-    return MemoryBudget(budget_mb, record)
+    return MemoryCeiling(budget_mb, record)
 
 
 def _delivery(task: Task) -> str:
@@ -403,31 +398,6 @@ def redispatch(lead: str, why: str = "") -> bool:
 def resend(lead: str, job: str, evidence_id: str) -> None:
     """Send a registered diagnosis again, as a new workflow with a new retry deadline."""
     dispatch(lead, job, evidence_id=evidence_id, register=False)
-
-
-# --- the event id on every log line of a task ---------------------------------------------------
-
-
-def _lead_of(args: Any, kwargs: Any) -> str | None:
-    """The diagnosis a task run works for: its `lead`, else the entry's (html), else its first
-    argument when that is an event id (capture)."""
-    found = (kwargs or {}).get("lead")
-    if found is None and args:
-        first = args[0]
-        found = first.get("event_id") if isinstance(first, dict) else first
-    return found if isinstance(found, str) else None
-
-
-def _about_task(args: Any = None, kwargs: Any = None, **_: Any) -> None:
-    set_event(_lead_of(args, kwargs))
-
-
-def _task_over(**_: Any) -> None:
-    set_event(None)
-
-
-signals.task_prerun.connect(_about_task, weak=False)
-signals.task_postrun.connect(_task_over, weak=False)
 
 
 # --- the workflow -------------------------------------------------------------------------------

@@ -45,7 +45,7 @@ from typing import Final
 import polars as pl
 
 from shared.models import GateResult, GateStatus, Table
-from worker.evidence.model import Evidence
+from worker.evidence.case import Evidence
 from worker.evidence.quotes import quote
 from worker.gates.base import error, passed
 from worker.gates.dynamics import errors, hard, phases, tis, trend
@@ -101,22 +101,22 @@ def _window_table(sig: Signals) -> tuple[Table, ...]:
 
 
 @dataclass(frozen=True)
-class Report:
+class Details:
     """Detail lines and tables every dynamics result carries."""
 
     details: tuple[str, ...]
     tables: tuple[Table, ...]
 
 
-def _report(sig: Signals, table: phases.PhaseTable | None, notes: Sequence[str]) -> Report:
+def _report(sig: Signals, table: phases.PhaseTable | None, notes: Sequence[str]) -> Details:
     lines, phase_tables = phases.phase_tables(table, sig)
-    return Report((*notes, *lines), _window_table(sig) + phase_tables)
+    return Details((*notes, *lines), _window_table(sig) + phase_tables)
 
 
 # --- outcomes ------------------------------------------------------------------------------------
 
 
-def _fail(findings: Sequence[Finding], report: Report, now: datetime) -> GateResult:
+def _fail(findings: Sequence[Finding], report: Details, now: datetime) -> GateResult:
     primary, others = findings[0], findings[1:]
     extra = tuple(q for f in others for q in f.evidence[:1])
     also = tuple(f"also FAIL: {f.summary}" for f in others)
@@ -166,7 +166,7 @@ def _reward_summary(sig: Signals, reward: trend.RewardTrend) -> tuple[str, str]:
     )
 
 
-def _pass(sig: Signals, reward: trend.RewardTrend, report: Report) -> GateResult:
+def _pass(sig: Signals, reward: trend.RewardTrend, report: Details) -> GateResult:
     summary, flip = _reward_summary(sig, reward)
     return passed(
         f"{sig.steps} steps, window {sig.size}: {summary}",
@@ -177,7 +177,7 @@ def _pass(sig: Signals, reward: trend.RewardTrend, report: Report) -> GateResult
     )
 
 
-def _blind(sig: Signals, report: Report, why: str, missing: str, *found: Finding) -> GateResult:
+def _blind(sig: Signals, report: Details, why: str, missing: str, *found: Finding) -> GateResult:
     """ERROR: a required input is missing (no window, no reward series, a pending warning)."""
     evidence = tuple(q for f in found for q in f.evidence)
     newest = sig.metrics.sort(["step", "line"]).tail(1).iter_rows(named=True)
@@ -196,7 +196,7 @@ def _blind(sig: Signals, report: Report, why: str, missing: str, *found: Finding
     )
 
 
-def _short_run(sig: Signals, report: Report) -> GateResult:
+def _short_run(sig: Signals, report: Details) -> GateResult:
     """Fewer steps than the window past the initialization grace: nothing can be judged yet."""
     anomalies = [f for f in (hard.all_zero(sig), tis.tis(sig)) if f is not None]
     prefix = f"{sig.steps} steps < window of {sig.size}"
@@ -220,7 +220,7 @@ def _completion(sig: Signals) -> tuple[int, int] | None:
     return (newest, total) if newest >= total else None
 
 
-def _complete(done: tuple[int, int], findings: Sequence[Finding], report: Report) -> GateResult:
+def _complete(done: tuple[int, int], findings: Sequence[Finding], report: Details) -> GateResult:
     newest, total = done
     past = " (resumed past the end)" if newest > total else ""
     noted = tuple(f"noted (run complete, not judged): {f.summary}" for f in findings)

@@ -4,7 +4,8 @@ yet, or a job still inside its initialization grace."""
 from __future__ import annotations
 
 from shared.models import GateResult, Quote
-from worker.evidence.model import Evidence, LogTables
+from worker.evidence.case import Evidence
+from worker.evidence.model import LogTables
 from worker.evidence.quotes import log_head, log_head_quotes, quote
 from worker.gates.base import error, passed
 from worker.gates.dynamics.series import as_float, num, row_quote

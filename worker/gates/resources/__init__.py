@@ -26,8 +26,8 @@ import polars as pl
 
 from shared.models import GateResult
 from shared.times import duration_text
+from worker.evidence.case import Evidence
 from worker.evidence.facts import ENGINE_LINE
-from worker.evidence.model import Evidence
 from worker.gates import engines as eng
 from worker.gates.resources import cuda, saturation, wedge
 from worker.gates.resources.saturation import (

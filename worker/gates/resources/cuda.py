@@ -21,8 +21,9 @@ import polars as pl
 
 from shared.models import GateResult, GateStatus, Handoff, KillProof, Quote
 from shared.times import age_text, duration_text
+from worker.evidence.case import Evidence
 from worker.evidence.jobstate import JobState
-from worker.evidence.model import Evidence, LogTables
+from worker.evidence.model import LogTables
 from worker.evidence.quotes import quote, quote_rows
 from worker.gates import deaths
 from worker.gates.base import error
@@ -60,14 +61,14 @@ _OTHER_COMPONENTS: Final = frozenset({"driver", "sandbox", "controller", "config
 
 
 @dataclass(frozen=True)
-class Component:
+class Culprit:
     """Who hit the fault: policy or inference, how we know, and the label the report uses."""
 
     kind: str | None  # POLICY | INFERENCE | None (unclassified)
     label: str
 
 
-def component_of(row: dict[str, Any], phase: str | None) -> Component:
+def component_of(row: dict[str, Any], phase: str | None) -> Culprit:
     """The component of an error row: its `component` column, its text, else the open phase."""
     named = str(row.get("component") or "")
     text = str(row.get("text") or "")
@@ -75,16 +76,16 @@ def component_of(row: dict[str, Any], phase: str | None) -> Component:
     if kind is None and named and named not in _OTHER_COMPONENTS:
         kind = INFERENCE if _INFERENCE_TEXT.search(named) else POLICY
     if kind is not None:
-        return Component(kind, "an inference rank" if kind == INFERENCE else "a policy rank")
+        return Culprit(kind, "an inference rank" if kind == INFERENCE else "a policy rank")
     if _INFERENCE_TEXT.search(text):
-        return Component(INFERENCE, "an inference rank (vLLM engine)")
+        return Culprit(INFERENCE, "an inference rank (vLLM engine)")
     if _POLICY_TEXT.search(text):
-        return Component(POLICY, "a policy rank")
+        return Culprit(POLICY, "a policy rank")
     if phase in POLICY_PHASES:
-        return Component(POLICY, f"a policy rank (inferred from the open phase {phase})")
+        return Culprit(POLICY, f"a policy rank (inferred from the open phase {phase})")
     if phase in GENERATION_PHASES:
-        return Component(INFERENCE, f"an inference rank (inferred from the open phase {phase})")
-    return Component(None, f"an unclassified rank ({row.get('source')})")
+        return Culprit(INFERENCE, f"an inference rank (inferred from the open phase {phase})")
+    return Culprit(None, f"an unclassified rank ({row.get('source')})")
 
 
 # --- what followed the fault ---------------------------------------------------------------------
@@ -133,7 +134,7 @@ def _progress_quote(rows: pl.DataFrame, text: str) -> Quote | None:
     return quote_rows(rows.with_columns(_text=pl.lit(text)), text_column="_text", limit=1)[0]
 
 
-def _progress(logs: LogTables, attempt: int, row: dict[str, Any], comp: Component) -> After:
+def _progress(logs: LogTables, attempt: int, row: dict[str, Any], comp: Culprit) -> After:
     step = _policy_progress(logs, attempt, row)
     if comp.kind != POLICY:
         engine = _engine_progress(logs, row)
@@ -289,7 +290,7 @@ def check(evidence: Evidence) -> GateResult | None:
 class Fault:
     rows: pl.DataFrame
     first: dict[str, Any]
-    component: Component
+    component: Culprit
     phase: str | None
 
     @property
@@ -414,7 +415,7 @@ def _handoff(fault: Fault, quotes: tuple[Quote, ...]) -> Handoff | None:
     return _oom_handoff(quotes, fault.component) if fault.first["kind"] == "cuda_oom" else None
 
 
-def _oom_handoff(evidence: tuple[Quote, ...], comp: Component) -> Handoff:
+def _oom_handoff(evidence: tuple[Quote, ...], comp: Culprit) -> Handoff:
     component = (
         "vLLM engine memory settings (gpu_memory_utilization, max_num_seqs, max_model_len)"
         if comp.kind == INFERENCE

@@ -17,7 +17,8 @@ import polars as pl
 
 from shared.models import GateResult, GateStatus, Handoff, Quote, Table
 from shared.times import age_text, duration_text
-from worker.evidence.model import Evidence, LogTables, ProbeEvidence
+from worker.evidence.case import Evidence
+from worker.evidence.model import LogTables, ProbeEvidence
 from worker.evidence.quotes import log_head_quotes, quote, quote_rows
 from worker.gates import engines as eng
 from worker.gates.base import error, passed

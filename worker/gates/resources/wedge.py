@@ -23,8 +23,8 @@ import polars as pl
 
 from shared.models import GateResult, GateStatus, Handoff, Quote
 from shared.times import duration_text
+from worker.evidence.case import Evidence
 from worker.evidence.facts import LOG_LINE, PHASE, STEP
-from worker.evidence.model import Evidence
 from worker.evidence.quotes import quote_rows
 from worker.gates import engines as eng
 from worker.gates.base import error

@@ -11,7 +11,7 @@ Undeclared mode (no entrypoint and no explicit mode) is ERROR with missing "decl
 from __future__ import annotations
 
 from shared.models import GateResult, Mode
-from worker.evidence.model import Evidence
+from worker.evidence.case import Evidence
 from worker.evidence.quotes import quote
 from worker.gates.base import error
 from worker.gates.rollouts import agentic, standard

@@ -18,7 +18,7 @@ import polars as pl
 
 from shared.models import GateResult, GateStatus, Handoff, KillProof, Quote, Table
 from shared.redact import redact_text
-from worker.evidence.model import Evidence
+from worker.evidence.case import Evidence
 from worker.evidence.quotes import quote, quote_rows
 from worker.gates.base import error, passed
 from worker.gates.dynamics.trend import projection

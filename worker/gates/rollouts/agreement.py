@@ -28,7 +28,7 @@ from typing import Final
 import polars as pl
 
 from shared.models import Quote
-from worker.evidence.model import Evidence
+from worker.evidence.case import Evidence
 from worker.gates.progress import minute_utc
 from worker.gates.rollouts.agentic import SANDBOX, trial_quotes, with_cause
 from worker.gates.rollouts.trainer import names, window_start

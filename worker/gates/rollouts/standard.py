@@ -9,7 +9,8 @@ import re
 import polars as pl
 
 from shared.models import GateResult, GateStatus, Handoff, KillProof, Quote
-from worker.evidence.model import Evidence, LogTables
+from worker.evidence.case import Evidence
+from worker.evidence.model import LogTables
 from worker.evidence.quotes import log_head_quotes, quote, quote_rows
 from worker.gates import metric_keys as mk
 from worker.gates.base import error, passed

@@ -1,4 +1,5 @@
-"""Where a finished report goes: a local folder, S3 (write-once), and the verdict stream.
+"""Where a finished report goes: S3 (write-once; the JSON, text and HTML reports) and the verdict
+stream. The renderings themselves are `reports/`'s; this module only stores and announces them.
 
 The order is the contract's: the report is in S3 before its verdict entry is announced, so every
 `report_uri` a supervisor reads can be fetched. Both renderings are bounded and redacted
@@ -10,18 +11,21 @@ values keep only `[A-Za-z0-9._-]`. The JSON report in S3 and the verdict entry a
 from __future__ import annotations
 
 import json
-import re
+import logging
+from collections.abc import Callable
 from dataclasses import dataclass
-from pathlib import Path
-from typing import TYPE_CHECKING, Final
+from typing import TYPE_CHECKING
 
+from reports.html import HTML_TYPE, html_key, render_html
 from reports.json_report import render_json
 from reports.text import render_text
-from shared.models import Report, VerdictEntry, iso_utc
+from shared.models import Report, VerdictEntry
 from shared.redact import clean, cut_bytes
 from shared.signing import KeyRing, sign
+from worker.pipeline.report_keys import report_key
 
 if TYPE_CHECKING:
+    from worker.evidence.case import Evidence
     from worker.pipeline.coalesce import Coalescer
     from worker.pipeline.store import ObjectStore
 
@@ -29,35 +33,11 @@ __all__ = [
     "S3ReportSink",
     "StoredReport",
     "VerdictStreamSink",
-    "cluster_of",
-    "report_key",
     "signed_json",
+    "store_html",
 ]
 
-_UNSAFE_KEY: Final = re.compile(r"[^A-Za-z0-9._-]+")
-
-
-def _segment(value: str | None, fallback: str) -> str:
-    """One key segment from a bundle value: only `[A-Za-z0-9._-]`, never `.` or `..` alone."""
-    text = _UNSAFE_KEY.sub("_", (value or "").strip("/"))[:128].lstrip(".")
-    return text or fallback
-
-
-def report_key(report: Report, cluster: str | None, user: str | None, job: str | None) -> str:
-    """`reports/<cluster>/<user>/<job>/<captured_at>-<event_id>` (without the extension)."""
-    job_name = job or Path(report.job_id).name
-    stamp = iso_utc(report.captured_at)
-    return (
-        f"reports/{_segment(cluster, 'unknown-cluster')}/{_segment(user, 'unknown-user')}/"
-        f"{_segment(job_name, 'unknown-job')}/{stamp}-{report.event_id or 'no-event'}"
-    )
-
-
-def cluster_of(report_uri: str) -> str | None:
-    """The cluster segment of a report's URI (`.../reports/<cluster>/<user>/<job>/<file>`), as
-    `report_key` wrote it; None for a URI of another shape."""
-    parts = report_uri.split("/")
-    return parts[-4] if len(parts) >= 5 and parts[-5] == "reports" else None
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -123,3 +103,32 @@ class VerdictStreamSink:
             return published
         answers = tuple(self.coalescer.answers(entry.event_id)) or entry.event_ids
         return entry.model_copy(update={"event_ids": answers}).signed(self.coalescer.keys)
+
+
+def store_html(
+    store: ObjectStore,
+    json_key: str,
+    report: Report,
+    evidence: Evidence | None,
+    *,
+    failed: Callable[[BaseException], None] | None = None,
+) -> str:
+    """Store the HTML report once beside the JSON report (same key, `.html`); returns its key.
+
+    Rendering is best effort: the text and JSON reports are the contract, so a page that cannot
+    be drawn is stored without its plots (saying why; `failed` is told the exception). Faults of
+    the store itself propagate, to be retried like any other. The pipeline calls this in its own
+    task after the verdict is published (`worker.pipeline.steps.Pipeline.html`).
+    """
+    key = html_key(json_key)
+    if store.exists(key):  # written on an earlier run of this step: no need to draw again
+        return key
+    try:
+        page = render_html(report, evidence)
+    except Exception as exc:
+        log.exception("the HTML report of %s could not be drawn; storing it without plots", key)
+        if failed is not None:
+            failed(exc)
+        page = render_html(report)
+    store.put_once(key, page.encode("utf-8"), HTML_TYPE)
+    return key
