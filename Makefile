@@ -13,6 +13,8 @@ DEMO_OUT := build/demo
 .PHONY: demo test test-fast lint typecheck system-deps venv bench clean drills corpus-eval
 
 FASTSCAN := worker/evidence/logs/_fastscan.c
+# one xdist worker more than the cores: a few fast tests wait on a socket or a child process
+FAST_WORKERS ?= $(shell echo $$(( $$(nproc) + 1 )))
 FASTSCAN_STAMP := $(VENV)/.fastscan
 PROMTOOL := $(VENV)/tools/usr/bin/promtool
 
@@ -84,7 +86,7 @@ test: venv system-deps lint typecheck corpus-eval
 ## The fast tier (a few minutes, no apt, no service): the tests not marked `integration` (a real
 ## service or Chromium) or `slow` (pyproject.toml), spread over the machine's cores.
 test-fast: venv lint typecheck corpus-eval
-	$(BIN)/pytest -q -n auto -m "not integration and not slow"
+	$(BIN)/pytest -q -n $(FAST_WORKERS) -m "not integration and not slow"
 
 ## The long fault drills on real services (docs/reliability.md); DRILL_RUNS repeats each (3).
 drills: venv system-deps

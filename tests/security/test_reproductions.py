@@ -53,6 +53,7 @@ def test_bundle_kubeconfig_and_context_never_reach_kubectl(spies: Spies, tmp_pat
     assert not any("--kubeconfig" in w or "evil" in w for call in kubectl for w in call)
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(shutil.which("kubectl") is None, reason="kubectl is not installed here")
 def test_a_manifest_that_is_a_kubeconfig_runs_no_credential_plugin(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path

@@ -247,6 +247,7 @@ def test_a_stale_loop_waiting_for_redis_is_alive_but_not_ready(
     assert (_status(f"{url}/healthz"), _status(f"{url}/readyz")) == (503, 503)
 
 
+@pytest.mark.slow
 def test_redis_away_excuses_only_while_redis_does_not_answer() -> None:
     """The excuse names Redis when nothing listens at its address, and is None when it answers."""
     import redis

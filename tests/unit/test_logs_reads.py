@@ -76,6 +76,7 @@ def test_an_unterminated_last_line_is_a_final_read_of_its_own(
         assert [(read.end, read.final) for read in iter_reads(handle, MB)] == reads
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("which", ["log", "restarts"])
 def test_tables_do_not_depend_on_the_read_size(which: str, request: pytest.FixtureRequest) -> None:
     """Reads of 64 KiB, 1 MiB and the budget's size give the same tables and summary, on a
