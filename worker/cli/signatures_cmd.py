@@ -38,12 +38,12 @@ _COLUMNS = (
     "text",
 )
 _TEXT_CHARS = 160
-_LINE_MAX_BYTES = 300
+_MESSAGE_MAX_BYTES = 300
 
 
 def _fail(message: str) -> NoReturn:
     """Stop with exit 2 and one line (logs past the memory budget, an unusable setting)."""
-    click.echo(f"rl-health signatures: {clean_cut(message, _LINE_MAX_BYTES)}", err=True)
+    click.echo(f"rl-health signatures: {clean_cut(message, _MESSAGE_MAX_BYTES)}", err=True)
     raise SystemExit(2)
 
 
