@@ -106,6 +106,10 @@ class Watcher:
                     for event_id in entry.event_ids:
                         self.answered.setdefault(event_id, now)
 
+    def leads(self) -> int:
+        """How many diagnoses have answered so far (one entry per lead)."""
+        return len({entry.event_id for entry in self.entries})
+
     def wait(self, ids: set[str], timeout: float) -> bool:
         deadline = time.perf_counter() + timeout
         while time.perf_counter() < deadline:

@@ -28,7 +28,6 @@ import random
 import signal
 import subprocess
 import tempfile
-import threading
 import time
 from collections import defaultdict
 from collections.abc import Iterator
@@ -39,9 +38,10 @@ from typing import Any
 
 import redis
 
+from bench.bench_pipeline import Stack as PipelineStack
+from bench.bench_pipeline import Watcher, watching
 from shared.alerts import publish_alert
-from shared.settings import Settings
-from shared.streams import StreamNames, read_entry
+from shared.streams import StreamNames
 from testkit.bundles import write_job_bundle
 from testkit.services import (
     RL_HEALTH,
@@ -62,10 +62,9 @@ _TICK = os.sysconf("SC_CLK_TCK")
 
 
 @dataclass
-class Stack:
-    settings: Settings
-    redis: Any
-    bundle_root: Path
+class Stack(PipelineStack):
+    """The services of one run: the pipeline's, with every worker and ingest process."""
+
     env: dict[str, str]
     base: Path
     workers: list[subprocess.Popen[bytes]] = field(default_factory=list)
@@ -147,52 +146,6 @@ def services(base: Path, workers: int) -> Iterator[Stack]:
             stop(process, timeout=20)
 
 
-@dataclass
-class Watcher:
-    """Every verdict entry as it arrives, and when each event id is first answered."""
-
-    stack: Stack
-    answered: dict[str, float] = field(default_factory=dict)
-    entries: list[Any] = field(default_factory=list)
-    stopping: threading.Event = field(default_factory=threading.Event)
-
-    def run(self) -> None:
-        stream, last = StreamNames(self.stack.settings.stream_prefix).verdicts, "0-0"
-        ring = self.stack.settings.verdict_keys()
-        while not self.stopping.is_set():
-            reply = self.stack.redis.xread({stream: last}, count=500, block=200)
-            for _stream, items in reply or ():
-                for entry_id, fields in items:
-                    last = entry_id
-                    entry = read_entry(fields, ring)
-                    self.entries.append((time.perf_counter(), entry))
-                    for event_id in entry.event_ids:
-                        self.answered.setdefault(event_id, time.perf_counter())
-
-    def leads(self) -> int:
-        return len({entry.event_id for _t, entry in self.entries})
-
-    def wait(self, ids: set[str], timeout: float) -> bool:
-        deadline = time.perf_counter() + timeout
-        while time.perf_counter() < deadline:
-            if ids <= self.answered.keys():
-                return True
-            time.sleep(0.05)
-        return False
-
-
-@contextmanager
-def watching(stack: Stack) -> Iterator[Watcher]:
-    watcher = Watcher(stack)
-    thread = threading.Thread(target=watcher.run, daemon=True)
-    thread.start()
-    try:
-        yield watcher
-    finally:
-        watcher.stopping.set()
-        thread.join(5)
-
-
 def _pages(stack: Stack) -> int:
     """HTML pages stored so far (the task after each verdict)."""
     store = store_from_settings(stack.settings)
@@ -213,7 +166,7 @@ def _checks(stack: Stack, watcher: Watcher, ids: list[str], jobs: int) -> dict[s
     """Every alert answered; one verdict per job; no alert in two diagnoses' answers; at most
     one diagnosis of a job in flight at once; leads whose workflow was sent again."""
     newest: dict[str, Any] = {}
-    for _t, entry in watcher.entries:
+    for entry in watcher.entries:
         newest[entry.event_id] = entry
     owners: dict[str, set[str]] = defaultdict(set)
     for lead, entry in newest.items():
