@@ -48,7 +48,8 @@ from bench.gen_continuous import generate_continuous  # noqa: E402
 from bench.gen_finelog import generate  # noqa: E402
 from bench.gen_records import generate_dense, generate_noisy  # noqa: E402
 from bench.hostile import Ran, run_command  # noqa: E402
-from worker.evidence.logs import LogCache, parse_log_file  # noqa: E402
+from worker.evidence.log_cache import LogCache  # noqa: E402
+from worker.evidence.logs import parse_log_file  # noqa: E402
 from worker.evidence.model import LogTables  # noqa: E402
 
 DATA = ROOT / "bench" / "data"

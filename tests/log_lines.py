@@ -12,7 +12,8 @@ from pathlib import Path
 
 from polars.testing import assert_frame_equal
 
-from worker.evidence.logs import LogCache, native, parse_log_file
+from worker.evidence.log_cache import LogCache
+from worker.evidence.logs import native, parse_log_file
 from worker.evidence.model import LogTables
 
 T0 = datetime(2026, 7, 30, 18, 0, tzinfo=UTC)

@@ -14,8 +14,9 @@ from shared.settings import Thresholds, load_thresholds
 from worker.evidence.bundle import bundle_discrepancies, read_bundle
 from worker.evidence.case import Evidence
 from worker.evidence.layout import SNIFF_BYTES, Layout, discover
+from worker.evidence.log_cache import LogCache
 from worker.evidence.logdate import LogDate, has_time_only_lines, reference_date
-from worker.evidence.logs import LogBudgetError, LogCache, parse_job_logs
+from worker.evidence.logs import LogBudgetError, parse_job_logs
 from worker.evidence.logs.job import Progress
 from worker.evidence.model import BundleInfo, LogTables, ProbeEvidence, TrialTables
 from worker.evidence.paths import BundleFiles

@@ -18,7 +18,7 @@ from tests.security.other_user import copy_tree_as_other_user, open_to_all
 from tests.unit.test_pipeline_logcache import NOW, World
 from worker.cli import main
 from worker.diagnosis import collect_evidence
-from worker.evidence.logs import LogCache
+from worker.evidence.log_cache import LogCache
 
 
 @pytest.fixture

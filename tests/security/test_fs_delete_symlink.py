@@ -20,7 +20,7 @@ import pytest
 from shared.settings import Settings
 from tests.security.other_user import as_other_user
 from tests.unit.test_pipeline_logcache import JOB, World
-from worker.evidence.logs import LogCache
+from worker.evidence.log_cache import LogCache
 from worker.pipeline.logcache import JobLogCache, job_id
 from worker.pipeline.steps import Pipeline
 

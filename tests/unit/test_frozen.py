@@ -28,7 +28,7 @@ from worker.evidence.frozen import (
     freeze,
     thaw,
 )
-from worker.evidence.logs import LogCache
+from worker.evidence.log_cache import LogCache
 from worker.evidence.model import (
     AttemptRecord,
     ControllerView,

@@ -94,7 +94,7 @@ def test_line_just_over_the_cap_inside_a_read_is_cut_and_one_at_the_cap_is_not(
 def test_cut_lines_keep_byte_offsets_for_the_incremental_cache(tmp_path: Path) -> None:
     """A log whose long line is skipped (not held) and carried with an open dict re-parses after
     growth exactly as a full parse: the offsets count the bytes the cut dropped."""
-    from worker.evidence.logs import LogCache
+    from worker.evidence.log_cache import LogCache
 
     ray = "(skyrl_entrypoint pid=1) "
     head = [f"{ray}{{'async/staleness_max': 0,", f"{ray} 'reward/avg_raw_reward': '0.3',"]

@@ -16,8 +16,8 @@ from pathlib import Path
 import pytest
 from polars.testing import assert_frame_equal
 
-from worker.evidence.logs import LogCache, parse_job_logs, parse_log_file, reader
-from worker.evidence.logs.incremental import VERSION
+from worker.evidence.log_cache import VERSION, LogCache
+from worker.evidence.logs import parse_job_logs, parse_log_file, reader
 from worker.evidence.logs.reads import Read
 from worker.evidence.model import LogTables
 
@@ -174,7 +174,7 @@ def _foreign_rows(entry: Path) -> str:
     target = entry / "metrics.parquet"
     pl.DataFrame({"step": [1], "key": ["x"]}).write_parquet(target)
     meta = json.loads((entry / "meta.json").read_text())
-    from worker.evidence.logs.incremental import _sha256
+    from worker.evidence.log_cache import _sha256
 
     meta["files"]["metrics.parquet"] = _sha256(target)
     meta["rows"]["metrics"] = [1]

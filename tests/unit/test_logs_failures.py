@@ -14,7 +14,8 @@ from worker.cli.tables import write_tables
 from worker.evidence import schema
 from worker.evidence.case import Evidence
 from worker.evidence.frozen import freeze, thaw
-from worker.evidence.logs import LogCache, parse_job_logs, parse_log_file
+from worker.evidence.log_cache import LogCache
+from worker.evidence.logs import parse_job_logs, parse_log_file
 from worker.evidence.logs.rules import WINDOW_LINES
 from worker.evidence.model import LogTables
 

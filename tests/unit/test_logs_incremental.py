@@ -9,7 +9,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from polars.testing import assert_frame_equal
 
-from worker.evidence.logs import LogCache, parse_log_file
+from worker.evidence.log_cache import LogCache
+from worker.evidence.logs import parse_log_file
 from worker.evidence.model import LogTables
 
 FIXTURES = Path(__file__).parent.parent / "fixtures" / "logs"

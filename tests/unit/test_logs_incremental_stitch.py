@@ -10,7 +10,8 @@ import pytest
 from polars.testing import assert_frame_equal
 
 from testkit.gen_finelog import generate
-from worker.evidence.logs import LogCache, incremental
+from worker.evidence import log_cache
+from worker.evidence.log_cache import LogCache
 from worker.evidence.logs.incremental import CacheEntry
 from worker.evidence.logs.job import parse_job_logs
 from worker.evidence.model import LogTables
@@ -128,9 +129,9 @@ def test_rewritten_finelog_is_stitched_whole(tmp_path: Path) -> None:
 def test_rows_written_past_split_rows_are_two_parts(
     monkeypatch: pytest.MonkeyPatch, done: int, height: int, spans: list[tuple[int, int]]
 ) -> None:
-    monkeypatch.setattr(incremental, "TAIL_ROWS", 64)
-    monkeypatch.setattr(incremental, "SPLIT_ROWS", 256)
-    assert incremental._spans(done, height) == spans
+    monkeypatch.setattr(log_cache, "TAIL_ROWS", 64)
+    monkeypatch.setattr(log_cache, "SPLIT_ROWS", 256)
+    assert log_cache._spans(done, height) == spans
 
 
 def test_grown_stitched_table_rewrites_its_tail_part_only(
@@ -139,8 +140,8 @@ def test_grown_stitched_table_rewrites_its_tail_part_only(
     """A growth that re-stitches the last steps of a stitched table links the part before its
     last TAIL_ROWS rows and writes the rest; the tables equal a whole read. Without the split, the
     whole stitched table was written again at every growth."""
-    monkeypatch.setattr(incremental, "TAIL_ROWS", 4)
-    monkeypatch.setattr(incremental, "SPLIT_ROWS", 16)
+    monkeypatch.setattr(log_cache, "TAIL_ROWS", 4)
+    monkeypatch.setattr(log_cache, "SPLIT_ROWS", 16)
     data = _log(tmp_path)
     job, path = _job(tmp_path, data[: len(data) // 4])
     first = LogCache(directory=tmp_path / "c")

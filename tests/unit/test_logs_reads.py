@@ -12,7 +12,8 @@ from polars.testing import assert_frame_equal
 
 from testkit.gen_continuous import generate_continuous
 from testkit.gen_finelog import generate as generate_finelog
-from worker.evidence.logs import LogCache, chunk, parse_log_file, reader
+from worker.evidence.log_cache import LogCache
+from worker.evidence.logs import chunk, parse_log_file, reader
 from worker.evidence.logs.budget import LogBudgetError, ParseBudget
 from worker.evidence.logs.reader import parse_file_rows
 from worker.evidence.logs.reads import iter_reads

@@ -25,8 +25,10 @@ from shared.settings import Settings
 from testkit.bundles import write_job_bundle
 from tests.unit.test_capture_requests import CountingStore
 from worker.diagnosis import collect_evidence
+from worker.evidence import log_cache
 from worker.evidence.case import Evidence
-from worker.evidence.logs import LogCache, incremental, reader
+from worker.evidence.log_cache import LogCache
+from worker.evidence.logs import incremental, reader
 from worker.evidence.logs.reads import Read
 from worker.evidence.model import LogTables
 from worker.pipeline import logcache
@@ -514,7 +516,7 @@ def test_a_table_past_the_part_limit_is_written_whole(
 ) -> None:
     """Three captures of a growing log make three parts; with a limit of two the third write
     starts again from one file."""
-    monkeypatch.setattr(incremental, "MAX_PARTS", limit)
+    monkeypatch.setattr(log_cache, "MAX_PARTS", limit)
     data = _log_bytes()
     world.capture()
     world.grow(data[world.half : world.half + 200_000])
@@ -575,13 +577,13 @@ def test_the_capture_step_reads_through_the_jobs_cache(world: World, starts: lis
 def _entry_reads(monkeypatch: pytest.MonkeyPatch) -> list[Path]:
     """The entry folders read back from disk (each read checks and loads every file)."""
     found: list[Path] = []
-    original = incremental._read_entry
+    original = log_cache._read_entry
 
     def recording(folder: Path, key: str) -> incremental.CacheEntry:
         found.append(folder)
         return original(folder, key)
 
-    monkeypatch.setattr(incremental, "_read_entry", recording)
+    monkeypatch.setattr(log_cache, "_read_entry", recording)
     return found
 
 
@@ -790,7 +792,7 @@ def test_an_entry_write_that_fails_beside_the_capture_is_a_note(
     def full(self: Any, key: str, entry: Any, previous: Any) -> Any:
         raise OSError(28, "No space left on device")
 
-    monkeypatch.setattr(incremental.LogCache, "_save", full)
+    monkeypatch.setattr(log_cache.LogCache, "_save", full)
     evidence, run = world.worker().collect(JOB, world.read, share_later=True)
     finish_sharing()
     assert any("No space left" in note for note in run.notes) and run.uploaded is None

@@ -185,7 +185,7 @@ def diagnose_command(
     from worker.cli.terminal import log_progress, write_report
     from worker.diagnosis import collect_evidence, judge
     from worker.evidence.layout import discover
-    from worker.evidence.logs import LogCache
+    from worker.evidence.log_cache import LogCache
     from worker.evidence.logs.budget import parse_settings
 
     if not (job_dir.is_dir() or job_dir.is_file()):

@@ -30,7 +30,7 @@ from shared.safefs import CACHE_MODE, OUTPUT_MODE, UnsafeDirectoryError, owned_d
 
 if TYPE_CHECKING:
     from worker.cli.terminal import LogProgress
-    from worker.evidence.logs import LogCache
+    from worker.evidence.log_cache import LogCache
     from worker.evidence.parsed import LogTables, TrialTables
 
 __all__ = ["parse_command"]
@@ -106,7 +106,7 @@ def _read_logs(path: Path, cache: LogCache | None) -> tuple[LogTables | None, li
 
 def _read(path: Path, cache_dir: Path | None) -> tuple[LogTables | None, list[str]]:
     """The tables and the notes to print, the log cache's notes printed on stderr."""
-    from worker.evidence.logs import LogCache
+    from worker.evidence.log_cache import LogCache
 
     cache = LogCache(directory=cache_dir) if cache_dir is not None else None
     found = _read_logs(path, cache)

@@ -99,7 +99,7 @@ from shared.redact import PREFILTER, RULES_DIGEST, redact_data, redact_text
 from shared.safefs import Folder, owned_directory, remove_tree
 from shared.settings import Settings
 from worker.evidence.case import Evidence
-from worker.evidence.logs import LogCache
+from worker.evidence.log_cache import LogCache
 from worker.evidence.logs.incremental import CacheEntry
 from worker.evidence.values import loads_json
 from worker.pipeline.failures import describe, is_time_limit

@@ -30,7 +30,7 @@ from worker.capture_policy import BackendChoiceError, choose_backend
 from worker.diagnosis import collect_evidence
 from worker.evidence.case import Evidence
 from worker.evidence.frozen import MARKER, freeze, thaw
-from worker.evidence.logs.incremental import LogCache
+from worker.evidence.log_cache import LogCache
 from worker.evidence.probes import read_probes
 from worker.pipeline.capture import CaptureBudget, capture_live
 from worker.pipeline.logcache import collect_cached

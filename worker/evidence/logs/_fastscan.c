@@ -522,8 +522,7 @@ static int holds_literal(const LitSet *r, const unsigned char *p, size_t n, size
     return holds_literal_scalar(r, p, n, 0);
 }
 
-/* Teddy masks of the literals in their buckets (0-7, chosen by native.buckets so that a bucket's
- * literals share most nibbles). A literal of 2 bytes passes any third byte. */
+/* Teddy masks of the literals in their buckets (0-7, given by native.buckets). A literal of 2 bytes passes any third byte. */
 static void teddy(LitSet *r, const Lit *lits, const uint8_t *bucket_of, size_t n) {
     for (size_t i = 0; i < n; i++) {
         unsigned b = bucket_of[i];

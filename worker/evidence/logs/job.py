@@ -12,7 +12,7 @@ import polars as pl
 
 from worker.evidence.logs.budget import ParseBudget
 from worker.evidence.logs.engines import engine_owner, worker_pid
-from worker.evidence.logs.incremental import LogCache, cache_key
+from worker.evidence.logs.incremental import EntryCache, cache_key
 from worker.evidence.logs.reader import FileRows, parse_file_rows
 from worker.evidence.logs.stitch import Stitched, build_tables
 from worker.evidence.parsed import LogTables, ParseSummary
@@ -149,7 +149,7 @@ def _parse_all(
     files: BundleFiles,
     paths: list[Path],
     reference_date: date | None,
-    cache: LogCache | None,
+    cache: EntryCache | None,
     budget: ParseBudget,
     announce: Callable[[Path], None] = lambda _path: None,
 ) -> list[FileRows]:
@@ -201,7 +201,7 @@ def parse_job_logs(
     *,
     reference_date: date | None = None,
     files: BundleFiles | None = None,
-    cache: LogCache | None = None,
+    cache: EntryCache | None = None,
     progress: Progress | None = None,
     memory_mb: int | None = None,
 ) -> LogTables | None:
@@ -239,7 +239,7 @@ def parse_job_logs(
 
 
 def _stitch_key(
-    files: BundleFiles, path: Path, reference_date: date | None, cache: LogCache | None
+    files: BundleFiles, path: Path, reference_date: date | None, cache: EntryCache | None
 ) -> str:
     """The cache key of the finelog, whose entries keep their stitched tables."""
     key = cache_key(path, files.relative(path), reference_date)

@@ -22,7 +22,7 @@ from worker.evidence.failures.rows import annotate
 from worker.evidence.logs import detect
 from worker.evidence.logs.budget import Held, ParseBudget
 from worker.evidence.logs.chunk import TABLES, parse_chunk
-from worker.evidence.logs.incremental import CacheEntry, LogCache, cache_key, entry_for
+from worker.evidence.logs.incremental import CacheEntry, EntryCache, cache_key, entry_for
 from worker.evidence.logs.reads import iter_reads, read_tail, split_lines
 from worker.evidence.logs.rules import LINE_MAX_BYTES
 from worker.evidence.logs.scan import Scan, scan
@@ -72,7 +72,6 @@ class _Run:
     tail: dict[str, pl.DataFrame]
     state: ParserState
     bytes_read: int
-    early: Stitched | None = None  # the committed rows stitched while the final chunk was parsed
 
 
 @dataclass
@@ -116,10 +115,9 @@ class _Chunks:
         return _Run(self.committed, saved, tail, self.state, bytes_read)
 
 
-def _run(log: BufferedReader, chunks: _Chunks, *, cache: bool, early: bool) -> _Run:
+def _run(log: BufferedReader, chunks: _Chunks, *, cache: bool) -> _Run:
     """Read `log` from the state's offset, each read scanned in the read-ahead thread while the
-    chunk before it is parsed; with `early` that thread then stitches the committed rows while
-    the final chunk is parsed."""
+    chunk before it is parsed."""
     log.seek(chunks.state.offset)
     reads = iter_reads(log, chunks.budget.chunk_bytes)
     native = chunks.budget.native
@@ -145,12 +143,7 @@ def _run(log: BufferedReader, chunks: _Chunks, *, cache: bool, early: bool) -> _
         if cache and whole:  # complete lines: the cache keeps every row up to the last safe cut
             chunks.add(piece)
             return chunks.finish(None)
-        stitching = (
-            ahead.submit(stitch, _concat(chunks.committed)) if early and chunks.committed else None
-        )
-        run = chunks.finish(piece)
-        run.early = stitching.result() if stitching is not None else None
-        return run
+        return chunks.finish(piece)
 
 
 def _tail_timestamp(log: BufferedReader, size: int) -> datetime | None:
@@ -233,7 +226,7 @@ def _read_file(
     log: BufferedReader,
     source: str,
     reference_date: date | None,
-    cache: LogCache | None,
+    cache: EntryCache | None,
     budget: ParseBudget,
     *,
     stitched: bool,
@@ -252,14 +245,13 @@ def _read_file(
     if hit is not None:
         kept.add(hit.rows)
     chunks = _Chunks(state, source, budget, kept)
-    run = _run(log, chunks, cache=cache is not None, early=stitched and cache is None)
+    run = _run(log, chunks, cache=cache is not None)
     committed = _concat(([hit.rows] if hit else []) + run.committed)
     rows = _concat([committed, run.tail])
     known = _stitch_committed(hit, committed, run) if cache is not None and stitched else None
     if cache is not None:
         entry = entry_for(log, run.bytes_read, run.committed_state, committed, known)
         cache.store(key, entry)
-    known = known if known is not None else run.early
     final = restitch(known, rows, [run.tail]) if known is not None else None
     tail_ts = _tail_timestamp(log, run.bytes_read)
     if "errors" in rows:
@@ -284,7 +276,7 @@ def parse_file_rows(
     source: str,
     *,
     reference_date: date | None = None,
-    cache: LogCache | None = None,
+    cache: EntryCache | None = None,
     chunk_bytes: int | None = None,
     budget: ParseBudget | None = None,
     opened: BufferedReader | None = None,
@@ -301,7 +293,7 @@ def parse_log_file(
     source: str,
     *,
     reference_date: date | None = None,
-    cache: LogCache | None = None,
+    cache: EntryCache | None = None,
     chunk_bytes: int | None = None,
     progress: Callable[[str, int, int], None] | None = None,
     budget: ParseBudget | None = None,
