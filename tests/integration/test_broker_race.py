@@ -33,34 +33,39 @@ def redis_server(tmp_path: Path) -> Iterator[tuple[subprocess.Popen[bytes], str]
     stop(process)
 
 
-def _channel_left_open(url: str, process: Any, transport: str | None) -> tuple[Connection, Any]:
-    """A consumer holding one unacknowledged message, its BRPOP in flight (as the worker's event
-    loop leaves it), Redis killed, and the connection collected as Celery's consumer does on a
-    connection error: the channel stays open on a detached transport."""
+def _collected_with_tasks_unacked(url: str, process: Any, transport: str | None) -> Connection:
+    """A worker's consumer connection at the moment Redis dies: its default channel holds an
+    unacknowledged task and has a BRPOP in flight (as the event loop leaves it), a second channel
+    listens on a fanout queue (the pidbox); the loss is noticed elsewhere first, and Celery
+    collects the connection (`on_connection_error_after_connected`). The fanout channel's close
+    fails and stops the sweep, so the default channel stays open on a detached transport."""
     conn = Connection(url, transport=transport)
-    queue = Queue("race", Exchange("race", type="direct"), routing_key="race")
+    tasks = Queue("race", Exchange("race", type="direct"), routing_key="race")
     with conn.Producer() as producer:
-        producer.publish({"n": 1}, exchange=queue.exchange, routing_key="race", declare=[queue])
-    channel = conn.channel()
-    conn.Consumer(queue, callbacks=[lambda body, message: None], channel=channel).consume()
+        producer.publish({"n": 1}, exchange=tasks.exchange, routing_key="race", declare=[tasks])
+    default: Any = conn.default_channel
+    conn.Consumer(tasks, callbacks=[lambda body, message: None], channel=default).consume()
     conn.drain_events(timeout=5)
-    assert len(channel.qos._delivered) == 1  # delivered, not acknowledged
-    channel._brpop_start()
+    assert len(default.qos._delivered) == 1  # delivered, not acknowledged
+    pidbox = Queue("race.pidbox", Exchange("race.pidbox", type="fanout"), auto_delete=True)
+    conn.Consumer(pidbox, callbacks=[lambda body, message: None], no_ack=True).consume()
+    default._brpop_start()
     process.send_signal(signal.SIGKILL)
     process.wait()
     conn.collect(socket_timeout=0.5)
-    assert not channel.closed and channel.connection.client is None
-    return conn, channel
+    assert not default.closed and default.connection.client is None
+    return conn
 
 
-def test_kombus_own_transport_dies_closing_the_channel(redis_server: Any) -> None:
-    """With kombu's transport the close raises AttributeError ('hostname'), which Celery's
-    `ignore_errors` lets through: the worker's main process dies. (If this fails, kombu fixed
-    the race and worker/pipeline/broker.py can go.)"""
+def test_kombus_own_transport_dies_closing_the_connection(redis_server: Any) -> None:
+    """With kombu's transport, Celery's next step — `ignore_errors(connection,
+    connection.close)`, outside any broad except — raises AttributeError ('hostname'): the
+    worker's main process dies ("Unrecoverable error"). (If this fails, kombu fixed the race and
+    worker/pipeline/broker.py can go.)"""
     process, url = redis_server
-    conn, channel = _channel_left_open(url, process, transport=None)
+    conn = _collected_with_tasks_unacked(url, process, transport=None)
     with pytest.raises(AttributeError, match="hostname"):
-        ignore_errors(conn, channel.close)
+        ignore_errors(conn, conn.close)
 
 
 def test_the_guarded_transport_makes_it_a_connection_error_the_consumer_ignores(
@@ -70,6 +75,5 @@ def test_the_guarded_transport_makes_it_a_connection_error_the_consumer_ignores(
     the worker reconnects (the message stays in Redis's unacked index, restored after the
     visibility timeout; the diagnosis's lease answers sooner)."""
     process, url = redis_server
-    conn, channel = _channel_left_open(url, process, transport=OURS)
-    ignore_errors(conn, channel.close)  # raises nothing
-    assert channel.closed
+    conn = _collected_with_tasks_unacked(url, process, transport=OURS)
+    ignore_errors(conn, conn.close)  # raises nothing
