@@ -1,21 +1,25 @@
 """kombu's Redis transport, with its reconnect race closed.
 
-When Redis goes away, Celery's consumer closes the broken connection (`Connection.collect`): each
-channel is closed, then the transport is detached from the connection (`transport.client = None`).
-A channel whose BRPOP is still in flight — the loss was noticed elsewhere first: an ack, a publish,
-the fanout listener — fails to close (reading the BRPOP's answer raises the connection error,
-which `collect` swallows) and stays open. When the consumer's bootsteps then close it, kombu's Redis
-channel drops its connection pools and restores its unacknowledged messages through a new pool,
-whose parameters it reads from the detached transport: `'NoneType' object has no attribute
-'hostname'` (`_connparams`). That `AttributeError` is not a connection error, so it escapes
-`ignore_errors` and kills the worker's main process ("Unrecoverable error"; the race of
-celery/kombu#582 and #970, still in kombu 5.7.0, the latest release). The Redis crash drill saw
-it (docs/reliability.md); `tests/integration/test_broker_race.py` reproduces it step by step.
+When Redis goes away, Celery's consumer first collects the broken connection
+(`Connection.collect`: close each channel, then detach the transport, `transport.client = None`),
+then closes it (`ignore_errors(connection, connection.close)`, in
+`Consumer.on_connection_error_after_connected`, outside any broad `except`). If the loss was
+noticed elsewhere first (an ack, a publish, the pidbox's fanout listener), the task channel's BRPOP
+is still in flight: its first close raises reading the BRPOP's answer, and when another channel's
+close fails too (a fanout queue's delete, Redis being down), the sweep stops and the task channel
+stays open. `connection.close()` closes it again: kombu's Redis channel drops its connection pools
+and restores its unacknowledged tasks through a new pool, whose parameters it reads from the
+detached transport: `AttributeError: 'NoneType' object has no attribute 'hostname'`
+(`_connparams`). Not a connection error, it escapes `ignore_errors` and the worker's main process
+dies ("Unrecoverable error"; the race of celery/kombu#582 and #970, still in kombu 5.7.0, the
+latest release). Which fd the event loop reads first decides it, so it comes and goes with load:
+the Redis crash drill saw it (docs/reliability.md); `tests/integration/test_broker_race.py`
+replays the sequence step by step on a real redis-server.
 
 Here a channel of a detached transport raises a connection error instead, which every caller
-already handles: the close is ignored, the worker reconnects, and the unacknowledged messages stay
-where kombu recorded them at delivery (Redis's `unacked` index), from which any worker restores
-them after the visibility timeout — and the diagnosis's lease answers sooner.
+already handles: the close is ignored, the worker reconnects, and the unacknowledged tasks stay
+where kombu recorded them at delivery (Redis's `unacked` index), from which a worker restores them
+after the visibility timeout — the diagnosis's lease answers sooner.
 
 Used for `redis://` brokers (`worker.pipeline.app`); `rediss://` keeps kombu's own transport,
 whose TLS defaults depend on the URL's scheme.
