@@ -22,8 +22,12 @@ decides by where that is, so the outcome never depends on timing:
 
 A job is "in hand" from the moment the child reads it (`worker_process_init` wraps billiard's
 `wait_for_job` in each child) until `task_postrun`; where no wrapper is installed (thread and solo
-pools, which get no signal anyway) the job is taken at `task_prerun`. The hard time limit still
-stands behind every task.
+pools, which get no signal anyway) the job is taken at `task_prerun`. A signal handled after the
+read is that job's: with Celery's default fair scheduling the main process writes a child its
+next job only after reading the previous job's result, and fires a job's limit only while that
+result is unread, so a late signal is pending before the next job exists, and Python runs its
+handler before the read that brings the job returns. The hard time limit still stands behind
+every task.
 """
 
 from __future__ import annotations
