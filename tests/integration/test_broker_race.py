@@ -7,6 +7,7 @@ when Redis dies outlives `Connection.collect`, and closing it afterwards must no
 
 from __future__ import annotations
 
+import logging
 import signal
 import subprocess
 from collections.abc import Iterator
@@ -33,7 +34,9 @@ def redis_server(tmp_path: Path) -> Iterator[tuple[subprocess.Popen[bytes], str]
     stop(process)
 
 
-def _collected_with_tasks_unacked(url: str, process: Any, transport: str | None) -> Connection:
+def _collected_with_tasks_unacked(
+    url: str, process: Any, transport: str | None
+) -> tuple[Connection, Any]:
     """A worker's consumer connection at the moment Redis dies: its default channel holds an
     unacknowledged task and has a BRPOP in flight (as the event loop leaves it), a second channel
     listens on a fanout queue (the pidbox); the loss is noticed elsewhere first, and Celery
@@ -54,7 +57,7 @@ def _collected_with_tasks_unacked(url: str, process: Any, transport: str | None)
     process.wait()
     conn.collect(socket_timeout=0.5)
     assert not default.closed and default.connection.client is None
-    return conn
+    return conn, default
 
 
 def test_kombus_own_transport_dies_closing_the_connection(redis_server: Any) -> None:
@@ -63,9 +66,10 @@ def test_kombus_own_transport_dies_closing_the_connection(redis_server: Any) -> 
     worker's main process dies ("Unrecoverable error"). (If this fails, kombu fixed the race and
     worker/pipeline/broker.py can go.)"""
     process, url = redis_server
-    conn = _collected_with_tasks_unacked(url, process, transport=None)
+    conn, channel = _collected_with_tasks_unacked(url, process, transport=None)
     with pytest.raises(AttributeError, match="hostname"):
         ignore_errors(conn, conn.close)
+    channel.qos._on_collect.cancel()  # its restore at exit would only print the same error
 
 
 def test_the_guarded_transport_makes_it_a_connection_error_the_consumer_ignores(
@@ -75,5 +79,18 @@ def test_the_guarded_transport_makes_it_a_connection_error_the_consumer_ignores(
     the worker reconnects (the message stays in Redis's unacked index, restored after the
     visibility timeout; the diagnosis's lease answers sooner)."""
     process, url = redis_server
-    conn = _collected_with_tasks_unacked(url, process, transport=OURS)
+    conn, _ = _collected_with_tasks_unacked(url, process, transport=OURS)
     ignore_errors(conn, conn.close)  # raises nothing
+
+
+def test_the_guarded_transport_leaves_the_tasks_to_the_visibility_timeout_with_a_warning(
+    redis_server: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The detached channel's restore (at its close, or when it is collected) cannot reach
+    Redis: it says so in one warning, not a traceback."""
+    process, url = redis_server
+    conn, channel = _collected_with_tasks_unacked(url, process, transport=OURS)
+    ignore_errors(conn, conn.close)
+    with caplog.at_level(logging.WARNING, logger="worker.pipeline.broker"):
+        channel.qos.restore_unacked_once()
+    assert "1 unacknowledged task(s) stay in Redis's unacked index" in caplog.text
