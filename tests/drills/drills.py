@@ -168,6 +168,8 @@ def time_limit(
         "later_alerts_answered": sum(1 for i in later if i in s.watch.answered()),
         "watchdog_or_callback_resends": _log_count(s, "worker.log", "sending it again")
         + _log_count(s, "ingest.log", "sending it again"),
+        "soft_limits_before_the_body": _log_count(s, "worker.log", "before its work began')"),
+        "soft_limits_after_the_body": _log_count(s, "worker.log", "fired after its body returned"),
         **s.ledger.figures(leads + later),
     }
 
@@ -252,6 +254,7 @@ def redis_outage(
         "drill": f"Redis {'crashed' if crash else 'restarted'}, down {down_s:g} s",
         "runs": runs,
         "up_to_last_verdict_s": recovery,
+        "worker_main_process_deaths": _log_count(s, "worker.log", "Unrecoverable error"),
         **s.ledger.figures(every),
     }
 

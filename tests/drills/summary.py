@@ -23,11 +23,20 @@ _NOTES = {
     "entries_pointing_at_no_report": "entries pointing at no report",
     "watchdog_resends": "watchdog re-sends",
     "missed": "kills missed",
+    "watchdog_or_callback_resends": "sent again",
+    "soft_limits_before_the_body": "soft limits before the body",
+    "soft_limits_after_the_body": "after it",
+    "worker_main_process_deaths": "worker main-process deaths",
+    "load_average": "load average (1, 5, 15 min) at the end",
 }
 
 
 def _notes(data: dict[str, Any]) -> str:
-    return "; ".join(f"{label}: {data[key]}" for key, label in _NOTES.items() if key in data)
+    return "; ".join(
+        f"{label}: {', '.join(data[key]) if key == 'load_average' else data[key]}"
+        for key, label in _NOTES.items()
+        if key in data
+    )
 
 
 def _timing(data: dict[str, Any]) -> str:

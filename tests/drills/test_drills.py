@@ -5,6 +5,7 @@ and the `python -m tests.drills` command behind each."""
 
 from __future__ import annotations
 
+import json
 import os
 from collections.abc import Callable
 from pathlib import Path
@@ -25,7 +26,23 @@ Drill = Callable[[Session], dict[str, Any]]
 
 def _run(tmp_path: Path, drill: Drill, env: dict[str, str] | None = None, **kw: Any) -> Any:
     with drills.session(tmp_path / "stack", env=env, **kw) as started:
-        return drill(started)
+        figures = drill(started)
+        figures["product"] = started.stack.product.label
+    _save(figures)
+    return figures
+
+
+def _save(figures: dict[str, Any]) -> None:
+    """With DRILL_RESULTS set, the figures go to `$DRILL_RESULTS/<test id>.json` (the load
+    average with them), as `python -m tests.drills` saves its own."""
+    out = os.environ.get("DRILL_RESULTS")
+    if not out:
+        return
+    test = os.environ.get("PYTEST_CURRENT_TEST", "drill").split("::")[-1].split(" ")[0]
+    figures["command"] = f"pytest -m drill tests/drills/test_drills.py::{test}"
+    figures["load_average"] = Path("/proc/loadavg").read_text().split()[:3]
+    Path(out).mkdir(parents=True, exist_ok=True)
+    (Path(out) / f"{test}.json").write_text(json.dumps(figures, indent=1, default=str))
 
 
 @pytest.mark.parametrize("task", ["rlhealth.capture", "rlhealth.gate"])

@@ -11,7 +11,8 @@ watchdog sends a diagnosis again when its lease runs out. So the visibility time
 (a restored message of an answered diagnosis is ignored), and a worker's death is answered within
 the lease, not the visibility timeout.
 
-Redis may go away for minutes (a failover, a restart): the worker reconnects without limit;
+Redis may go away for minutes (a failover, a restart): the worker reconnects without limit (on
+kombu's Redis transport with its reconnect race closed: `worker.pipeline.broker`);
 within a task, messages it sends (its retry, the next step, the error callback) and results it
 stores wait for Redis at most `_redis_wait_s` (10 s) — far inside the quickest stage's soft time
 limit, so an outage is never mistaken for a stage past its limit, and a soft limit never lands
@@ -95,6 +96,12 @@ def _resilience(wait_s: float) -> dict[str, Any]:
     }
 
 
+def _broker_transport(url: str) -> str | None:
+    """kombu's Redis transport with its reconnect race closed (`worker.pipeline.broker`) for a
+    `redis://` broker; None (the URL's own transport) for any other."""
+    return "worker.pipeline.broker:Transport" if url.startswith("redis://") else None
+
+
 def make_app(settings: Settings | None = None) -> Celery:
     """A Celery app configured from settings."""
     settings = settings or Settings()
@@ -124,6 +131,7 @@ def make_app(settings: Settings | None = None) -> Celery:
         task_send_sent_event=True,
         worker_hijack_root_logger=False,
         include=["worker.pipeline.tasks"],
+        broker_transport=_broker_transport(settings.redis_url),
         **_resilience(_redis_wait_s(settings)),
     )
     from worker.pipeline.heartbeat import LeaseHeartbeat

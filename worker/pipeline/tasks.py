@@ -20,7 +20,8 @@ Each task takes references (event id, evidence id, job key) and the diagnosis's 
   task the broker restored late, or one of a workflow sent again;
 - counts the starts of this delivery: a task killed twice fails instead of running again;
 - stops the process when the task passes its memory budget (the next delivery fails with why);
-- turns a soft time limit, or a step that ran past it, into `StageTimeoutError`: never evidence;
+- turns a soft time limit that fired before or in the step, or a step that ran past it, into
+  `StageTimeoutError` (`worker.pipeline.softlimit`): never evidence;
 - retries infrastructure faults with backoff until the wall-clock `deadline`.
 
 Every failure lands in `fail`, linked as the error callback of the capture and of the chord's
@@ -36,22 +37,22 @@ import logging
 import random
 import re
 import time
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
+from contextlib import AbstractContextManager
 from functools import cache, partial
 from typing import Any, Final, TypeVar, cast
 
 import redis
 from celery import Task, chain, chord, group
 from celery.canvas import Signature
-from celery.exceptions import Ignore, Reject, SoftTimeLimitExceeded
+from celery.exceptions import Ignore, Reject
 
 from shared.settings import Settings
+from worker.pipeline import softlimit
 from worker.pipeline.app import app, limits
 from worker.pipeline.failures import (
     EvidenceLostError,
     InfrastructureError,
-    StageTimeoutError,
     classified,
     explain,
     is_infrastructure,
@@ -110,18 +111,10 @@ def _backoff(retries: int) -> float:
     return min(_BACKOFF_MAX_S, 2.0 ** min(retries, 6)) * random.uniform(0.5, 1.0)
 
 
-@contextmanager
-def _timed(what: str, soft_s: float) -> Iterator[None]:
-    """A soft time limit, or a step that ran past it (a gate may swallow the signal), fails."""
-    started = time.monotonic()
-    try:
-        yield
-    except SoftTimeLimitExceeded as exc:
-        raise StageTimeoutError(f"{what} ran past its soft time limit ({soft_s:g} s)") from exc
-    if time.monotonic() - started >= soft_s:
-        raise StageTimeoutError(
-            f"{what} ran past its soft time limit ({soft_s:g} s); its result is not used"
-        )
+def _timed(what: str, soft_s: float) -> AbstractContextManager[None]:
+    """A soft time limit before or in the step, or a step that ran past it (a gate may swallow
+    the signal), fails the stage (`worker.pipeline.softlimit.body`)."""
+    return softlimit.body(what, soft_s)
 
 
 def _budget(task_id: str, what: str) -> MemoryCeiling:
@@ -276,7 +269,7 @@ def html(
     infrastructure faults are retried until `deadline`; no error callback is linked."""
     p, delivery, retries = pipeline(), _delivery(self), int(self.request.retries or 0)
     try:
-        with classified():
+        with softlimit.interruptible(), classified():
             DeliveryGuard(p.redis, p.names).started(delivery, retries, "html")
             with _budget(delivery, "html").watching():
                 return p.html(entry, evidence_id)
@@ -326,7 +319,7 @@ def fail(self: Task, failed_task_id: str, *, lead: str, job: str, deadline: floa
         raise self.retry(countdown=1, max_retries=None)
     stage, why, exc = _cause(result)
     try:
-        with classified():
+        with softlimit.interruptible(), classified():
             p = pipeline()
             first = DeliveryGuard(p.redis, p.names).count(str(self.request.id), 0) == 1
             answered = _answer(lead, job, stage, why, exc, read_frozen=first)
