@@ -362,18 +362,6 @@ def test_a_cold_worker_assembles_the_cache_from_the_parts_a_grown_log_adds(
     _same_logs(cold.logs, world.read(None).logs)
 
 
-def test_an_archive_of_the_first_format_is_ignored_and_removed(
-    world: World, starts: list[int]
-) -> None:
-    """A zip archive written before the manifests (format 1) is not read: the cold worker reads
-    the log whole, and the next write removes the old archive."""
-    world.store.put_once(f"{PREFIX}{job_id(JOB)}/20260101T000000000000Z-{'0' * 16}.zip", b"PK")
-    evidence, run = world.capture("w2")
-    assert starts[-1] == 0 and run.origin == "none" and run.uploaded is not None
-    assert world.archives() == [run.uploaded]
-    _same_logs(evidence.logs, world.read(None).logs)
-
-
 def test_a_forged_state_with_matching_hashes_does_not_fit_the_log(
     world: World, starts: list[int]
 ) -> None:
@@ -553,7 +541,7 @@ def test_the_capture_step_reads_through_the_jobs_cache(world: World, starts: lis
     pipeline = Pipeline(settings, world.store, fakeredis.FakeRedis())
     for event_id in ("e1", "e2"):
         event = Event(event_id=event_id, job_dir=JOB, published_at=NOW, now=NOW)
-        pipeline.archive(event)
+        pipeline.events.archive(event)
         pipeline.capture(event_id, event_id, claim="t1")
         if event_id == "e1":
             assert len(world.archives()) == 1
@@ -561,7 +549,7 @@ def test_the_capture_step_reads_through_the_jobs_cache(world: World, starts: lis
     assert starts[0] == 0 and world.half - 64 * 1024 < starts[-1] <= world.half
     entry = next((world.tmp / "w1" / "logs" / job_id(JOB)).glob("*/meta.json"))
     assert json.loads(entry.read_text())["size"] == world.log.stat().st_size
-    frozen = pipeline.evidence("e2")
+    frozen = pipeline.frozen.thaw("e2")
     fresh = world.read(None)
     assert frozen.logs is not None and fresh.logs is not None
     for name in TABLES:

@@ -31,13 +31,13 @@ no kept manifest names once they are an hour old (a younger one may be another c
 manifest not written yet), from one more listing (its write times; the parts of the manifest the
 directory was synced with are noted in `.shared`, not read again). A part deleted between the
 first listing and the push leaves a manifest that names it: the next reader finds it missing and
-reads the log whole (time, never evidence). Zip archives of the first format
-(`<stamp>-<digest>.zip`) are not read; the next write deletes them.
+reads the log whole (time, never evidence).
 
-The pipeline's capture (`share_later`) writes the new entries to the disk, then the S3 copy, from
-a thread of the worker process while it freezes the evidence (the read itself keeps the entries
-in memory); `finish_sharing` waits for it at the end of the capture, and a later read of the same
-job in the process waits for it before it starts.
+The pipeline's capture (`JobLogCache.read`, the `JobLogs` of `worker.pipeline.capture`) writes
+the new entries to the disk, then the S3 copy, from a thread of the worker process while it
+freezes the evidence (the read itself keeps the entries in memory); `settle` waits for it at the
+end of the capture, and a later read of the same job in the process waits for it before it
+starts.
 
 What is checked before anything downloaded is used: the manifest's size and the sum of the parts'
 (at most the memory one parse may use, RLHEALTH_PARSE_MEMORY_MB), its shape (entry folder and
@@ -119,7 +119,6 @@ __all__ = [
     "CacheRun",
     "FileRead",
     "JobLogCache",
-    "collect_cached",
     "finish_sharing",
     "job_id",
 ]
@@ -132,9 +131,8 @@ Read = Callable[[LogCache | None], Evidence]
 PREFIX: Final = "logcache/"
 _SYNCED: Final = ".shared"
 _CLEAN: Final = ".clean"
-_FORMAT: Final = 2  # 2: a manifest and content-addressed parts; 1: one zip of every entry
+_FORMAT: Final = 2  # a manifest and content-addressed parts
 _MANIFEST_NAME: Final = re.compile(r"^\d{8}T\d{12}Z-[0-9a-f]{16}\.json$")
-_LEGACY_NAME: Final = re.compile(r"^\d{8}T\d{12}Z-[0-9a-f]{16}\.zip$")
 _PARTS: Final = "parts/"
 _ENTRY: Final = re.compile(r"^[0-9a-f]{32}$")
 _FILE: Final = re.compile(r"^(?:stitched_)?[a-z_]{1,40}(?:-[0-9a-f]{16})?\.parquet$")
@@ -356,11 +354,25 @@ class JobLogCache:
     """The adapter between a capture and the job's log cache on disk and in S3."""
 
     def __init__(self, settings: Settings, store: ObjectStore, limits: CacheLimits | None = None):
-        # this process's own (no other user may put an entry in it), or UnsafeDirectoryError
-        self.root = owned_directory(owned_directory(settings.cache_root()) / "logs")
+        self.cache_root = settings.cache_root()
+        self.root = self._own_root()
         self.bundle_root = settings.bundle_root
         self.store = store
         self.limits = limits or CacheLimits.from_settings(settings)
+
+    def _own_root(self) -> Path:
+        """This process's own (no other user may put an entry in it), or UnsafeDirectoryError;
+        checked again by every read (a long-lived process's folder may have been replaced)."""
+        return owned_directory(owned_directory(self.cache_root) / "logs")
+
+    def read(self, job_dir: str, read: Read) -> Evidence:
+        """The capture's read (`worker.pipeline.capture.JobLogs`): the evidence, its logs read
+        through the job's cache, the S3 copy written meanwhile until `settle`."""
+        return self.collect(job_dir, read, share_later=True)[0]
+
+    def settle(self) -> None:
+        """Wait for the S3 copies this process is writing (`finish_sharing`)."""
+        finish_sharing()
 
     def collect(
         self, job_dir: str, read: Read, *, share_later: bool = False
@@ -369,6 +381,7 @@ class JobLogCache:
         `share_later`, the S3 copy is written by a thread of this process while the caller
         goes on (the run is complete once `finish_sharing` returned); a later collect of the
         same job in this process waits for it first."""
+        self.root = self._own_root()
         try:
             job = confine(self.bundle_root, job_dir)
         except OutsideBundleRootError:
@@ -384,7 +397,8 @@ class JobLogCache:
         if run.pulled is not None and (cache.notes or not run.reused_bytes):
             # an archive with a damaged entry, or of no use (all of another version): it goes,
             # so the one written after this capture is the newest
-            self._guarded(run, "delete a useless archive", lambda: self._drop(run.pulled))
+            pulled = run.pulled
+            self._guarded(run, "delete a useless archive", lambda: self.store.delete(pulled))
         finish = partial(self._finish, job, folder, cache, run)
         if share_later:
             _Share.start_for(folder, finish)
@@ -450,10 +464,6 @@ class JobLogCache:
             raise _RefusedError(f"its part {name} does not match its hash")
         return body
 
-    def _drop(self, key: str | None) -> None:
-        if key is not None:
-            self.store.delete(key)
-
     def _parts_prefix(self, job: str) -> str:
         return f"{self._prefix(job)}{_PARTS}"
 
@@ -462,12 +472,11 @@ class JobLogCache:
         prefix = self._prefix(job)
         return sorted(k for k in keys if _MANIFEST_NAME.match(k[len(prefix) :]))
 
-    def _fetch(self, key: str, listed_size: int | None = None) -> bytes:
-        """The manifest `key`, its size checked before it is read (the size a listing gave, or
-        asked for); `_RefusedError` when it is too large or gone."""
+    def _fetch(self, key: str, size: int) -> bytes:
+        """The manifest `key`, the size a listing gave checked before it is read;
+        `_RefusedError` when it is too large or gone."""
         bound = min(self.limits.archive_bytes, _MAX_JSON_BYTES)
         try:
-            size = self.store.size(key) if listed_size is None else listed_size
             if size > bound:
                 raise _RefusedError(f"it holds {size:,} bytes, more than the {bound:,} allowed")
             body = self.store.get(key)
@@ -513,15 +522,10 @@ class JobLogCache:
     def _expire(
         self, job: str, key: str, manifest: dict[str, Any], known: dict[str, set[str]]
     ) -> None:
-        """Delete the manifests older than the newest `kept_archives` (and any archive of the
-        first format), then the parts no kept manifest names that are older than an hour; from
-        one listing of the job's prefix. `known` holds the parts of a manifest this worker
-        synced with (not read again)."""
-        prefix = self._prefix(job)
-        listed = self.store.listing(prefix)
-        for old in listed:
-            if _LEGACY_NAME.match(old[len(prefix) :]):
-                self.store.delete(old)
+        """Delete the manifests older than the newest `kept_archives`, then the parts no kept
+        manifest names that are older than an hour; from one listing of the job's prefix.
+        `known` holds the parts of a manifest this worker synced with (not read again)."""
+        listed = self.store.listing(self._prefix(job))
         manifests = self._manifests_among(job, {*listed, key})
         for old in manifests[: -self.limits.kept_archives]:
             if old != key:
@@ -590,14 +594,6 @@ class JobLogCache:
         log_cache_used(
             resumed, len(run.reads) - resumed, run.parsed_bytes, run.reused_bytes, run.shared
         )
-
-
-def collect_cached(
-    settings: Settings, store: ObjectStore, job_dir: str, read: Read, *, share_later: bool = False
-) -> Evidence:
-    """`read` with the job's log cache (the pipeline's capture calls this, `share_later`: its
-    S3 copy written while the capture freezes the evidence, waited for by `finish_sharing`)."""
-    return JobLogCache(settings, store).collect(job_dir, read, share_later=share_later)[0]
 
 
 class _Share(threading.Thread):
@@ -878,7 +874,7 @@ def _write_clean(folder: Path, hashes: set[str]) -> None:
 
 def _read_clean(folder: Path) -> set[str]:
     """The hashes found clean under the redactor's present rules (none when they were found
-    under other rules, or in the list of the format before: they are checked again)."""
+    under other rules: they are checked again)."""
     try:
         data = json.loads((folder / _CLEAN).read_text())
     except (OSError, ValueError):
