@@ -665,13 +665,13 @@ def test_a_part_gone_between_the_listing_and_the_push_costs_a_whole_read(
     world.capture("w1")
     world.grow(_log_bytes()[world.half : world.half + 200_000])
     victim = max(world.parts(), key=world.store.size)
-    pull = JobLogCache._pull
+    pull = logcache._SharedCopy.pull
 
-    def pull_then_lose(self: JobLogCache, job: str, folder: Path, run: CacheRun) -> None:
+    def pull_then_lose(self: Any, job: str, folder: Path, run: CacheRun) -> None:
         pull(self, job, folder, run)
         world.store.delete(victim)
 
-    monkeypatch.setattr(JobLogCache, "_pull", pull_then_lose)
+    monkeypatch.setattr(logcache._SharedCopy, "pull", pull_then_lose)
     _, second = world.capture("w1")
     monkeypatch.undo()
     assert second.uploaded is not None and victim not in world.parts()
@@ -704,19 +704,19 @@ def test_the_share_written_beside_the_capture_is_done_when_finish_sharing_return
     """With `share_later`, `collect` returns before the S3 copy is written; `finish_sharing` waits
     for it, and a later collect of the job waits for it before it reads the cache."""
     release, order = threading.Event(), []
-    push = JobLogCache._push
+    push = logcache._SharedCopy.push
 
-    def slow_push(self: JobLogCache, job: str, folder: Path, run: CacheRun) -> None:
+    def slow_push(self: Any, job: str, folder: Path, run: CacheRun) -> None:
         release.wait(10)
         push(self, job, folder, run)
         order.append("pushed")
 
-    monkeypatch.setattr(JobLogCache, "_push", slow_push)
+    monkeypatch.setattr(logcache._SharedCopy, "push", slow_push)
     _, run = world.worker().collect(JOB, world.read, share_later=True)
     assert run.uploaded is None and world.archives() == []
-    pull = JobLogCache._pull
+    pull = logcache._SharedCopy.pull
     monkeypatch.setattr(
-        JobLogCache, "_pull", lambda *args: (order.append("pulled"), pull(*args))[-1]
+        logcache._SharedCopy, "pull", lambda *args: (order.append("pulled"), pull(*args))[-1]
     )
     threading.Timer(0.2, release.set).start()
     world.worker().collect(JOB, world.read)
@@ -731,10 +731,10 @@ def test_a_memory_error_in_the_share_reaches_the_capture(
     """A memory error while the S3 copy is written beside the capture is raised by
     `finish_sharing` (the capture fails as it would have), not lost with its thread."""
 
-    def exhausted(self: JobLogCache, job: str, folder: Path, run: CacheRun) -> None:
+    def exhausted(self: Any, job: str, folder: Path, run: CacheRun) -> None:
         raise MemoryError("no room")
 
-    monkeypatch.setattr(JobLogCache, "_push", exhausted)
+    monkeypatch.setattr(logcache._SharedCopy, "push", exhausted)
     world.worker().collect(JOB, world.read, share_later=True)
     with pytest.raises(MemoryError, match="no room"):
         finish_sharing()

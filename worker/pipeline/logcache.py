@@ -350,77 +350,18 @@ def _must_propagate(exc: BaseException) -> bool:
     return is_time_limit(exc) or isinstance(exc, MemoryError)
 
 
-class JobLogCache:
-    """The adapter between a capture and the job's log cache on disk and in S3."""
+class _SharedCopy:
+    """The S3 copy of the jobs' log caches: a job's newest manifest pulled into its folder,
+    the folder's shareable entries pushed (new parts, then a manifest), old ones expired."""
 
-    def __init__(self, settings: Settings, store: ObjectStore, limits: CacheLimits | None = None):
-        self.cache_root = settings.cache_root()
-        self.root = self._own_root()
-        self.bundle_root = settings.bundle_root
+    def __init__(self, store: ObjectStore, limits: CacheLimits) -> None:
         self.store = store
-        self.limits = limits or CacheLimits.from_settings(settings)
-
-    def _own_root(self) -> Path:
-        """This process's own (no other user may put an entry in it), or UnsafeDirectoryError;
-        checked again by every read (a long-lived process's folder may have been replaced)."""
-        return owned_directory(owned_directory(self.cache_root) / "logs")
-
-    def read(self, job_dir: str, read: Read) -> Evidence:
-        """The capture's read (`worker.pipeline.capture.JobLogs`): the evidence, its logs read
-        through the job's cache, the S3 copy written meanwhile until `settle`."""
-        return self.collect(job_dir, read, share_later=True)[0]
-
-    def settle(self) -> None:
-        """Wait for the S3 copies this process is writing (`finish_sharing`)."""
-        finish_sharing()
-
-    def collect(
-        self, job_dir: str, read: Read, *, share_later: bool = False
-    ) -> tuple[Evidence, CacheRun]:
-        """The evidence, its logs read through the job's cache; and what the cache did. With
-        `share_later`, the S3 copy is written by a thread of this process while the caller
-        goes on (the run is complete once `finish_sharing` returned); a later collect of the
-        same job in this process waits for it first."""
-        self.root = self._own_root()
-        try:
-            job = confine(self.bundle_root, job_dir)
-        except OutsideBundleRootError:
-            return read(None), CacheRun(job=job_dir, notes=["outside the bundle root: no cache"])
-        run = CacheRun(job=job)
-        folder = self.root / job_id(job)
-        finish_sharing(folder)
-        self._guarded(run, "read the shared log cache", lambda: self._pull(job, folder, run))
-        cache = _WatchedCache(folder, write_later=share_later)
-        evidence = read(cache)
-        run.reads = list(cache.reads.values())
-        _noted(run, cache.notes)
-        if run.pulled is not None and (cache.notes or not run.reused_bytes):
-            # an archive with a damaged entry, or of no use (all of another version): it goes,
-            # so the one written after this capture is the newest
-            pulled = run.pulled
-            self._guarded(run, "delete a useless archive", lambda: self.store.delete(pulled))
-        finish = partial(self._finish, job, folder, cache, run)
-        if share_later:
-            _Share.start_for(folder, finish)
-        else:
-            finish()
-        return evidence, run
-
-    def _finish(self, job: str, folder: Path, cache: _WatchedCache, run: CacheRun) -> None:
-        """After the read: write the entries kept back, tidy the disk, share, report."""
-        notes = len(cache.notes)
-        self._guarded(run, "write the log cache", cache.write_stored)
-        _noted(run, cache.notes[notes:])
-        self._guarded(run, "tidy the log cache", lambda: self._tidy(cache, folder))
-        self._guarded(run, "share the log cache", lambda: self._push(job, folder, run))
-        self._report(run)
-
-    # --- S3 -------------------------------------------------------------------------------------
+        self.limits = limits
 
     def _prefix(self, job: str) -> str:
         return f"{PREFIX}{job_id(job)}/"
 
-    def _pull(self, job: str, folder: Path, run: CacheRun) -> None:
+    def pull(self, job: str, folder: Path, run: CacheRun) -> None:
         """Replace `folder` by the entries of the job's newest manifest, when it was not synced
         with it: the parts the disk holds already (same name, same SHA-256 in its meta.json) are
         taken from there, the others read from S3."""
@@ -432,7 +373,8 @@ class JobLogCache:
         if not newest or newest[0] == synced.get("key"):
             return
         key = newest[0]
-        staging = Path(tempfile.mkdtemp(prefix=".pull-", dir=owned_directory(self.root)))
+        root = owned_directory(folder.parent)  # the job folders' root (`JobLogCache.root`)
+        staging = Path(tempfile.mkdtemp(prefix=".pull-", dir=root))
         try:
             body = self._fetch(key, listed[key].size)
             bound = self.limits.archive_bytes - len(body)
@@ -486,7 +428,7 @@ class JobLogCache:
             raise _RefusedError(f"it holds {len(body):,} bytes, more than the {bound:,} allowed")
         return body
 
-    def _push(self, job: str, folder: Path, run: CacheRun) -> None:
+    def push(self, job: str, folder: Path, run: CacheRun) -> None:
         """Write the shareable entries of `folder` to S3 when they changed since the sync: the
         parts not stored yet (those the capture's listing did not show, a few at once), then a
         manifest naming every entry's parts."""
@@ -551,6 +493,73 @@ class JobLogCache:
         except _RefusedError:
             self.store.delete(key)
             return set()
+
+
+class JobLogCache:
+    """The adapter between a capture and the job's log cache on disk and in S3."""
+
+    def __init__(self, settings: Settings, store: ObjectStore, limits: CacheLimits | None = None):
+        self.cache_root = settings.cache_root()
+        self.root = self._own_root()
+        self.bundle_root = settings.bundle_root
+        self.store = store
+        self.limits = limits or CacheLimits.from_settings(settings)
+        self.shared = _SharedCopy(store, self.limits)
+
+    def _own_root(self) -> Path:
+        """This process's own (no other user may put an entry in it), or UnsafeDirectoryError;
+        checked again by every read (a long-lived process's folder may have been replaced)."""
+        return owned_directory(owned_directory(self.cache_root) / "logs")
+
+    def read(self, job_dir: str, read: Read) -> Evidence:
+        """The capture's read (`worker.pipeline.capture.JobLogs`): the evidence, its logs read
+        through the job's cache, the S3 copy written meanwhile until `settle`."""
+        return self.collect(job_dir, read, share_later=True)[0]
+
+    def settle(self) -> None:
+        """Wait for the S3 copies this process is writing (`finish_sharing`)."""
+        finish_sharing()
+
+    def collect(
+        self, job_dir: str, read: Read, *, share_later: bool = False
+    ) -> tuple[Evidence, CacheRun]:
+        """The evidence, its logs read through the job's cache; and what the cache did. With
+        `share_later`, the S3 copy is written by a thread of this process while the caller
+        goes on (the run is complete once `finish_sharing` returned); a later collect of the
+        same job in this process waits for it first."""
+        self.root = self._own_root()
+        try:
+            job = confine(self.bundle_root, job_dir)
+        except OutsideBundleRootError:
+            return read(None), CacheRun(job=job_dir, notes=["outside the bundle root: no cache"])
+        run = CacheRun(job=job)
+        folder = self.root / job_id(job)
+        finish_sharing(folder)
+        self._guarded(run, "read the shared log cache", lambda: self.shared.pull(job, folder, run))
+        cache = _WatchedCache(folder, write_later=share_later)
+        evidence = read(cache)
+        run.reads = list(cache.reads.values())
+        _noted(run, cache.notes)
+        if run.pulled is not None and (cache.notes or not run.reused_bytes):
+            # an archive with a damaged entry, or of no use (all of another version): it goes,
+            # so the one written after this capture is the newest
+            pulled = run.pulled
+            self._guarded(run, "delete a useless archive", lambda: self.store.delete(pulled))
+        finish = partial(self._finish, job, folder, cache, run)
+        if share_later:
+            _Share.start_for(folder, finish)
+        else:
+            finish()
+        return evidence, run
+
+    def _finish(self, job: str, folder: Path, cache: _WatchedCache, run: CacheRun) -> None:
+        """After the read: write the entries kept back, tidy the disk, share, report."""
+        notes = len(cache.notes)
+        self._guarded(run, "write the log cache", cache.write_stored)
+        _noted(run, cache.notes[notes:])
+        self._guarded(run, "tidy the log cache", lambda: self._tidy(cache, folder))
+        self._guarded(run, "share the log cache", lambda: self.shared.push(job, folder, run))
+        self._report(run)
 
     # --- disk -----------------------------------------------------------------------------------
 
@@ -679,10 +688,6 @@ def _digest(folder: Path) -> str:
     for entry in entries:
         digest.update(entry.name.encode() + b"\0" + (entry / "meta.json").read_bytes() + b"\0")
     return digest.hexdigest()
-
-
-def _bytes(path: Path) -> int:
-    return sum(p.stat().st_size for p in path.rglob("*") if p.is_file())
 
 
 def _read_synced(folder: Path) -> dict[str, Any]:
