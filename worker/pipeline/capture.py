@@ -15,11 +15,10 @@ probe's timeout, and the wait between two dumps, is bounded by what is left of t
 the budget no longer allows is not run, and the budget's end is a recorded probe failure. The
 budget must end before the capture task's soft time limit (`budget_misfit`).
 
-`CaptureService` is the capture step whole: the bundle read first (its logs through the job's log
-cache, `JobLogs`), the live probes only when the backend choice and the policy call for them (the
-bundle then read again with the probe directory, as `diagnose --backend` does), and the evidence
-frozen through one storage adapter (`FrozenStore`, `worker.pipeline.evidence_store`). Nothing
-else in the pipeline reaches into the log cache or the frozen evidence's store for a capture.
+`CaptureService` is the capture step whole: the bundle first (its logs through one log cache,
+`JobLogs`), live probes when the backend choice and the policy call for them, the evidence frozen
+through one storage adapter (`worker.pipeline.evidence_store.FrozenStore`). Nothing else reaches
+into either for a capture.
 """
 
 from __future__ import annotations
@@ -58,6 +57,7 @@ from worker.diagnosis import collect_evidence
 from worker.evidence.case import Evidence
 from worker.evidence.logs.incremental import LogCache
 from worker.evidence.probes import write_probes
+from worker.pipeline.evidence_store import FrozenStore
 from worker.pipeline.failed import FAILED_NOTE, failure_evidence
 from worker.pipeline.failures import describe, must_propagate
 from worker.pipeline.metrics import probes_ran
@@ -66,7 +66,6 @@ __all__ = [
     "CaptureBudget",
     "CaptureService",
     "CaptureSettingsError",
-    "FrozenStore",
     "JobLogs",
     "LiveCapture",
     "LiveProbes",
@@ -280,39 +279,13 @@ class LiveCapture:
 
 
 # --- the capture step ---------------------------------------------------------------------------
-
-
 class JobLogs(Protocol):
-    """The log cache a capture reads a job's logs through (`worker.pipeline.logcache`)."""
+    """The log cache a capture reads a job's logs through (`worker.pipeline.logcache`): `read`
+    gives `read` the job's cache, its S3 copy written meanwhile; `settle` waits for the copies."""
 
-    def read(self, job_dir: str, read: Callable[[LogCache | None], Evidence]) -> Evidence:
-        """`read` given the job's cache; its S3 copy written meanwhile, until `settle`."""
-        ...
+    def read(self, job_dir: str, read: Callable[[LogCache | None], Evidence]) -> Evidence: ...
 
-    def settle(self) -> None:
-        """Wait for the S3 copies the reads started."""
-        ...
-
-
-class FrozenStore(Protocol):
-    """Where a capture freezes its evidence (`worker.pipeline.evidence_store`)."""
-
-    def label(self, evidence_id: str) -> str: ...
-
-    def whole(self, evidence_id: str) -> bool: ...
-
-    def discard(self, evidence_id: str) -> None: ...
-
-    def freeze(
-        self,
-        evidence: Evidence,
-        *,
-        job_dir: str,
-        evidence_id: str,
-        live: Path,
-        held: Callable[[], bool],
-        mark: Callable[[str], None],
-    ) -> None: ...
+    def settle(self) -> None: ...
 
 
 class CaptureService:

@@ -26,7 +26,7 @@ from collections.abc import Callable, Mapping
 from contextlib import suppress
 from datetime import datetime
 from pathlib import Path
-from typing import Final
+from typing import Final, Protocol
 
 from pydantic import ValidationError
 
@@ -51,7 +51,7 @@ from worker.pipeline.failures import (
 from worker.pipeline.parts import THAW_CACHE_BYTES, SharedParts, StoredLater, job_parts
 from worker.pipeline.store import ObjectMissingError, ObjectStore, download_prefix
 
-__all__ = ["EvidenceStore", "clear_prefix", "evidence_prefix", "frozen_now"]
+__all__ = ["EvidenceStore", "FrozenStore", "clear_prefix", "evidence_prefix", "frozen_now"]
 
 log = logging.getLogger(__name__)
 
@@ -79,6 +79,27 @@ def frozen_now(store: ObjectStore, evidence_id: str) -> datetime:
     except (ObjectMissingError, ValidationError) as exc:
         raise ObjectMissingError(f"no frozen evidence for {evidence_id}") from exc
     return datetime.fromisoformat(document["now"])
+
+
+class FrozenStore(Protocol):
+    """Where a capture freezes its evidence (`EvidenceStore`; tests give a fake)."""
+
+    def label(self, evidence_id: str) -> str: ...
+
+    def whole(self, evidence_id: str) -> bool: ...
+
+    def discard(self, evidence_id: str) -> None: ...
+
+    def freeze(
+        self,
+        evidence: Evidence,
+        *,
+        job_dir: str,
+        evidence_id: str,
+        live: Path,
+        held: Callable[[], bool],
+        mark: Callable[[str], None],
+    ) -> None: ...
 
 
 class EvidenceStore:
