@@ -15,10 +15,10 @@ probe's timeout, and the wait between two dumps, is bounded by what is left of t
 the budget no longer allows is not run, and the budget's end is a recorded probe failure. The
 budget must end before the capture task's soft time limit (`budget_misfit`).
 
-`CaptureService` is the capture step whole: the bundle first (its logs through one log cache,
-`JobLogs`), live probes when the backend choice and the policy call for them, the evidence frozen
-through one storage adapter (`worker.pipeline.evidence_store.FrozenStore`). Nothing else reaches
-into either for a capture.
+`CaptureService` is the capture step whole: the bundle first, its logs through one log cache
+(`worker.pipeline.logcache.JobLogs`), live probes when the backend choice and the policy call for
+them, the evidence frozen through one storage adapter
+(`worker.pipeline.evidence_store.FrozenStore`). Nothing else reaches into either for a capture.
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from functools import cached_property
 from pathlib import Path
-from typing import NamedTuple, Protocol
+from typing import NamedTuple
 
 from shared.models import Event
 from shared.settings import Settings
@@ -55,18 +55,17 @@ from worker.capture_policy import (
 )
 from worker.diagnosis import collect_evidence
 from worker.evidence.case import Evidence
-from worker.evidence.logs.incremental import LogCache
 from worker.evidence.probes import write_probes
 from worker.pipeline.evidence_store import FrozenStore
 from worker.pipeline.failed import FAILED_NOTE, failure_evidence
 from worker.pipeline.failures import describe, must_propagate
+from worker.pipeline.logcache import JobLogs
 from worker.pipeline.metrics import probes_ran
 
 __all__ = [
     "CaptureBudget",
     "CaptureService",
     "CaptureSettingsError",
-    "JobLogs",
     "LiveCapture",
     "LiveProbes",
     "budget_misfit",
@@ -279,15 +278,6 @@ class LiveCapture:
 
 
 # --- the capture step ---------------------------------------------------------------------------
-class JobLogs(Protocol):
-    """The log cache a capture reads a job's logs through (`worker.pipeline.logcache`): `read`
-    gives `read` the job's cache, its S3 copy written meanwhile; `settle` waits for the copies."""
-
-    def read(self, job_dir: str, read: Callable[[LogCache | None], Evidence]) -> Evidence: ...
-
-    def settle(self) -> None: ...
-
-
 class CaptureService:
     """An event in, its evidence frozen: the bundle first, live probes when the policy says so,
     the logs through one log cache, the freeze through one storage adapter."""

@@ -90,7 +90,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from functools import partial
 from pathlib import Path
-from typing import Any, BinaryIO, ClassVar, Final
+from typing import Any, BinaryIO, ClassVar, Final, Protocol
 
 import polars as pl
 
@@ -119,6 +119,8 @@ __all__ = [
     "CacheRun",
     "FileRead",
     "JobLogCache",
+    "JobLogs",
+    "Read",
     "finish_sharing",
     "job_id",
 ]
@@ -493,6 +495,16 @@ class _SharedCopy:
         except _RefusedError:
             self.store.delete(key)
             return set()
+
+
+class JobLogs(Protocol):
+    """The log cache a capture reads a job's logs through (`JobLogCache`; tests give a fake):
+    `read` gives `read` the job's cache, its S3 copy written meanwhile; `settle` waits for the
+    copies."""
+
+    def read(self, job_dir: str, read: Read) -> Evidence: ...
+
+    def settle(self) -> None: ...
 
 
 class JobLogCache:

@@ -35,11 +35,12 @@ from worker.evidence.case import Evidence
 from worker.evidence.frozen import MARKER, freeze, thaw
 from worker.evidence.logs.incremental import LogCache
 from worker.evidence.probes import read_probes
-from worker.pipeline.capture import CaptureBudget, CaptureService, JobLogs, capture_live
+from worker.pipeline.capture import CaptureBudget, CaptureService, capture_live
 from worker.pipeline.claim import CLAIM_TTL_S, CaptureClaim
 from worker.pipeline.evidence_store import clear_prefix, evidence_prefix
 from worker.pipeline.failed import failure_evidence
 from worker.pipeline.failures import CaptureBusyError, EvidenceLostError, describe, must_propagate
+from worker.pipeline.logcache import JobLogs
 from worker.pipeline.store import ObjectStore, download_prefix
 from worker.second_look import first_look_at, rests_on_stacks
 
