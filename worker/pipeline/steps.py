@@ -66,7 +66,7 @@ from worker.pipeline.publish import Publisher
 from worker.pipeline.second_look import LOOK_DIR, LookAt, SecondLook
 from worker.pipeline.sinks import ReportShelf, report_stored
 from worker.pipeline.store import ObjectMissingError, ObjectStore
-from worker.second_look import compare, first_look_at, observe, settle
+from worker.second_look import compare, first_look_at, observe, rests_on_stacks, settle
 from worker.verdict import decide
 
 __all__ = [
@@ -288,7 +288,7 @@ class Pipeline:
         if known is not None:
             return {"entry": known.model_dump(mode="json")}
         report = self.report(results, event_id, evidence_id)
-        wait = self.looks.wait(report, event_id, evidence_id)
+        wait = self.looks.wait(report, event_id, evidence_id) if rests_on_stacks(report) else None
         if wait is None:
             return {"entry": self.publisher.settle(report, evidence_id)}
         if wait == 0:  # frozen already (a replay, a diagnosis sent again): judged at once
