@@ -20,9 +20,9 @@ from tests.unit.test_pipeline_capture import NOW, ScriptedIris
 from worker.backends import Toolbox
 from worker.diagnosis import collect_evidence
 from worker.evidence.case import Evidence
-from worker.evidence.logs import LogCache
 from worker.evidence.logs.incremental import CacheEntry
 from worker.pipeline.capture import CaptureService, LiveCapture
+from worker.pipeline.logcache import LogCache  # the parser's cache the pipeline's one wraps
 
 JOB = "jobs/cw/ops/rl-job"
 FRESH = NOW  # the bundle's manifest synced 30 s after its last step, which is at NOW - 30 s
