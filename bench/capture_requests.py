@@ -60,7 +60,7 @@ _PHASES: list[tuple[Any, str, str]] = [
     (logcache._SharedCopy, "push", "logcache push"),
     (logcache._SharedCopy, "_expire", "logcache expire"),
     (logcache.JobLogCache, "_tidy", "logcache tidy"),
-    (logcache, "_shareable", "logcache redaction check"),
+    (logcache, "shareable", "logcache redaction check"),
     (parts, "stored_parts", "stored_parts (list job's parts, in a thread)"),
     (evidence_store, "_frozen_files", "freeze (to local files)"),
     (parts.SharedParts, "keep", "parts keep (upload + disk copy)"),

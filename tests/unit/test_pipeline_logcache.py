@@ -29,7 +29,7 @@ from worker.evidence.case import Evidence
 from worker.evidence.logs import LogCache, incremental, reader
 from worker.evidence.logs.reads import Read
 from worker.evidence.model import LogTables
-from worker.pipeline import logcache
+from worker.pipeline import logcache, logshare
 from worker.pipeline.logcache import (
     PREFIX,
     CacheLimits,
@@ -628,14 +628,14 @@ def test_a_cold_worker_reads_the_manifest_and_parts_and_nothing_else(world: Worl
     world.grow()
     store.counted()
     checked: list[int] = []
-    original = logcache._clean_frame
+    original = logshare.clean_frame
 
     def clean_frame(frame: pl.DataFrame) -> bool:
         checked.append(frame.height)
         return original(frame)
 
     with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(logcache, "_clean_frame", clean_frame)
+        patch.setattr(logshare, "clean_frame", clean_frame)
         evidence, cold = world.capture("w2")
     calls = store.counted()
     assert cold.origin == "s3" and cold.parts_read > 0
@@ -788,13 +788,13 @@ def test_an_entry_write_that_fails_beside_the_capture_is_a_note(
 def _checked_parts(patch: pytest.MonkeyPatch) -> list[int]:
     """The row counts of the parts the redaction check reads (from now on)."""
     checked: list[int] = []
-    original = logcache._clean_frame
+    original = logshare.clean_frame
 
     def clean_frame(frame: pl.DataFrame) -> bool:
         checked.append(frame.height)
         return original(frame)
 
-    patch.setattr(logcache, "_clean_frame", clean_frame)
+    patch.setattr(logshare, "clean_frame", clean_frame)
     return checked
 
 
@@ -803,7 +803,7 @@ def test_a_manifest_written_under_other_redactor_rules_is_checked_again(world: W
     one written under other rules (`RULES_DIGEST`, before an upgrade) has every part checked
     again before anything is shared."""
     with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(logcache, "RULES_DIGEST", "0" * 16)
+        patch.setattr(logshare, "RULES_DIGEST", "0" * 16)
         world.capture("w1")
     world.grow()
     with pytest.MonkeyPatch.context() as patch:
@@ -823,7 +823,7 @@ def test_parts_found_clean_under_other_rules_are_checked_again(world: World) -> 
     under: after a change of the rules a grown log's share checks every part, not only the
     new ones; under the same rules, only the new ones."""
     with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(logcache, "RULES_DIGEST", "0" * 16)
+        patch.setattr(logshare, "RULES_DIGEST", "0" * 16)
         world.capture()
     world.grow(_log_bytes()[world.half : world.half + 200_000])
     with pytest.MonkeyPatch.context() as patch:
