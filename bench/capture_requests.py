@@ -45,26 +45,26 @@ from testkit.services import (
     start_redis,
     stop,
 )
-from worker.pipeline import logcache, parts, steps
+from worker.pipeline import capture, claim, evidence_store, logcache, parts, steps
 from worker.pipeline.store import S3Store, store_from_settings
 
 __all__ = ["Counted", "counted_captures"]
 
 # (owner, attribute, phase name): the functions whose inclusive time is reported
 _PHASES: list[tuple[Any, str, str]] = [
-    (steps.Pipeline, "_frozen_whole", "frozen_whole (marker + parts HEAD)"),
-    (steps.Pipeline, "load_event", "load_event"),
-    (steps.Pipeline, "_clear", "clear"),
-    (steps.Pipeline, "_collect", "collect (logs read through the cache)"),
-    (logcache.JobLogCache, "_pull", "logcache pull"),
-    (logcache.JobLogCache, "_push", "logcache push"),
-    (logcache.JobLogCache, "_expire", "logcache expire"),
+    (evidence_store.EvidenceStore, "whole", "frozen_whole (marker + parts HEAD)"),
+    (steps.EventArchive, "load", "load_event"),
+    (evidence_store, "clear_prefix", "clear"),
+    (capture.CaptureService, "_collect", "collect (logs read through the cache)"),
+    (logcache._SharedCopy, "pull", "logcache pull"),
+    (logcache._SharedCopy, "push", "logcache push"),
+    (logcache._SharedCopy, "_expire", "logcache expire"),
     (logcache.JobLogCache, "_tidy", "logcache tidy"),
-    (logcache, "_shareable", "logcache redaction check"),
+    (logcache, "shareable", "logcache redaction check"),
     (parts, "stored_parts", "stored_parts (list job's parts, in a thread)"),
-    (steps, "_frozen_files", "freeze (to local files)"),
+    (evidence_store, "_frozen_files", "freeze (to local files)"),
     (parts.SharedParts, "keep", "parts keep (upload + disk copy)"),
-    (steps.CaptureClaim, "held", "claim held"),
+    (claim.CaptureClaim, "held", "claim held"),
 ]
 
 
@@ -189,7 +189,7 @@ def counted_captures(
                 logcache._KEPT._items.clear()
                 pipeline = steps.Pipeline(settings, store, client)
             event = _event(job, _last_time(log), label)
-            pipeline.archive(event)
+            pipeline.events.archive(event)
             before = counted.snapshot()
             started = time.perf_counter()
             if label in profile:

@@ -15,7 +15,7 @@ evidence and detail table; the plots; the discrepancies.
 The plots (`reports.plots`, matplotlib) are imported with this module, not on the first page drawn:
 the pipeline imports this module when its worker starts, so the ~1 s import happens once, before
 the worker forks its pool, instead of in each pool child on its first page (the pipeline draws
-pages in their own task, after the verdict is published: `worker.pipeline.steps.Pipeline.html`).
+pages in their own task, after the verdict is published: `worker.pipeline.sinks.ReportShelf.html`).
 """
 
 from __future__ import annotations

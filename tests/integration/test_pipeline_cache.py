@@ -127,7 +127,7 @@ def _offline(services: Services, evidence_id: str, cache: Path) -> Pipeline:
     """A pipeline on another machine: its own empty disk, S3 alone (no worker's part cache)."""
     settings = services.settings.model_copy(update={"cache_dir": cache})
     pipeline = Pipeline(settings, services.store, services.redis)
-    pipeline.evidence(evidence_id)
+    pipeline.frozen.thaw(evidence_id)
     return pipeline
 
 
@@ -163,7 +163,7 @@ def test_a_grown_logs_diagnosis_uploads_only_new_parts_and_replays_from_s3(
     assert {key.split("/")[-1][:32] for key in new} <= referenced
 
     offline = _offline(services, second, tmp_path / "elsewhere")
-    thawed = offline.evidence(second)
+    thawed = offline.frozen.thaw(second)
     assert thawed.logs is not None
     full = collect_evidence(job_dir, now=NOW).logs
     assert full is not None

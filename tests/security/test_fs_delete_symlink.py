@@ -131,11 +131,11 @@ def test_the_evidence_cache_prune_never_follows_a_symlink(world: World) -> None:
     victim = _victim(world.tmp / "victim")
     settings = Settings(bundle_root=world.root, cache_dir=world.tmp / "own")
     pipeline = Pipeline(settings, world.store, fakeredis.FakeRedis())
-    pipeline.cache_root.mkdir(parents=True, exist_ok=True)
-    link = pipeline.cache_root / "evt-old"
+    pipeline.frozen.cache_root.mkdir(parents=True, exist_ok=True)
+    link = pipeline.frozen.cache_root / "evt-old"
     link.symlink_to(victim, target_is_directory=True)
     os.utime(link, (_MONTH_AGO, _MONTH_AGO), follow_symlinks=False)
-    (pipeline.cache_root / "evt-new").mkdir()
-    pipeline._prune_cache()
+    (pipeline.frozen.cache_root / "evt-new").mkdir()
+    pipeline.frozen.prune()
     assert not link.is_symlink() and _intact(victim)
-    assert (pipeline.cache_root / "evt-new").is_dir()
+    assert (pipeline.frozen.cache_root / "evt-new").is_dir()

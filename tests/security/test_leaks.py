@@ -143,11 +143,11 @@ def _pipeline(job_dir: Path, root: Path, probes: Path) -> dict[str, str]:
         event_id="evt-leak", job_dir=str(job_dir.relative_to(root)), published_at=NOW, now=NOW,
         probes=str(probes.relative_to(root)),
     )  # fmt: skip
-    pipeline.archive(event)
+    pipeline.events.archive(event)
     pipeline.capture(event.event_id, event.event_id, claim="t")
     results = [pipeline.gate(event.event_id, name) for name in GATE_NAMES]
     entry = pipeline.verdict(results, event.event_id, event.event_id)
-    assert pipeline.html(entry, event.event_id)  # the HTML page, drawn after publish
+    assert pipeline.shelf.html(entry, event.event_id)  # the HTML page, drawn after publish
     objects = {key: store.get(key).decode("utf-8", "replace") for key in store.keys("")}
     parquet = {
         k: str(pl.read_parquet(store.get(k)).rows()) for k in objects if k.endswith(".parquet")

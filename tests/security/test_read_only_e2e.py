@@ -203,7 +203,7 @@ def test_the_pipeline_spawns_nothing_on_crafted_bundles(
     pipeline = Pipeline(Settings(bundle_root=root, cache_dir=tmp_path / "c"), MemoryStore(),
                         fakeredis.FakeRedis())  # fmt: skip
     event = Event(event_id="evt-1", job_dir=str(job_dir.relative_to(root)), published_at=NOW)
-    pipeline.archive(event)
+    pipeline.events.archive(event)
     pipeline.capture("evt-1", "evt-1", claim="t")
     results = [pipeline.gate("evt-1", name) for name in GATE_NAMES]
     entry = pipeline.verdict(results, "evt-1", "evt-1")

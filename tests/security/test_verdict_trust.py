@@ -199,7 +199,7 @@ def test_the_pipeline_signs_its_entries_and_stored_reports(tmp_path: Path) -> No
     store, fake = MemoryStore(), fakeredis.FakeRedis()
     pipeline = Pipeline(settings, store, fake)
     pipeline.coalescer.admit("evt-1", "jobs/cw/ops/j")
-    assert pipeline.fail("evt-1", "jobs/cw/ops/j", "a stage failed") is not None
+    assert pipeline.publisher.fail("evt-1", "jobs/cw/ops/j", "a stage failed") is not None
     ((_id, raw),) = fake.xrange(STREAM)
     fields = {k.decode(): v.decode() for k, v in raw.items()}
     verify({**fields, "event_ids": json.loads(fields["event_ids"])}, TEST_KEYS)
@@ -230,9 +230,9 @@ def test_redis_cannot_make_the_pipeline_sign_a_decision(pipeline: Pipeline) -> N
     pipeline.coalescer.admit("evt-1", job)
     forged = _kill_for_the_victim("evt-1")
     with pytest.raises(PipelineError, match="refused"):
-        pipeline.publish(forged.model_dump(mode="json"), job)
+        pipeline.publisher.publish(forged.model_dump(mode="json"), job)
     pipeline.redis.set(pipeline.names.entry("evt-1"), forged.model_dump_json())
-    answered = pipeline.fail("evt-1", job, "publish refused")
+    answered = pipeline.publisher.fail("evt-1", job, "publish refused")
     assert answered is not None and answered.verdict is Verdict.ERROR
     verdicts = [f[b"verdict"] for _id, f in pipeline.redis.xrange(STREAM)]
     assert verdicts == [b"ERROR"]

@@ -106,7 +106,7 @@ def _grow(pipeline: Pipeline) -> None:
 
 def _capture(pipeline: Pipeline, event_id: str, evidence_id: str | None = None) -> None:
     event = Event(event_id=event_id, job_dir=JOB, published_at=NOW, now=NOW)
-    pipeline.archive(event)
+    pipeline.events.archive(event)
     pipeline.capture(event_id, evidence_id or event_id, claim=f"task-{event_id}")
 
 
@@ -180,7 +180,7 @@ def test_a_part_deleted_after_the_check_is_still_lost_evidence(
     gates = Pipeline(pipeline.settings, store, pipeline.redis)  # another process
     with pytest.raises(EvidenceLostError, match=victim.rsplit("/", 1)[1]):
         gates.gate("e1", "liveness")
-    entry = gates.fail("e1", JOB, "the frozen evidence of e1 cannot be read")
+    entry = gates.publisher.fail("e1", JOB, "the frozen evidence of e1 cannot be read")
     assert entry is not None and entry.verdict.value == "ERROR"
 
 
@@ -193,13 +193,13 @@ def test_the_gates_judge_the_freeze_the_capture_left_on_the_disk(
     _capture(pipeline, "e1")
     store.counted()
     first = Pipeline(pipeline.settings, store, pipeline.redis)
-    local = first.evidence("e1")
+    local = first.frozen.thaw("e1")
     calls = store.counted()
     assert calls["exists"] == 1 and calls["keys"] == 0, calls
     assert not any(key.startswith("evidence/") for key in store.read)
-    Pipeline(pipeline.settings, store, pipeline.redis).evidence("e1")
+    Pipeline(pipeline.settings, store, pipeline.redis).frozen.thaw("e1")
     assert store.counted()["exists"] == 0
-    downloaded = _pipeline(tmp_path, store, disk="other").evidence("e1")
+    downloaded = _pipeline(tmp_path, store, disk="other").frozen.thaw("e1")
     assert_same(local, downloaded)
 
 
@@ -220,12 +220,12 @@ def test_a_capture_taken_again_replaces_the_copy_on_the_disk(
     """A freeze whose part went missing is captured again after the log grew: the copy on the
     disk is the new freeze (its marker as stored), not the one whose part is gone."""
     _capture(pipeline, "e1")
-    Pipeline(pipeline.settings, store, pipeline.redis).evidence("e1")  # checked: a plain copy
+    Pipeline(pipeline.settings, store, pipeline.redis).frozen.thaw("e1")  # checked: a plain copy
     store.objects.pop(_part_keys(store)[0])
     shutil.rmtree(pipeline.settings.cache_dir / "parts")  # type: ignore[operator]
     _grow(pipeline)
     _capture(pipeline, "e1")
-    local = pipeline.cache_root / "e1" / MARKER
+    local = pipeline.frozen.cache_root / "e1" / MARKER
     assert local.read_bytes() == store.objects["evidence/e1/" + MARKER]
     gates = Pipeline(pipeline.settings, store, pipeline.redis)
     assert gates.gate("e1", "liveness")["result"]["status"] != "ERROR"
@@ -239,13 +239,13 @@ def test_a_claim_lost_after_the_parts_writes_no_marker(
     answers = iter([True, False])
     monkeypatch.setattr(CaptureClaim, "held", lambda self: next(answers))
     event = Event(event_id="e1", job_dir=JOB, published_at=NOW, now=NOW)
-    pipeline.archive(event)
+    pipeline.events.archive(event)
     holder = CaptureClaim(pipeline.redis, pipeline.names.capture_claim("e1"), "t1")
     with pytest.raises(CaptureBusyError, match="lost the capture claim"):
-        pipeline._capture_fresh(event, "evidence/e1/", holder)
+        pipeline.capturer.capture(event, holder.held)
     assert _part_keys(store)  # the parts went out before the claim was seen lost
     assert not any(key.startswith("evidence/e1/") for key in store.objects)
-    assert not (pipeline.cache_root / "e1").exists()
+    assert not (pipeline.frozen.cache_root / "e1").exists()
 
 
 def test_the_capture_steps_request_counts_hold_on_a_cold_worker(
@@ -258,7 +258,7 @@ def test_the_capture_steps_request_counts_hold_on_a_cold_worker(
     cold = _pipeline(tmp_path, store, disk="cold")
     store.counted()
     event = Event(event_id="e2", job_dir=JOB, published_at=NOW, now=NOW)
-    cold.archive(event)
+    cold.events.archive(event)
     cold.capture("e2", "e2", claim="t2")
     calls = store.counted()
     assert not any(calls[name] for name in _PER_OBJECT), calls
@@ -283,7 +283,7 @@ def test_a_grown_logs_freeze_still_lists_every_part(
     for refs in document["logs"]["tables"].values():
         for digest, sha, _rows in refs:
             assert f"{place}{digest}-{sha}.parquet" in store.objects
-    thawed = _pipeline(pipeline.settings.bundle_root.parent, store, "fresh").evidence("e2")
+    thawed = _pipeline(pipeline.settings.bundle_root.parent, store, "fresh").frozen.thaw("e2")
     from worker.diagnosis import collect_evidence
 
     full = collect_evidence(pipeline.settings.bundle_root / JOB, now=NOW)

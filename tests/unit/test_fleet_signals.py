@@ -88,7 +88,7 @@ def test_an_error_answer_of_a_failed_diagnosis_counts_as_a_verdict(pipeline: Pip
         for s in family.samples
         if s.name.endswith("_total") and s.labels["verdict"] == "ERROR"
     }
-    entry = pipeline.fail("e2", JOB, "capture past its time limit")
+    entry = pipeline.publisher.fail("e2", JOB, "capture past its time limit")
     assert entry is not None and entry.verdict is Verdict.ERROR
     cluster = cluster_of(entry.report_uri) or ""
     after = _value("rlhealth_verdicts_published_total", verdict="ERROR", cluster=cluster)

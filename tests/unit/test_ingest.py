@@ -371,7 +371,7 @@ def test_failed_diagnosis_dead_letter_is_redacted(pipeline: Pipeline, client: An
     event = Event(
         event_id="e1", job_dir=JOB, reason=f"token {secret}", published_at=datetime.now(UTC)
     )
-    pipeline.dead_letter(event, f"probe printed {secret}")
+    pipeline.publisher.dead_letter(event, f"probe printed {secret}")
     ((_id, fields),) = client.xrange(pipeline.names.dead_letter)
     text = b" ".join(fields.values()).decode()
     assert secret[3:] not in text and "<redacted:hf-token>" in text

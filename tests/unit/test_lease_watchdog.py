@@ -38,7 +38,7 @@ JOB = "jobs/cw/ops/rl-job"
 
 def _start(pipeline: Pipeline, event_id: str = "e1") -> str:
     event = Event(event_id=event_id, job_dir=JOB, published_at=NOW, now=NOW)
-    pipeline.archive(event)
+    pipeline.events.archive(event)
     admission = pipeline.coalescer.admit(event_id, JOB, event_json=event.model_dump_json())
     return admission.lead
 
@@ -222,9 +222,9 @@ def test_fail_answers_error_once_naming_the_stage(pipeline: Pipeline) -> None:
     attached id, and dead-letters the lead's event."""
     _start(pipeline)
     pipeline.coalescer.admit("e2", JOB)
-    entry = pipeline.fail("e1", JOB, "gate liveness failed: StageTimeoutError: past 72 s")
+    entry = pipeline.publisher.fail("e1", JOB, "gate liveness failed: StageTimeoutError: past 72 s")
     assert entry is not None and entry.verdict is Verdict.ERROR
-    assert pipeline.fail("e1", JOB, "again") is None
+    assert pipeline.publisher.fail("e1", JOB, "again") is None
     (published,) = _verdicts(pipeline)
     assert published.event_ids == ("e1", "e2")
     report = _report(pipeline, published)
@@ -241,7 +241,7 @@ def test_fail_publishes_a_verdict_already_decided(pipeline: Pipeline) -> None:
     decided = _entry().signed(pipeline.keys)  # the verdict step keeps it signed
     pipeline.store.put_once("reports/x-e1.json", b"{}")  # and has written its report
     pipeline.redis.set(pipeline.names.entry("e1"), decided.model_dump_json())
-    entry = pipeline.fail("e1", JOB, "publish failed: ConnectionError")
+    entry = pipeline.publisher.fail("e1", JOB, "publish failed: ConnectionError")
     assert entry is not None and entry.verdict is Verdict.NO_KILL
     assert [e.verdict for e in _verdicts(pipeline)] == [Verdict.NO_KILL]
     assert pipeline.redis.xlen(pipeline.names.dead_letter) == 0
@@ -251,7 +251,7 @@ def test_verdict_after_a_failure_returns_the_published_entry(pipeline: Pipeline)
     """A verdict task that runs after the diagnosis was answered writes no second report and
     returns what was published."""
     _start(pipeline)
-    failed = pipeline.fail("e1", JOB, "capture failed: boom")
+    failed = pipeline.publisher.fail("e1", JOB, "capture failed: boom")
     assert failed is not None
     store = pipeline.store
     assert isinstance(store, MemoryStore)
@@ -269,7 +269,7 @@ def test_fail_survives_a_bundle_whose_report_cannot_render(pipeline: Pipeline) -
     data = json.loads(manifest.read_text())
     manifest.write_text(json.dumps({**data, "job_id": "/ops/\udcff"}))
     pipeline.capture("e1", "e1", claim="t1")
-    entry = pipeline.fail("e1", JOB, "verdict failed: UnicodeEncodeError")
+    entry = pipeline.publisher.fail("e1", JOB, "verdict failed: UnicodeEncodeError")
     assert entry is not None and entry.verdict is Verdict.ERROR
     assert entry.job_id == "/ops/rl-job"  # from the job directory, not the manifest
     assert "/cw/ops/rl-job/" in entry.report_uri
@@ -288,5 +288,7 @@ def test_a_callback_killed_once_answers_from_the_event(
     manifest.write_text(json.dumps({**data, "job_id": "/ops/from-manifest"}))
     _start(pipeline)
     pipeline.capture("e1", "e1", claim="t1")
-    entry = pipeline.fail("e1", JOB, "gate liveness was killed twice", read_frozen=read_frozen)
+    entry = pipeline.publisher.fail(
+        "e1", JOB, "gate liveness was killed twice", read_frozen=read_frozen
+    )
     assert entry is not None and entry.job_id == job_id

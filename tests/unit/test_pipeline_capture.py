@@ -25,7 +25,7 @@ from worker.backends import ProbeResult, Toolbox
 from worker.backends.allowlist import RefusedCommandError
 from worker.diagnosis import collect_evidence, judge
 from worker.evidence.probes import read_probes
-from worker.pipeline import steps
+from worker.pipeline import capture, steps
 from worker.pipeline.capture import (
     CaptureBudget,
     CaptureSettingsError,
@@ -123,13 +123,13 @@ def _pipeline(tmp_path: Path, iris: ScriptedIris, **fields: Any) -> Pipeline:
         sleep=iris.sleep,
         clock=lambda: NOW,
     )
-    pipeline.__dict__["live"] = live  # the process's live capture, with the scripted CLI
+    pipeline.capturer.__dict__["live"] = live  # the process's live capture, with the scripted CLI
     return pipeline
 
 
 def _admit(pipeline: Pipeline, event_id: str = "e1", **fields: Any) -> Event:
     event = Event(event_id=event_id, job_dir=JOB, published_at=NOW, now=NOW, **fields)
-    pipeline.archive(event)
+    pipeline.events.archive(event)
     pipeline.coalescer.admit(event_id, JOB, event_json=event.model_dump_json())
     return event
 
@@ -158,7 +158,7 @@ def test_no_backend_takes_no_probe(tmp_path: Path) -> None:
     _admit(pipeline)
     _diagnose(pipeline)
     assert iris.calls == []
-    assert pipeline.evidence("e1").probes is None
+    assert pipeline.frozen.thaw("e1").probes is None
 
 
 def test_the_operator_backend_probes_and_the_probes_are_frozen(tmp_path: Path) -> None:
@@ -169,7 +169,7 @@ def test_the_operator_backend_probes_and_the_probes_are_frozen(tmp_path: Path) -
     _admit(pipeline)
     _diagnose(pipeline)
     assert [c for c, _ in iris.calls if "query" in c], iris.calls
-    evidence = pipeline.evidence("e1")
+    evidence = pipeline.frozen.thaw("e1")
     assert evidence.probes is not None and evidence.probes.attempts is not None
     assert evidence.probes.backend == "iris" and evidence.probes.failures == ()
     assert "live probes: attempt history unavailable locally" in " ".join(evidence.discrepancies)
@@ -186,7 +186,7 @@ def test_the_event_chooses_among_enabled_backends(tmp_path: Path) -> None:
     pipeline = _pipeline(tmp_path, iris, backend="none", backends="local,iris")
     _admit(pipeline, backend="iris")
     _diagnose(pipeline)
-    probes = pipeline.evidence("e1").probes
+    probes = pipeline.frozen.thaw("e1").probes
     assert probes is not None and probes.backend == "iris" and iris.calls
 
 
@@ -227,7 +227,7 @@ def test_recorded_probes_named_by_the_event_win(tmp_path: Path) -> None:
     _admit(pipeline, probes="recorded")
     _diagnose(pipeline)
     assert iris.calls == []
-    probes = pipeline.evidence("e1").probes
+    probes = pipeline.frozen.thaw("e1").probes
     assert probes is not None and probes.attempts == ()
 
 
@@ -242,7 +242,7 @@ def test_an_unreadable_bundle_is_not_probed(
     iris = ScriptedIris()
     pipeline = _pipeline(tmp_path, iris)
     _admit(pipeline)
-    monkeypatch.setattr(steps, "collect_evidence", unreadable)
+    monkeypatch.setattr(capture, "collect_evidence", unreadable)
     entry, report = _diagnose(pipeline)
     assert entry.verdict is Verdict.ERROR and iris.calls == []
     assert any("Input/output error" in d for d in report.discrepancies)
@@ -255,7 +255,7 @@ def test_probing_that_breaks_is_an_error_not_a_crash(tmp_path: Path) -> None:
         raise RefusedCommandError("iris", "job", "not an allowed command")
 
     pipeline = _pipeline(tmp_path, ScriptedIris())
-    pipeline.__dict__["live"] = LiveCapture(pipeline.settings, Toolbox(), runner=refusing)
+    pipeline.capturer.__dict__["live"] = LiveCapture(pipeline.settings, Toolbox(), runner=refusing)
     _admit(pipeline)
     entry, report = _diagnose(pipeline)
     assert entry.verdict is Verdict.ERROR
@@ -274,7 +274,7 @@ def test_a_capture_just_within_its_budget_runs_every_probe(tmp_path: Path) -> No
     pipeline = _pipeline(tmp_path, iris, capture_budget_s=_COMMANDS + 0.001)
     _admit(pipeline)
     _diagnose(pipeline)
-    probes = pipeline.evidence("e1").probes
+    probes = pipeline.frozen.thaw("e1").probes
     assert probes is not None and probes.failures == ()
     assert all(c.exit_code == 0 for c in probes.commands) and len(probes.commands) == _COMMANDS
     assert [round(t, 3) for _, t in iris.calls] == [4.001, 3.001, 2.001, 1.001]
@@ -287,7 +287,7 @@ def test_a_capture_just_past_its_budget_records_the_probe_it_cut(tmp_path: Path)
     pipeline = _pipeline(tmp_path, iris, capture_budget_s=_COMMANDS - 0.001)
     _admit(pipeline)
     _, report = _diagnose(pipeline)
-    probes = pipeline.evidence("e1").probes
+    probes = pipeline.frozen.thaw("e1").probes
     assert probes is not None
     assert [c.exit_code for c in probes.commands] == [0, 0, 0, None]
     assert any("job logs" in f and "timed out" in f for f in probes.failures)
@@ -306,7 +306,7 @@ def test_probes_past_a_spent_budget_are_not_run(tmp_path: Path) -> None:
     _admit(pipeline)
     _, report = _diagnose(pipeline)
     assert len(iris.calls) == 3  # the third was cut at 0.5 s, the fourth never spawned
-    probes = pipeline.evidence("e1").probes
+    probes = pipeline.frozen.thaw("e1").probes
     assert probes is not None and [c.exit_code for c in probes.commands] == [0, 0, None, None]
     assert len(probes.failures) == 2
     assert any("1 probe(s) cut short, 1 not run" in d for d in report.discrepancies)
@@ -324,7 +324,7 @@ def test_the_wait_between_two_dumps_is_within_the_budget(
     _admit(pipeline)
     _, report = _diagnose(pipeline)
     assert iris.slept == [1.5]
-    probes = pipeline.evidence("e1").probes
+    probes = pipeline.frozen.thaw("e1").probes
     assert probes is not None and [s.n for s in probes.stacks] == [1]
     assert any("0 probe(s) cut short, 2 not run" in d for d in report.discrepancies)
 
@@ -351,7 +351,7 @@ def test_a_budget_past_the_time_limit_answers_error_in_the_pipeline(tmp_path: Pa
     """A worker started without `rl-health worker` (so unchecked) answers ERROR quoting why."""
     iris = ScriptedIris()
     pipeline = _pipeline(tmp_path, iris, capture_budget_s=500)
-    del pipeline.__dict__["live"]  # made from the settings, as a worker process would
+    del pipeline.capturer.__dict__["live"]  # made from the settings, as a worker process would
     _admit(pipeline)
     entry, report = _diagnose(pipeline)
     assert entry.verdict is Verdict.ERROR
@@ -416,7 +416,7 @@ def test_the_frozen_probes_reproduce_the_verdict_offline(tmp_path: Path) -> None
     frozen = _frozen(pipeline, "e1", tmp_path / "frozen")
     offline = judge(
         collect_evidence(
-            tmp_path / "bundles" / JOB, now=pipeline.evidence("e1").now,
+            tmp_path / "bundles" / JOB, now=pipeline.frozen.thaw("e1").now,
             probes_dir=frozen / "probes",
         )
     )  # fmt: skip

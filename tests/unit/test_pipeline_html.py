@@ -44,12 +44,12 @@ def _published(pipeline: Pipeline, lead: str = "e1") -> dict[str, Any]:
     event = Event.model_validate(
         {"event_id": lead, "job_dir": JOB, "published_at": NOW_ISO, "now": NOW_ISO}
     )
-    pipeline.archive(event)
+    pipeline.events.archive(event)
     pipeline.coalescer.admit(lead, JOB, event_json=event.model_dump_json())
     pipeline.capture(lead, lead, claim="t1")
     results = [pipeline.gate(lead, name) for name in steps.GATE_NAMES]
     entry = pipeline.verdict(results, lead, lead)
-    return pipeline.publish(entry, JOB)
+    return pipeline.publisher.publish(entry, JOB)
 
 
 def _keys(entry: dict[str, Any]) -> tuple[str, str]:
@@ -83,7 +83,7 @@ def test_the_html_step_stores_the_page_beside_the_json_report(pipeline: Pipeline
     entry = _published(pipeline)
     _, page = _keys(entry)
     drawn = _count("drawn")
-    assert pipeline.html(entry, "e1") == page
+    assert pipeline.shelf.html(entry, "e1") == page
     body = _objects(pipeline)[page].decode()
     assert body.startswith("<!DOCTYPE html>")
     assert "data:image/png;base64," in body
@@ -91,7 +91,7 @@ def test_the_html_step_stores_the_page_beside_the_json_report(pipeline: Pipeline
     assert _count("drawn") == drawn + 1
     assert not pipeline.redis.keys("t:report:*")
     gone = _count("report_gone")
-    assert pipeline.html(entry, "e1") == page  # run again: drawn already, not drawn again
+    assert pipeline.shelf.html(entry, "e1") == page  # run again: drawn already, not drawn again
     assert _count("drawn") == drawn + 1 and _count("report_gone") == gone
 
 
@@ -109,13 +109,13 @@ def test_a_page_that_cannot_be_drawn_is_stored_without_plots(
     monkeypatch.setattr(html_module, "render_plots", broken)
     without = _count("without_plots")
     _, page = _keys(entry)
-    assert pipeline.html(entry, "e1") == page
+    assert pipeline.shelf.html(entry, "e1") == page
     body = _objects(pipeline)[page].decode()
     assert body.startswith("<!DOCTYPE html>") and "data:image/png" not in body
     assert _count("without_plots") == without + 1
     assert pipeline.redis.xrange(pipeline.names.verdicts) == stream_before
-    assert pipeline.decided("e1") == VerdictEntry.model_validate(entry).model_copy(
-        update={"event_ids": pipeline.decided("e1").event_ids}  # type: ignore[union-attr]
+    assert pipeline.publisher.decided("e1") == VerdictEntry.model_validate(entry).model_copy(
+        update={"event_ids": pipeline.publisher.decided("e1").event_ids}  # type: ignore[union-attr]
     )
 
 
@@ -124,11 +124,11 @@ def test_lost_evidence_gives_the_page_without_plots(pipeline: Pipeline) -> None:
     entry = _published(pipeline)
     for key in [k for k in _objects(pipeline) if k.startswith("evidence/e1/")]:
         del _objects(pipeline)[key]
-    pipeline._thawed.clear()
-    shutil_cache = pipeline.cache_root / "e1"
+    pipeline.frozen._thawed.clear()
+    shutil_cache = pipeline.frozen.cache_root / "e1"
     assert not shutil_cache.exists() or _remove(shutil_cache)
     _, page = _keys(entry)
-    assert pipeline.html(entry, "e1") == page
+    assert pipeline.shelf.html(entry, "e1") == page
     assert "data:image/png" not in _objects(pipeline)[page].decode()
 
 
@@ -143,18 +143,18 @@ def test_an_error_answer_gets_its_page_after_publish(pipeline: Pipeline) -> None
     """`fail` answers ERROR with text and JSON only; `html` then draws its page (no evidence:
     no plots), and a report no longer kept is counted, not drawn."""
     event = Event.model_validate({"event_id": "e2", "job_dir": JOB, "published_at": NOW_ISO})
-    pipeline.archive(event)
+    pipeline.events.archive(event)
     pipeline.coalescer.admit("e2", JOB, event_json=event.model_dump_json())
-    answered = pipeline.fail("e2", JOB, "capture failed: boom")
+    answered = pipeline.publisher.fail("e2", JOB, "capture failed: boom")
     assert answered is not None and answered.verdict.value == "ERROR"
     entry = answered.model_dump(mode="json")
     _, page = _keys(entry)
     assert page not in _objects(pipeline)
-    assert pipeline.html(entry, None) == page
+    assert pipeline.shelf.html(entry, None) == page
     assert "boom" in _objects(pipeline)[page].decode()
     del _objects(pipeline)[page]
     gone = _count("report_gone")
-    assert pipeline.html(entry, None) is None
+    assert pipeline.shelf.html(entry, None) is None
     assert _count("report_gone") == gone + 1
 
 
@@ -162,7 +162,7 @@ def test_the_watchdogs_error_answer_sends_the_page(pipeline: Pipeline) -> None:
     """The watchdog's ERROR answer (a lease that ran out after the last re-send) sends the page
     task for the lead's evidence; the re-sends before it send none."""
     event = Event.model_validate({"event_id": "e3", "job_dir": JOB, "published_at": NOW_ISO})
-    pipeline.archive(event)
+    pipeline.events.archive(event)
     pipeline.coalescer.admit("e3", JOB, event_json=event.model_dump_json())
     sent: list[tuple[str, str | None]] = []
     dog = Watchdog(pipeline, lambda *_: None, draw=lambda e, i: sent.append((e["event_id"], i)))
@@ -194,7 +194,7 @@ def test_the_error_callback_sends_the_page_of_its_answer(
     from worker.pipeline import tasks
 
     event = Event.model_validate({"event_id": "e4", "job_dir": JOB, "published_at": NOW_ISO})
-    pipeline.archive(event)
+    pipeline.events.archive(event)
     pipeline.coalescer.admit("e4", JOB, event_json=event.model_dump_json())
     failed = SimpleNamespace(
         ready=lambda: True, result=RuntimeError("boom"), name="rlhealth.capture", args=["e4"]

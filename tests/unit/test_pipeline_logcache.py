@@ -31,7 +31,7 @@ from worker.evidence.log_cache import LogCache
 from worker.evidence.logs import incremental, reader
 from worker.evidence.logs.reads import Read
 from worker.evidence.model import LogTables
-from worker.pipeline import logcache
+from worker.pipeline import logcache, logshare
 from worker.pipeline.logcache import (
     PREFIX,
     CacheLimits,
@@ -364,18 +364,6 @@ def test_a_cold_worker_assembles_the_cache_from_the_parts_a_grown_log_adds(
     _same_logs(cold.logs, world.read(None).logs)
 
 
-def test_an_archive_of_the_first_format_is_ignored_and_removed(
-    world: World, starts: list[int]
-) -> None:
-    """A zip archive written before the manifests (format 1) is not read: the cold worker reads
-    the log whole, and the next write removes the old archive."""
-    world.store.put_once(f"{PREFIX}{job_id(JOB)}/20260101T000000000000Z-{'0' * 16}.zip", b"PK")
-    evidence, run = world.capture("w2")
-    assert starts[-1] == 0 and run.origin == "none" and run.uploaded is not None
-    assert world.archives() == [run.uploaded]
-    _same_logs(evidence.logs, world.read(None).logs)
-
-
 def test_a_forged_state_with_matching_hashes_does_not_fit_the_log(
     world: World, starts: list[int]
 ) -> None:
@@ -555,7 +543,7 @@ def test_the_capture_step_reads_through_the_jobs_cache(world: World, starts: lis
     pipeline = Pipeline(settings, world.store, fakeredis.FakeRedis())
     for event_id in ("e1", "e2"):
         event = Event(event_id=event_id, job_dir=JOB, published_at=NOW, now=NOW)
-        pipeline.archive(event)
+        pipeline.events.archive(event)
         pipeline.capture(event_id, event_id, claim="t1")
         if event_id == "e1":
             assert len(world.archives()) == 1
@@ -563,7 +551,7 @@ def test_the_capture_step_reads_through_the_jobs_cache(world: World, starts: lis
     assert starts[0] == 0 and world.half - 64 * 1024 < starts[-1] <= world.half
     entry = next((world.tmp / "w1" / "logs" / job_id(JOB)).glob("*/meta.json"))
     assert json.loads(entry.read_text())["size"] == world.log.stat().st_size
-    frozen = pipeline.evidence("e2")
+    frozen = pipeline.frozen.thaw("e2")
     fresh = world.read(None)
     assert frozen.logs is not None and fresh.logs is not None
     for name in TABLES:
@@ -642,14 +630,14 @@ def test_a_cold_worker_reads_the_manifest_and_parts_and_nothing_else(world: Worl
     world.grow()
     store.counted()
     checked: list[int] = []
-    original = logcache._clean_frame
+    original = logshare.clean_frame
 
     def clean_frame(frame: pl.DataFrame) -> bool:
         checked.append(frame.height)
         return original(frame)
 
     with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(logcache, "_clean_frame", clean_frame)
+        patch.setattr(logshare, "clean_frame", clean_frame)
         evidence, cold = world.capture("w2")
     calls = store.counted()
     assert cold.origin == "s3" and cold.parts_read > 0
@@ -679,13 +667,13 @@ def test_a_part_gone_between_the_listing_and_the_push_costs_a_whole_read(
     world.capture("w1")
     world.grow(_log_bytes()[world.half : world.half + 200_000])
     victim = max(world.parts(), key=world.store.size)
-    pull = JobLogCache._pull
+    pull = logcache._SharedCopy.pull
 
-    def pull_then_lose(self: JobLogCache, job: str, folder: Path, run: CacheRun) -> None:
+    def pull_then_lose(self: Any, job: str, folder: Path, run: CacheRun) -> None:
         pull(self, job, folder, run)
         world.store.delete(victim)
 
-    monkeypatch.setattr(JobLogCache, "_pull", pull_then_lose)
+    monkeypatch.setattr(logcache._SharedCopy, "pull", pull_then_lose)
     _, second = world.capture("w1")
     monkeypatch.undo()
     assert second.uploaded is not None and victim not in world.parts()
@@ -718,19 +706,19 @@ def test_the_share_written_beside_the_capture_is_done_when_finish_sharing_return
     """With `share_later`, `collect` returns before the S3 copy is written; `finish_sharing` waits
     for it, and a later collect of the job waits for it before it reads the cache."""
     release, order = threading.Event(), []
-    push = JobLogCache._push
+    push = logcache._SharedCopy.push
 
-    def slow_push(self: JobLogCache, job: str, folder: Path, run: CacheRun) -> None:
+    def slow_push(self: Any, job: str, folder: Path, run: CacheRun) -> None:
         release.wait(10)
         push(self, job, folder, run)
         order.append("pushed")
 
-    monkeypatch.setattr(JobLogCache, "_push", slow_push)
+    monkeypatch.setattr(logcache._SharedCopy, "push", slow_push)
     _, run = world.worker().collect(JOB, world.read, share_later=True)
     assert run.uploaded is None and world.archives() == []
-    pull = JobLogCache._pull
+    pull = logcache._SharedCopy.pull
     monkeypatch.setattr(
-        JobLogCache, "_pull", lambda *args: (order.append("pulled"), pull(*args))[-1]
+        logcache._SharedCopy, "pull", lambda *args: (order.append("pulled"), pull(*args))[-1]
     )
     threading.Timer(0.2, release.set).start()
     world.worker().collect(JOB, world.read)
@@ -745,10 +733,10 @@ def test_a_memory_error_in_the_share_reaches_the_capture(
     """A memory error while the S3 copy is written beside the capture is raised by
     `finish_sharing` (the capture fails as it would have), not lost with its thread."""
 
-    def exhausted(self: JobLogCache, job: str, folder: Path, run: CacheRun) -> None:
+    def exhausted(self: Any, job: str, folder: Path, run: CacheRun) -> None:
         raise MemoryError("no room")
 
-    monkeypatch.setattr(JobLogCache, "_push", exhausted)
+    monkeypatch.setattr(logcache._SharedCopy, "push", exhausted)
     world.worker().collect(JOB, world.read, share_later=True)
     with pytest.raises(MemoryError, match="no room"):
         finish_sharing()
@@ -802,13 +790,13 @@ def test_an_entry_write_that_fails_beside_the_capture_is_a_note(
 def _checked_parts(patch: pytest.MonkeyPatch) -> list[int]:
     """The row counts of the parts the redaction check reads (from now on)."""
     checked: list[int] = []
-    original = logcache._clean_frame
+    original = logshare.clean_frame
 
     def clean_frame(frame: pl.DataFrame) -> bool:
         checked.append(frame.height)
         return original(frame)
 
-    patch.setattr(logcache, "_clean_frame", clean_frame)
+    patch.setattr(logshare, "clean_frame", clean_frame)
     return checked
 
 
@@ -817,7 +805,7 @@ def test_a_manifest_written_under_other_redactor_rules_is_checked_again(world: W
     one written under other rules (`RULES_DIGEST`, before an upgrade) has every part checked
     again before anything is shared."""
     with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(logcache, "RULES_DIGEST", "0" * 16)
+        patch.setattr(logshare, "RULES_DIGEST", "0" * 16)
         world.capture("w1")
     world.grow()
     with pytest.MonkeyPatch.context() as patch:
@@ -837,7 +825,7 @@ def test_parts_found_clean_under_other_rules_are_checked_again(world: World) -> 
     under: after a change of the rules a grown log's share checks every part, not only the
     new ones; under the same rules, only the new ones."""
     with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(logcache, "RULES_DIGEST", "0" * 16)
+        patch.setattr(logshare, "RULES_DIGEST", "0" * 16)
         world.capture()
     world.grow(_log_bytes()[world.half : world.half + 200_000])
     with pytest.MonkeyPatch.context() as patch:

@@ -19,7 +19,7 @@ from testkit.bundles import write_job_bundle
 from tests.unit.test_frozen import assert_same
 from worker.diagnosis import collect_evidence
 from worker.evidence import frozen
-from worker.pipeline import steps
+from worker.pipeline import capture, steps
 from worker.pipeline.claim import CaptureClaim
 from worker.pipeline.failures import EvidenceLostError, StageTimeoutError
 from worker.pipeline.parts import PARTS_PREFIX
@@ -41,7 +41,7 @@ def pipeline(tmp_path: Path) -> Pipeline:
 
 def _admit(pipeline: Pipeline, event_id: str = "e1", job: str = JOB) -> Event:
     event = Event(event_id=event_id, job_dir=job, published_at=NOW, now=NOW)
-    pipeline.archive(event)
+    pipeline.events.archive(event)
     pipeline.coalescer.admit(event_id, job, event_json=event.model_dump_json())
     return event
 
@@ -136,7 +136,7 @@ def test_a_report_lost_before_its_publish_is_written_again(pipeline: Pipeline) -
     entry = _diagnose(pipeline)
     written = _reports(pipeline)
     _lose_reports(pipeline)
-    pipeline.publish(entry.model_dump(mode="json"), JOB)
+    pipeline.publisher.publish(entry.model_dump(mode="json"), JOB)
     assert _announced(pipeline) == [entry.report_uri]
     assert _reports(pipeline) == written
     assert _in_store(pipeline, entry.report_uri)
@@ -150,11 +150,11 @@ def test_a_report_lost_everywhere_is_not_announced_but_written_anew(pipeline: Pi
     entry = _diagnose(pipeline)
     _lose_reports(pipeline, kept_too=True)
     with pytest.raises(EvidenceLostError, match="gone from S3"):
-        pipeline.publish(entry.model_dump(mode="json"), JOB)
+        pipeline.publisher.publish(entry.model_dump(mode="json"), JOB)
     assert _announced(pipeline) == []
-    assert pipeline.decided("e1") is None
+    assert pipeline.publisher.decided("e1") is None
     again = _diagnose(pipeline)
-    pipeline.publish(again.model_dump(mode="json"), JOB)
+    pipeline.publisher.publish(again.model_dump(mode="json"), JOB)
     (uri,) = _announced(pipeline)
     assert _in_store(pipeline, uri)
 
@@ -165,7 +165,7 @@ def test_the_error_callback_answers_with_a_report_that_is_there(pipeline: Pipeli
     _admit(pipeline)
     _diagnose(pipeline)
     _lose_reports(pipeline, kept_too=True)
-    answered = pipeline.fail("e1", JOB, "publish failed")
+    answered = pipeline.publisher.fail("e1", JOB, "publish failed")
     assert answered is not None and answered.verdict.value == "ERROR"
     (uri,) = _announced(pipeline)
     assert _in_store(pipeline, uri)
@@ -180,7 +180,7 @@ def test_a_cooldown_verdict_is_reannounced_only_with_its_report(
     pointing at nothing."""
     _admit(pipeline)
     entry = _diagnose(pipeline)
-    pipeline.publish(entry.model_dump(mode="json"), JOB)
+    pipeline.publisher.publish(entry.model_dump(mode="json"), JOB)
     if lost:
         _lose_reports(pipeline)
     assert pipeline.coalescer.admit("e2", JOB).outcome == outcome
@@ -223,9 +223,9 @@ def test_a_capture_that_lost_its_claim_stops_writing(pipeline: Pipeline) -> None
     holder = CaptureClaim(pipeline.redis, pipeline.names.capture_claim("e1"), "t1")
     holder.acquire()
     pipeline.redis.set(pipeline.names.capture_claim("e1"), "t2")  # taken over meanwhile
-    event = pipeline.load_event("e1")
+    event = pipeline.events.load("e1")
     with pytest.raises(CaptureBusyError, match="lost the capture claim"):
-        pipeline._capture_fresh(event, "evidence/e1/", holder)
+        pipeline.capturer.capture(event, holder.held)
     assert not any(k.startswith("evidence/") for k in _objects(pipeline))
 
 
@@ -246,7 +246,7 @@ def test_a_capture_interrupted_by_a_limit_freezes_nothing(
     def interrupted(*_args: Any, **_kwargs: Any) -> Any:
         raise failure
 
-    monkeypatch.setattr(steps, "collect_evidence", interrupted)
+    monkeypatch.setattr(capture, "collect_evidence", interrupted)
     with pytest.raises(type(failure)):
         pipeline.capture("e1", "e1", claim="t1")
     assert "evidence/e1/evidence.json" not in _objects(pipeline)
@@ -261,7 +261,7 @@ def test_a_broken_bundle_is_still_evidence(
     def broken(*_args: Any, **_kwargs: Any) -> Any:
         raise ValueError("unreadable manifest")
 
-    monkeypatch.setattr(steps, "collect_evidence", broken)
+    monkeypatch.setattr(capture, "collect_evidence", broken)
     entry = _diagnose(pipeline)
     assert entry.verdict.value == "ERROR"
 
@@ -354,8 +354,8 @@ def test_a_grown_log_stores_and_thaws_only_its_new_parts(
     _diagnose(pipeline, "e1")
     first = _part_keys(pipeline)
     gates = Pipeline(pipeline.settings, pipeline.store, pipeline.redis)  # another process
-    gates.evidence("e1")
-    read_before = gates.part_cache.misses
+    gates.frozen.thaw("e1")
+    read_before = gates.frozen.part_cache.misses
     with log.open("ab") as handle:
         handle.write(b"".join(lines[-4:]))
     pipeline.redis.delete(pipeline.names.cooldown(JOB))
@@ -363,8 +363,8 @@ def test_a_grown_log_stores_and_thaws_only_its_new_parts(
     pipeline.capture("e2", "e2", claim="t2")
     new = _part_keys(pipeline) - first
     assert 0 < len(new) < len(first) // 2
-    thawed = gates.evidence("e2")
-    assert gates.part_cache.misses - read_before == len(new)
+    thawed = gates.frozen.thaw("e2")
+    assert gates.frozen.part_cache.misses - read_before == len(new)
     full = collect_evidence(pipeline.settings.bundle_root / JOB, now=NOW)
     assert thawed.logs is not None and full.logs is not None
     assert_same(thawed.logs, full.logs)
@@ -385,7 +385,7 @@ def test_a_damaged_part_is_lost_evidence_answered_error(pipeline: Pipeline, dama
         _objects(pipeline)[key] = _objects(pipeline)[key][:-20] + b"\0" * 20
     with pytest.raises(EvidenceLostError, match="part"):
         pipeline.gate("e1", "liveness")
-    entry = pipeline.fail("e1", JOB, "the frozen evidence of e1 cannot be read")
+    entry = pipeline.publisher.fail("e1", JOB, "the frozen evidence of e1 cannot be read")
     assert entry is not None and entry.verdict.value == "ERROR"
 
 
@@ -426,9 +426,9 @@ def test_a_published_verdict_is_counted_and_logged_once(
     kind = {"verdict": entry.verdict.value, "confidence": entry.confidence.value}
     counted = Delta("rlhealth_verdicts_total", **kind)
     latency = Delta("rlhealth_alert_to_verdict_seconds_count", verdict=entry.verdict.value)
-    with caplog.at_level("INFO", logger="worker.pipeline.steps"):
-        pipeline.publish(entry.model_dump(mode="json"), JOB)
-        pipeline.publish(entry.model_dump(mode="json"), JOB)
+    with caplog.at_level("INFO", logger="worker.pipeline.publish"):
+        pipeline.publisher.publish(entry.model_dump(mode="json"), JOB)
+        pipeline.publisher.publish(entry.model_dump(mode="json"), JOB)
     lines = [r.getMessage() for r in caplog.records if r.getMessage().startswith("verdict ")]
     assert (counted.change, latency.change, len(lines)) == (1, 1, 1)
     assert lines[0].startswith(
@@ -447,9 +447,9 @@ def test_a_failed_diagnosis_answered_error_is_counted_as_an_error_verdict(
     _admit(pipeline)
     errors = Delta("rlhealth_verdicts_total", verdict="ERROR", confidence="low")
     latency = Delta("rlhealth_alert_to_verdict_seconds_count", verdict="ERROR")
-    with caplog.at_level("INFO", logger="worker.pipeline.steps"):
-        assert pipeline.fail("e1", JOB, "capture ran past its time limit") is not None
-        assert pipeline.fail("e1", JOB, "again") is None
+    with caplog.at_level("INFO", logger="worker.pipeline.publish"):
+        assert pipeline.publisher.fail("e1", JOB, "capture ran past its time limit") is not None
+        assert pipeline.publisher.fail("e1", JOB, "again") is None
     lines = [r.getMessage() for r in caplog.records if r.getMessage().startswith("verdict ")]
     assert (errors.change, latency.change, len(lines)) == (1, 1, 1)
     assert "verdict=ERROR confidence=low" in lines[0]

@@ -31,9 +31,10 @@ from tests.unit.test_second_look import (
 from worker.diagnosis import GATE_NAMES, judge, run_gate
 from worker.evidence.case import Evidence
 from worker.evidence.frozen import freeze
-from worker.pipeline import steps as steps_module
+from worker.pipeline import second_look as look_module
 from worker.pipeline import tasks
-from worker.pipeline.steps import MIN_LOOK_WAIT_S, Pipeline
+from worker.pipeline.second_look import MIN_LOOK_WAIT_S
+from worker.pipeline.steps import Pipeline
 from worker.pipeline.store import MemoryStore
 from worker.pipeline.watchdog import Watchdog
 
@@ -55,7 +56,7 @@ def _frozen(p: Pipeline, evidence: Evidence, evidence_id: str = LEAD) -> list[di
         for path in freeze(evidence, Path(tmp)):
             key = f"evidence/{evidence_id}/{path.relative_to(tmp).as_posix()}"
             p.store.put_once(key, path.read_bytes())
-    p.archive(Event(event_id=evidence_id, job_dir="jobs/cw/ops/rl-job", published_at=NOW))
+    p.events.archive(Event(event_id=evidence_id, job_dir="jobs/cw/ops/rl-job", published_at=NOW))
     p.leases.register(evidence_id, "jobs/cw/ops/rl-job", evidence_id, "")
     results = [run_gate(name, evidence) for name in GATE_NAMES]
     return [
@@ -86,7 +87,7 @@ def _report(p: Pipeline, entry: dict[str, Any]) -> dict[str, Any]:
 
 def _at_first_dumps(p: Pipeline, later_s: float = 0.0) -> None:
     """The pipeline's clock `later_s` after the first look's newest dump (`_first`: at NOW)."""
-    p.clock = lambda: NOW.timestamp() + later_s
+    p.looks.clock = lambda: NOW.timestamp() + later_s
 
 
 @pytest.mark.parametrize(("reobserve_s", "due"), [(60.0, 60.0), (0.0, None)])
@@ -103,7 +104,7 @@ def test_a_stall_kill_waits_reobserve_s_and_zero_turns_it_off(
         assert _report(p, plan["entry"])["second_look"] is None
     else:
         assert plan == {"look_in_s": due}
-        assert p.decided(LEAD) is None  # nothing stored or decided before the second look
+        assert p.publisher.decided(LEAD) is None  # nothing stored or decided before the second look
 
 
 @pytest.mark.parametrize(
@@ -132,7 +133,7 @@ def test_without_a_backend_to_look_through_it_is_error_at_once(
     if backends["backend"] == "iris":  # the event asks for one the operator did not enable
         p.store.delete(f"events/{LEAD}.json")
         job = "jobs/cw/ops/rl-job"
-        p.archive(Event(event_id=LEAD, job_dir=job, published_at=NOW, backend="slurm"))
+        p.events.archive(Event(event_id=LEAD, job_dir=job, published_at=NOW, backend="slurm"))
     plan = p.plan_verdict(results, LEAD, LEAD)
     assert "look_in_s" not in plan
     assert plan["entry"]["verdict"] == "ERROR"
@@ -149,7 +150,9 @@ def test_an_event_judged_on_recorded_evidence_takes_no_second_look(
     p = _pipeline(tmp_path, reobserve_s=60)
     results = _frozen(p, _first())
     p.store.delete(f"events/{LEAD}.json")
-    p.archive(Event(event_id=LEAD, job_dir="jobs/cw/ops/rl-job", published_at=NOW, **recorded))
+    p.events.archive(
+        Event(event_id=LEAD, job_dir="jobs/cw/ops/rl-job", published_at=NOW, **recorded)
+    )
     plan = p.plan_verdict(results, LEAD, LEAD)
     assert plan["entry"]["verdict"] == "KILL"
     assert _report(p, plan["entry"])["second_look"] is None
@@ -160,7 +163,7 @@ def test_a_verdict_that_is_not_a_kill_on_stacks_takes_no_second_look(tmp_path: P
     p = _pipeline(tmp_path, reobserve_s=60)
     report = judge(_look(now=NOW, probes=_probe(NOW)))
     assert report.verdict is not Verdict.KILL
-    assert p.look_wait(report, LEAD, LEAD) is None
+    assert p.looks.wait(report, LEAD, LEAD) is None
 
 
 # --- the countdown task -------------------------------------------------------------------------
@@ -229,7 +232,7 @@ def test_still_wedged_is_kill_frozen_and_replayed_without_probing(
     p = _pipeline(tmp_path, reobserve_s=60)
     results = _frozen(p, _first())
     looks = Looks(_second())
-    monkeypatch.setattr(steps_module, "observe_again", looks)
+    monkeypatch.setattr(look_module, "observe_again", looks)
     entry = p.second_look(results, LEAD, LEAD, scheduled_at=time.time() - 61)
     report = _report(p, entry)
     assert entry["verdict"] == "KILL" and looks.calls == 1
@@ -261,7 +264,7 @@ def test_a_job_that_moved_is_no_kill(tmp_path: Path, monkeypatch: pytest.MonkeyP
     p = _pipeline(tmp_path, reobserve_s=60)
     results = _frozen(p, _first())
     moved = _second(probes=_probe(LATER, stacks=_dumps(LATER, texts=(MOVING, MOVING))))
-    monkeypatch.setattr(steps_module, "observe_again", Looks(moved))
+    monkeypatch.setattr(look_module, "observe_again", Looks(moved))
     entry = p.second_look(results, LEAD, LEAD, scheduled_at=time.time() - 60)
     report = _report(p, entry)
     assert (entry["verdict"], report["kill_proof"]) == ("NO-KILL", None)
@@ -279,7 +282,7 @@ def test_a_second_look_that_breaks_is_error_not_a_verdict(
     def broken(event: Event, first: Evidence, settings: Settings) -> Evidence:
         raise FileNotFoundError("jobs/cw/ops/rl-job is gone")
 
-    monkeypatch.setattr(steps_module, "observe_again", broken)
+    monkeypatch.setattr(look_module, "observe_again", broken)
     entry = p.second_look(results, LEAD, LEAD, scheduled_at=time.time())
     report = _report(p, entry)
     assert entry["verdict"] == "ERROR" and report["second_look"]["outcome"] == "blind"
@@ -333,7 +336,7 @@ def test_one_delivery_at_a_time_takes_the_look_the_other_reads_it(
     p = _pipeline(tmp_path, reobserve_s=60)
     results = _frozen(p, _first())
     looks = Looks(_second())
-    monkeypatch.setattr(steps_module, "observe_again", looks)
+    monkeypatch.setattr(look_module, "observe_again", looks)
     other = CaptureClaim(p.redis, p.names.capture_claim(f"{LEAD}:second-look"), "task-a", 60)
     assert other.acquire()
     with pytest.raises(CaptureBusyError, match="another second look"):

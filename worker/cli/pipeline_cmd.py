@@ -585,13 +585,13 @@ def replay_command(event_id: str, fresh: bool, timeout: float, as_json: bool) ->
 
     pipeline = _pipeline(settings)
     try:
-        original = pipeline.load_event(event_id)
+        original = pipeline.events.load(event_id)
     except (ObjectMissingError, EvidenceLostError, UnsafeKeyError):
         _fail(f"no archived event {event_id}")
     replay, evidence_id = _replay_event(pipeline, original, fresh)
     reader = VerdictReader(pipeline.redis, settings, keys=keys, on_refused=_refused, reader="cli")
     reader.anchor()  # follow from the newest entry on
-    pipeline.archive(replay)
+    pipeline.events.archive(replay)
     dispatch(
         replay.event_id, confine(settings.bundle_root, replay.job_dir), evidence_id=evidence_id
     )

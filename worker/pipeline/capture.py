@@ -14,17 +14,26 @@ runs this policy in the capture task within `RLHEALTH_CAPTURE_BUDGET_S` (`Captur
 probe's timeout, and the wait between two dumps, is bounded by what is left of the budget; a probe
 the budget no longer allows is not run, and the budget's end is a recorded probe failure. The
 budget must end before the capture task's soft time limit (`budget_misfit`).
+
+`CaptureService` is the capture step whole: the bundle first, its logs through one log cache
+(`worker.pipeline.logcache.JobLogs`), live probes when the backend choice and the policy call for
+them, the evidence frozen through one storage adapter
+(`worker.pipeline.evidence_store.FrozenStore`). Nothing else reaches into either for a capture.
 """
 
 from __future__ import annotations
 
+import logging
+import tempfile
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
+from functools import cached_property
 from pathlib import Path
 from typing import NamedTuple
 
+from shared.models import Event
 from shared.settings import Settings
 from worker.backends import (
     ProbeResult,
@@ -37,19 +46,33 @@ from worker.backends import (
     run_refresh,
 )
 from worker.backends.base import ProbePlan, Recorder, Runner, probe_job
-from worker.capture_policy import needs_live_probes, quiet_reason, stale_reason
+from worker.capture_policy import (
+    BackendChoiceError,
+    choose_backend,
+    needs_live_probes,
+    quiet_reason,
+    stale_reason,
+)
+from worker.diagnosis import collect_evidence
 from worker.evidence.case import Evidence
 from worker.evidence.probes import write_probes
+from worker.pipeline.evidence_store import FrozenStore
+from worker.pipeline.failed import FAILED_NOTE, failure_evidence
+from worker.pipeline.failures import describe, must_propagate
+from worker.pipeline.logcache import JobLogs
 from worker.pipeline.metrics import probes_ran
 
 __all__ = [
     "CaptureBudget",
+    "CaptureService",
     "CaptureSettingsError",
     "LiveCapture",
     "LiveProbes",
     "budget_misfit",
     "capture_live",
 ]
+
+log = logging.getLogger(__name__)
 
 
 def _now() -> datetime:
@@ -139,8 +162,6 @@ def _refresh(
 
 def _reread(evidence: Evidence, clock: Callable[[], datetime]) -> Evidence:
     """The bundle read again after a refresh."""
-    from worker.diagnosis import collect_evidence
-
     return collect_evidence(Path(evidence.job_dir), now=clock(), thresholds=evidence.thresholds)
 
 
@@ -254,3 +275,113 @@ class LiveCapture:
             budget=budget,
         )
         return LiveProbes(probe_dir, notes)
+
+
+# --- the capture step ---------------------------------------------------------------------------
+class CaptureService:
+    """An event in, its evidence frozen: the bundle first, live probes when the policy says so,
+    the logs through one log cache, the freeze through one storage adapter."""
+
+    def __init__(self, settings: Settings, logs: JobLogs, frozen: FrozenStore) -> None:
+        self.settings = settings
+        self.logs = logs
+        self.frozen = frozen
+
+    @cached_property
+    def live(self) -> LiveCapture:
+        """The live capture of this process: settings checked and tools resolved once."""
+        return LiveCapture.start(self.settings)
+
+    def captured(self, evidence_id: str) -> bool:
+        """Whether the evidence is frozen whole (a part gone: captured again)."""
+        return self.frozen.whole(evidence_id)
+
+    def capture(self, event: Event, held: Callable[[], bool]) -> None:
+        """Capture `event` afresh under its own id: what an earlier attempt left is discarded,
+        the evidence collected, probed and frozen while `held()` (the capture's claim), and the
+        log cache's S3 copy, written meanwhile, waited for; logs the time of each phase."""
+        self.frozen.discard(event.event_id)
+        label, took = self.frozen.label(event.event_id), _Phases()
+        with tempfile.TemporaryDirectory(prefix="rlhealth-live-") as tmp:
+            try:
+                live = Path(tmp) / "live"
+                evidence = self._probed(event, label, self._collect(event, label), live)
+                took.mark("collect")
+                self.frozen.freeze(
+                    evidence,
+                    job_dir=event.job_dir,
+                    evidence_id=event.event_id,
+                    live=live,
+                    held=held,
+                    mark=took.mark,
+                )
+            finally:
+                self.logs.settle()
+                took.mark("share")
+        log.info("captured %s: %s", event.event_id, took)
+
+    def _collect(self, event: Event, label: str, live: LiveProbes | None = None) -> Evidence:
+        """The bundle read (with the live probes' directory and notes, once they ran); a
+        bundle that cannot be read is the evidence of a failure (ERROR through the gates)."""
+        root = self.settings.bundle_root
+        probes = root / event.probes if event.probes else None
+        if live is not None:  # the live capture's probe directory, and what it noted
+            probes = live.directory
+        try:
+            return self.logs.read(
+                event.job_dir,
+                lambda cache: collect_evidence(
+                    root / event.job_dir,
+                    now=event.now,
+                    mode=event.mode,
+                    notes=live.notes if live is not None else (),
+                    probes_dir=probes,
+                    evidence_label=label,
+                    log_cache=cache,
+                ),
+            )
+        except Exception as exc:
+            if must_propagate(exc):
+                raise
+            return failure_evidence(event, label, describe(exc))
+
+    def _probed(self, event: Event, label: str, first: Evidence, out: Path) -> Evidence:
+        """The evidence with live probes when the backend choice and the capture policy call for
+        them (read again with the probe directory, as `diagnose --backend` does). A backend the
+        event may not choose, or probing that breaks, answers ERROR through the gates."""
+        if _unread(first):  # a bundle that could not be read is ERROR already
+            return first
+        try:
+            backend = choose_backend(event.backend, self.settings)
+        except BackendChoiceError as exc:
+            return failure_evidence(event, label, f"live capture refused: {exc}")
+        if backend is None or event.probes:  # no live backend, or recorded probes named
+            return first
+        try:
+            live = self.live.probe(first, backend, out)
+        except Exception as exc:
+            if must_propagate(exc):
+                raise
+            return failure_evidence(event, label, f"live capture failed: {describe(exc)}")
+        return self._collect(event, label, live)
+
+
+def _unread(evidence: Evidence) -> bool:
+    """True for the evidence of a bundle that could not be read at all (`failure_evidence`)."""
+    return any(note.startswith(FAILED_NOTE) for note in evidence.discrepancies)
+
+
+@dataclass
+class _Phases:
+    """The seconds each phase of a capture took, for its log line."""
+
+    seconds: dict[str, float] = field(default_factory=dict)
+    since: float = field(default_factory=time.perf_counter)
+
+    def mark(self, phase: str) -> None:
+        now = time.perf_counter()
+        self.seconds[phase] = self.seconds.get(phase, 0.0) + now - self.since
+        self.since = now
+
+    def __str__(self) -> str:
+        return ", ".join(f"{phase} {seconds:.2f}s" for phase, seconds in self.seconds.items())

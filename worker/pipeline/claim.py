@@ -17,9 +17,12 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any, Final
 
-__all__ = ["CaptureClaim"]
+__all__ = ["CLAIM_TTL_S", "CaptureClaim"]
 
 log = logging.getLogger(__name__)
+
+CLAIM_TTL_S: Final = 60
+"""The seconds a capture claim lives unless its holder renews it."""
 
 # KEYS: claim; ARGV: token, ttl ms. Take the claim if free or already ours.
 _ACQUIRE: Final = """

@@ -27,6 +27,7 @@ from celery.exceptions import SoftTimeLimitExceeded, TimeLimitExceeded
 
 __all__ = [
     "BadEventError",
+    "CaptureBusyError",
     "EvidenceLostError",
     "InfrastructureError",
     "PipelineError",
@@ -38,6 +39,7 @@ __all__ = [
     "explain",
     "is_infrastructure",
     "is_time_limit",
+    "must_propagate",
 ]
 
 _TRANSIENT_S3_CODES: Final = frozenset(
@@ -79,6 +81,11 @@ class StageTimeoutError(PipelineError):
     """A stage ran past its soft time limit: a failure of the stage, never evidence."""
 
 
+class CaptureBusyError(RuntimeError):
+    """Another workflow is capturing the same event (or taking the same second look); retry
+    later."""
+
+
 class PoisonError(PipelineError):
     """A task that must not run again: killed twice, or out of its memory budget."""
 
@@ -99,6 +106,16 @@ def _transient_s3_error(exc: BaseException) -> bool:
 def is_infrastructure(exc: BaseException) -> bool:
     """True for faults of Redis, the broker or S3 that a retry can cure."""
     return isinstance(exc, (InfrastructureError, *_CONNECTION_ERRORS)) or _transient_s3_error(exc)
+
+
+def must_propagate(exc: BaseException) -> bool:
+    """Failures that are never evidence about the job: infrastructure, time limits, memory, the
+    pipeline's own; a step raises them instead of answering with an ERROR result."""
+    return (
+        is_infrastructure(exc)
+        or is_time_limit(exc)
+        or isinstance(exc, (PipelineError, MemoryError))
+    )
 
 
 def describe(exc: BaseException) -> str:

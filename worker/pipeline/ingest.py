@@ -187,7 +187,7 @@ class Ingest:
     def admit(self, event: Event, job: str, *, redelivered: bool) -> str:
         """Archive the event (an id archived for another question is refused), admit it under
         its coalescing key, and start the workflow of a new lead (or of an orphaned one)."""
-        self.pipeline.archive_new(event, job)
+        self.pipeline.events.archive_new(event, job)
         event_json = event.model_dump_json(exclude_none=True)
         key = coalescing_key(job, event)
         admission = self.coalescer.admit(event.event_id, key, event_json=event_json)

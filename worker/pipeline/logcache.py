@@ -31,13 +31,13 @@ no kept manifest names once they are an hour old (a younger one may be another c
 manifest not written yet), from one more listing (its write times; the parts of the manifest the
 directory was synced with are noted in `.shared`, not read again). A part deleted between the
 first listing and the push leaves a manifest that names it: the next reader finds it missing and
-reads the log whole (time, never evidence). Zip archives of the first format
-(`<stamp>-<digest>.zip`) are not read; the next write deletes them.
+reads the log whole (time, never evidence).
 
-The pipeline's capture (`share_later`) writes the new entries to the disk, then the S3 copy, from
-a thread of the worker process while it freezes the evidence (the read itself keeps the entries
-in memory); `finish_sharing` waits for it at the end of the capture, and a later read of the same
-job in the process waits for it before it starts.
+The pipeline's capture (`JobLogCache.read`, the `JobLogs` of `worker.pipeline.capture`) writes
+the new entries to the disk, then the S3 copy, from a thread of the worker process while it
+freezes the evidence (the read itself keeps the entries in memory); `settle` waits for it at the
+end of the capture, and a later read of the same job in the process waits for it before it
+starts.
 
 What is checked before anything downloaded is used: the manifest's size and the sum of the parts'
 (at most the memory one parse may use, RLHEALTH_PARSE_MEMORY_MB), its shape (entry folder and
@@ -75,34 +75,43 @@ Every capture logs one line saying how many bytes it parsed and reused, and coun
 
 from __future__ import annotations
 
-import hashlib
 import json
 import logging
 import os
 import re
-import shutil
 import tempfile
 import threading
 import time
 from collections import OrderedDict
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from functools import partial
 from pathlib import Path
-from typing import Any, BinaryIO, ClassVar, Final
-
-import polars as pl
+from typing import Any, BinaryIO, ClassVar, Final, Protocol
 
 from shared.alerts import OutsideBundleRootError, confine
-from shared.redact import PREFILTER, RULES_DIGEST, redact_data, redact_text
 from shared.safefs import Folder, owned_directory, remove_tree
 from shared.settings import Settings
 from worker.evidence.case import Evidence
 from worker.evidence.log_cache import LogCache
 from worker.evidence.logs.incremental import CacheEntry
-from worker.evidence.values import loads_json
 from worker.pipeline.failures import describe, is_time_limit
+from worker.pipeline.logshare import (
+    RefusedError,
+    assemble,
+    checked_manifest,
+    described,
+    entries_digest,
+    entry_folders,
+    found_clean,
+    part_files,
+    read_synced,
+    shareable,
+    synced_parts,
+    write_clean,
+    write_synced,
+)
 from worker.pipeline.metrics import log_cache_used
 from worker.pipeline.parts import (
     job_id,
@@ -112,14 +121,15 @@ from worker.pipeline.parts import (
     parts_among,
     stored_parts,
 )
-from worker.pipeline.store import ObjectMissingError, ObjectStore, in_parallel, put_all
+from worker.pipeline.store import ObjectMissingError, ObjectStore, put_all
 
 __all__ = [
     "CacheLimits",
     "CacheRun",
     "FileRead",
     "JobLogCache",
-    "collect_cached",
+    "JobLogs",
+    "Read",
     "finish_sharing",
     "job_id",
 ]
@@ -130,20 +140,11 @@ Read = Callable[[LogCache | None], Evidence]
 """Collects the evidence, reading the logs through the cache given (or none)."""
 
 PREFIX: Final = "logcache/"
-_SYNCED: Final = ".shared"
-_CLEAN: Final = ".clean"
-_FORMAT: Final = 2  # 2: a manifest and content-addressed parts; 1: one zip of every entry
 _MANIFEST_NAME: Final = re.compile(r"^\d{8}T\d{12}Z-[0-9a-f]{16}\.json$")
-_LEGACY_NAME: Final = re.compile(r"^\d{8}T\d{12}Z-[0-9a-f]{16}\.zip$")
 _PARTS: Final = "parts/"
-_ENTRY: Final = re.compile(r"^[0-9a-f]{32}$")
-_FILE: Final = re.compile(r"^(?:stitched_)?[a-z_]{1,40}(?:-[0-9a-f]{16})?\.parquet$")
-_SHA: Final = re.compile(r"^[0-9a-f]{64}$")
 _PART_GRACE_S: Final = 3600  # an unreferenced part younger than this may be another capture's
-_MAX_ENTRIES: Final = 4096
 _MAX_JSON_BYTES: Final = 16 * 2**20
 _LEFTOVER_S: Final = 3600  # a staging folder this old belongs to a process that died
-_MANIFEST_DEPTH: Final = 8  # a manifest nests 3 levels (entries, an entry, its texts)
 KEPT_BYTES: Final = 512 * 2**20
 """The parsed rows (polars' estimate) of the entries one process keeps between captures."""
 
@@ -216,10 +217,6 @@ class CacheRun:
             f"log cache ({self.origin}) for {self.job}: parsed {self.parsed_bytes:,} bytes, "
             f"reused {self.reused_bytes:,}{told}"
         )
-
-
-class _RefusedError(ValueError):
-    """A downloaded archive that is not used."""
 
 
 class _Kept:
@@ -352,107 +349,59 @@ def _must_propagate(exc: BaseException) -> bool:
     return is_time_limit(exc) or isinstance(exc, MemoryError)
 
 
-class JobLogCache:
-    """The adapter between a capture and the job's log cache on disk and in S3."""
+class _SharedCopy:
+    """The S3 copy of the jobs' log caches: a job's newest manifest pulled into its folder,
+    the folder's shareable entries pushed (new parts, then a manifest), old ones expired."""
 
-    def __init__(self, settings: Settings, store: ObjectStore, limits: CacheLimits | None = None):
-        # this process's own (no other user may put an entry in it), or UnsafeDirectoryError
-        self.root = owned_directory(owned_directory(settings.cache_root()) / "logs")
-        self.bundle_root = settings.bundle_root
+    def __init__(self, store: ObjectStore, limits: CacheLimits) -> None:
         self.store = store
-        self.limits = limits or CacheLimits.from_settings(settings)
-
-    def collect(
-        self, job_dir: str, read: Read, *, share_later: bool = False
-    ) -> tuple[Evidence, CacheRun]:
-        """The evidence, its logs read through the job's cache; and what the cache did. With
-        `share_later`, the S3 copy is written by a thread of this process while the caller
-        goes on (the run is complete once `finish_sharing` returned); a later collect of the
-        same job in this process waits for it first."""
-        try:
-            job = confine(self.bundle_root, job_dir)
-        except OutsideBundleRootError:
-            return read(None), CacheRun(job=job_dir, notes=["outside the bundle root: no cache"])
-        run = CacheRun(job=job)
-        folder = self.root / job_id(job)
-        finish_sharing(folder)
-        self._guarded(run, "read the shared log cache", lambda: self._pull(job, folder, run))
-        cache = _WatchedCache(folder, write_later=share_later)
-        evidence = read(cache)
-        run.reads = list(cache.reads.values())
-        _noted(run, cache.notes)
-        if run.pulled is not None and (cache.notes or not run.reused_bytes):
-            # an archive with a damaged entry, or of no use (all of another version): it goes,
-            # so the one written after this capture is the newest
-            self._guarded(run, "delete a useless archive", lambda: self._drop(run.pulled))
-        finish = partial(self._finish, job, folder, cache, run)
-        if share_later:
-            _Share.start_for(folder, finish)
-        else:
-            finish()
-        return evidence, run
-
-    def _finish(self, job: str, folder: Path, cache: _WatchedCache, run: CacheRun) -> None:
-        """After the read: write the entries kept back, tidy the disk, share, report."""
-        notes = len(cache.notes)
-        self._guarded(run, "write the log cache", cache.write_stored)
-        _noted(run, cache.notes[notes:])
-        self._guarded(run, "tidy the log cache", lambda: self._tidy(cache, folder))
-        self._guarded(run, "share the log cache", lambda: self._push(job, folder, run))
-        self._report(run)
-
-    # --- S3 -------------------------------------------------------------------------------------
+        self.limits = limits
 
     def _prefix(self, job: str) -> str:
         return f"{PREFIX}{job_id(job)}/"
 
-    def _pull(self, job: str, folder: Path, run: CacheRun) -> None:
+    def pull(self, job: str, folder: Path, run: CacheRun) -> None:
         """Replace `folder` by the entries of the job's newest manifest, when it was not synced
         with it: the parts the disk holds already (same name, same SHA-256 in its meta.json) are
         taken from there, the others read from S3."""
-        run.origin = "disk" if _entries(folder) else "none"
+        run.origin = "disk" if entry_folders(folder) else "none"
         listed = self.store.listing(self._prefix(job))
         run.stored = frozenset(parts_among(listed, self._parts_prefix(job)).values())
         newest = self._manifests_among(job, listed)[-1:]
-        synced = _read_synced(folder)
+        synced = read_synced(folder)
         if not newest or newest[0] == synced.get("key"):
             return
         key = newest[0]
-        staging = Path(tempfile.mkdtemp(prefix=".pull-", dir=owned_directory(self.root)))
+        root = owned_directory(folder.parent)  # the job folders' root (`JobLogCache.root`)
+        staging = Path(tempfile.mkdtemp(prefix=".pull-", dir=root))
         try:
             body = self._fetch(key, listed[key].size)
             bound = self.limits.archive_bytes - len(body)
-            manifest = _manifest(body, job)
-            run.parts_read = _assemble(manifest, staging, folder, self._part, bound)
-        except _RefusedError as exc:
+            manifest = checked_manifest(body, job)
+            run.parts_read = assemble(manifest, staging, folder, self._part, bound)
+        except RefusedError as exc:
             remove_tree(staging)
             run.notes.append(f"ignored the shared log cache {key}: {exc}; the logs are read whole")
             run.shared.append("ignored")
             self.store.delete(key)  # no other worker fetches it again
             return
-        _write_synced(staging, key, _digest(staging), manifest["sizes"])
-        # shared, so found clean by its writer: under these rules, not checked again
-        trusted = manifest.get("rules") == RULES_DIGEST
-        _write_clean(staging, set(manifest["sizes"]) if trusted else set())
+        write_synced(staging, key, entries_digest(staging), manifest["sizes"])
+        write_clean(staging, found_clean(manifest))
         _swap(staging, folder)
         run.origin, run.pulled = "s3", key
         run.shared.append("downloaded")
 
     def _part(self, job: str, sha: str, size: int) -> bytes:
-        """The part of SHA-256 `sha` of the job's log cache, checked; `_RefusedError` when it is
+        """The part of SHA-256 `sha` of the job's log cache, checked; `RefusedError` when it is
         missing, of another size or damaged."""
         name = part_name(sha[:32], sha)
         try:
             body = self.store.get(self._parts_prefix(job) + name)
         except ObjectMissingError as exc:
-            raise _RefusedError(f"its part {name} is missing") from exc
+            raise RefusedError(f"its part {name} is missing") from exc
         if len(body) != size or not part_matches(name, body):
-            raise _RefusedError(f"its part {name} does not match its hash")
+            raise RefusedError(f"its part {name} does not match its hash")
         return body
-
-    def _drop(self, key: str | None) -> None:
-        if key is not None:
-            self.store.delete(key)
 
     def _parts_prefix(self, job: str) -> str:
         return f"{self._prefix(job)}{_PARTS}"
@@ -462,35 +411,34 @@ class JobLogCache:
         prefix = self._prefix(job)
         return sorted(k for k in keys if _MANIFEST_NAME.match(k[len(prefix) :]))
 
-    def _fetch(self, key: str, listed_size: int | None = None) -> bytes:
-        """The manifest `key`, its size checked before it is read (the size a listing gave, or
-        asked for); `_RefusedError` when it is too large or gone."""
+    def _fetch(self, key: str, size: int) -> bytes:
+        """The manifest `key`, the size a listing gave checked before it is read;
+        `RefusedError` when it is too large or gone."""
         bound = min(self.limits.archive_bytes, _MAX_JSON_BYTES)
         try:
-            size = self.store.size(key) if listed_size is None else listed_size
             if size > bound:
-                raise _RefusedError(f"it holds {size:,} bytes, more than the {bound:,} allowed")
+                raise RefusedError(f"it holds {size:,} bytes, more than the {bound:,} allowed")
             body = self.store.get(key)
         except ObjectMissingError as exc:
-            raise _RefusedError("it vanished while it was read") from exc
+            raise RefusedError("it vanished while it was read") from exc
         if len(body) > bound:
-            raise _RefusedError(f"it holds {len(body):,} bytes, more than the {bound:,} allowed")
+            raise RefusedError(f"it holds {len(body):,} bytes, more than the {bound:,} allowed")
         return body
 
-    def _push(self, job: str, folder: Path, run: CacheRun) -> None:
+    def push(self, job: str, folder: Path, run: CacheRun) -> None:
         """Write the shareable entries of `folder` to S3 when they changed since the sync: the
         parts not stored yet (those the capture's listing did not show, a few at once), then a
         manifest naming every entry's parts."""
-        digest, synced = _digest(folder), _read_synced(folder)
+        digest, synced = entries_digest(folder), read_synced(folder)
         if not digest or digest == synced.get("digest"):
             return
-        shareable, withheld = _shareable(folder)
+        clean, withheld = shareable(folder)
         for entry in withheld:
             run.notes.append(f"kept the log cache entry {entry.name} on this worker: {_WITHHELD}")
             run.shared.append("withheld")
-        if not shareable:
+        if not clean:
             return
-        manifest = _described(job, shareable)
+        manifest = described(job, clean)
         body = json.dumps(manifest).encode()
         total = len(body) + sum(manifest["sizes"].values())
         if total > self.limits.archive_bytes or len(body) > _MAX_JSON_BYTES:
@@ -499,29 +447,24 @@ class JobLogCache:
         prefix = self._parts_prefix(job)
         if run.stored is None:  # the listing before the read failed: list now
             run.stored = frozenset(stored_parts(self.store, prefix).values())
-        new = {sha: path for path, sha in _files(shareable) if sha not in run.stored}
+        new = {sha: path for path, sha in part_files(clean) if sha not in run.stored}
         put_all(self.store, [(prefix + part_name(sha[:32], sha), p) for sha, p in new.items()])
         run.parts_written = len(new)
         stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%S%fZ")
         key = f"{self._prefix(job)}{stamp}-{digest[:16]}.json"
         self.store.put_once(key, body, "application/json")
-        _write_synced(folder, key, digest, manifest["sizes"])
+        write_synced(folder, key, digest, manifest["sizes"])
         run.uploaded = key
         run.shared.append("uploaded")
-        self._expire(job, key, manifest, _synced_parts(synced))
+        self._expire(job, key, manifest, synced_parts(synced))
 
     def _expire(
         self, job: str, key: str, manifest: dict[str, Any], known: dict[str, set[str]]
     ) -> None:
-        """Delete the manifests older than the newest `kept_archives` (and any archive of the
-        first format), then the parts no kept manifest names that are older than an hour; from
-        one listing of the job's prefix. `known` holds the parts of a manifest this worker
-        synced with (not read again)."""
-        prefix = self._prefix(job)
-        listed = self.store.listing(prefix)
-        for old in listed:
-            if _LEGACY_NAME.match(old[len(prefix) :]):
-                self.store.delete(old)
+        """Delete the manifests older than the newest `kept_archives`, then the parts no kept
+        manifest names that are older than an hour; from one listing of the job's prefix.
+        `known` holds the parts of a manifest this worker synced with (not read again)."""
+        listed = self.store.listing(self._prefix(job))
         manifests = self._manifests_among(job, {*listed, key})
         for old in manifests[: -self.limits.kept_archives]:
             if old != key:
@@ -543,10 +486,87 @@ class JobLogCache:
         """The parts manifest `key` names; none when it is refused (it is deleted: no worker
         fetches it again)."""
         try:
-            return set(_manifest(self._fetch(key, size), job)["sizes"])
-        except _RefusedError:
+            return set(checked_manifest(self._fetch(key, size), job)["sizes"])
+        except RefusedError:
             self.store.delete(key)
             return set()
+
+
+class JobLogs(Protocol):
+    """The log cache a capture reads a job's logs through (`JobLogCache`; tests give a fake):
+    `read` gives `read` the job's cache, its S3 copy written meanwhile; `settle` waits for the
+    copies."""
+
+    def read(self, job_dir: str, read: Read) -> Evidence: ...
+
+    def settle(self) -> None: ...
+
+
+class JobLogCache:
+    """The adapter between a capture and the job's log cache on disk and in S3."""
+
+    def __init__(self, settings: Settings, store: ObjectStore, limits: CacheLimits | None = None):
+        self.cache_root = settings.cache_root()
+        self.root = self._own_root()
+        self.bundle_root = settings.bundle_root
+        self.store = store
+        self.limits = limits or CacheLimits.from_settings(settings)
+        self.shared = _SharedCopy(store, self.limits)
+
+    def _own_root(self) -> Path:
+        """This process's own (no other user may put an entry in it), or UnsafeDirectoryError;
+        checked again by every read (a long-lived process's folder may have been replaced)."""
+        return owned_directory(owned_directory(self.cache_root) / "logs")
+
+    def read(self, job_dir: str, read: Read) -> Evidence:
+        """The capture's read (`worker.pipeline.capture.JobLogs`): the evidence, its logs read
+        through the job's cache, the S3 copy written meanwhile until `settle`."""
+        return self.collect(job_dir, read, share_later=True)[0]
+
+    def settle(self) -> None:
+        """Wait for the S3 copies this process is writing (`finish_sharing`)."""
+        finish_sharing()
+
+    def collect(
+        self, job_dir: str, read: Read, *, share_later: bool = False
+    ) -> tuple[Evidence, CacheRun]:
+        """The evidence, its logs read through the job's cache; and what the cache did. With
+        `share_later`, the S3 copy is written by a thread of this process while the caller
+        goes on (the run is complete once `finish_sharing` returned); a later collect of the
+        same job in this process waits for it first."""
+        self.root = self._own_root()
+        try:
+            job = confine(self.bundle_root, job_dir)
+        except OutsideBundleRootError:
+            return read(None), CacheRun(job=job_dir, notes=["outside the bundle root: no cache"])
+        run = CacheRun(job=job)
+        folder = self.root / job_id(job)
+        finish_sharing(folder)
+        self._guarded(run, "read the shared log cache", lambda: self.shared.pull(job, folder, run))
+        cache = _WatchedCache(folder, write_later=share_later)
+        evidence = read(cache)
+        run.reads = list(cache.reads.values())
+        _noted(run, cache.notes)
+        if run.pulled is not None and (cache.notes or not run.reused_bytes):
+            # an archive with a damaged entry, or of no use (all of another version): it goes,
+            # so the one written after this capture is the newest
+            pulled = run.pulled
+            self._guarded(run, "delete a useless archive", lambda: self.store.delete(pulled))
+        finish = partial(self._finish, job, folder, cache, run)
+        if share_later:
+            _Share.start_for(folder, finish)
+        else:
+            finish()
+        return evidence, run
+
+    def _finish(self, job: str, folder: Path, cache: _WatchedCache, run: CacheRun) -> None:
+        """After the read: write the entries kept back, tidy the disk, share, report."""
+        notes = len(cache.notes)
+        self._guarded(run, "write the log cache", cache.write_stored)
+        _noted(run, cache.notes[notes:])
+        self._guarded(run, "tidy the log cache", lambda: self._tidy(cache, folder))
+        self._guarded(run, "share the log cache", lambda: self.shared.push(job, folder, run))
+        self._report(run)
 
     # --- disk -----------------------------------------------------------------------------------
 
@@ -590,14 +610,6 @@ class JobLogCache:
         log_cache_used(
             resumed, len(run.reads) - resumed, run.parsed_bytes, run.reused_bytes, run.shared
         )
-
-
-def collect_cached(
-    settings: Settings, store: ObjectStore, job_dir: str, read: Read, *, share_later: bool = False
-) -> Evidence:
-    """`read` with the job's log cache (the pipeline's capture calls this, `share_later`: its
-    S3 copy written while the capture freezes the evidence, waited for by `finish_sharing`)."""
-    return JobLogCache(settings, store).collect(job_dir, read, share_later=share_later)[0]
 
 
 class _Share(threading.Thread):
@@ -644,7 +656,7 @@ def finish_sharing(folder: Path | None = None) -> None:
             raise share.failure
 
 
-# --- the archive ----------------------------------------------------------------------------------
+# --- the disk -----------------------------------------------------------------------------------
 
 _WITHHELD: Final = "it holds text the redactor hides, so it is not shared through S3"
 
@@ -666,53 +678,6 @@ def _pruned(root: Folder, limits: CacheLimits, now: float) -> list[str]:
     return [name for name in [*leftovers, *old] if root.remove(name)]
 
 
-def _entries(folder: Path) -> list[Path]:
-    """The entry folders of a LogCache directory (those with their `meta.json`)."""
-    if not folder.is_dir():
-        return []
-    found = (p for p in folder.iterdir() if p.is_dir() and not p.name.startswith("."))
-    return sorted(p for p in found if (p / "meta.json").is_file())
-
-
-def _digest(folder: Path) -> str:
-    """A digest of the entries of `folder` (each `meta.json` holds its files' SHA-256)."""
-    entries = _entries(folder)
-    if not entries:
-        return ""
-    digest = hashlib.sha256()
-    for entry in entries:
-        digest.update(entry.name.encode() + b"\0" + (entry / "meta.json").read_bytes() + b"\0")
-    return digest.hexdigest()
-
-
-def _bytes(path: Path) -> int:
-    return sum(p.stat().st_size for p in path.rglob("*") if p.is_file())
-
-
-def _read_synced(folder: Path) -> dict[str, Any]:
-    try:
-        data = json.loads((folder / _SYNCED).read_text())
-    except (OSError, ValueError):
-        return {}
-    return data if isinstance(data, dict) else {}
-
-
-def _write_synced(folder: Path, key: str, digest: str, sizes: dict[str, int]) -> None:
-    """Which manifest `folder` was synced with, the digest of its entries, the parts it names."""
-    synced = {"key": key, "digest": digest, "parts": sorted(sizes)}
-    (folder / _SYNCED).write_text(json.dumps(synced))
-
-
-def _synced_parts(synced: dict[str, Any]) -> dict[str, set[str]]:
-    """The parts of the manifest a folder was synced with, by its key (none when not noted)."""
-    key, parts = synced.get("key"), synced.get("parts")
-    if not isinstance(key, str) or not isinstance(parts, list):
-        return {}
-    if not all(isinstance(sha, str) and _SHA.match(sha) for sha in parts):
-        return {}
-    return {key: set(parts)}
-
-
 def _swap(staging: Path, folder: Path) -> None:
     """Put `staging` where `folder` is, whole."""
     old = folder.with_name(f".old-{folder.name}-{os.getpid()}")
@@ -720,226 +685,3 @@ def _swap(staging: Path, folder: Path) -> None:
         folder.rename(old)
     staging.rename(folder)
     remove_tree(old)
-
-
-def _meta(entry: Path) -> dict[str, Any]:
-    data = json.loads((entry / "meta.json").read_text(encoding="utf-8"))
-    return data if isinstance(data, dict) else {}
-
-
-def _files(entries: list[Path]) -> Iterator[tuple[Path, str]]:
-    """The Parquet files of the entries with their SHA-256 (as each meta.json lists them)."""
-    for entry in entries:
-        for name, sha in _meta(entry).get("files", {}).items():
-            if _FILE.match(name):
-                yield entry / name, str(sha)
-
-
-def _described(job: str, entries: list[Path]) -> dict[str, Any]:
-    """The manifest of the entries: each one's meta.json and state.json as text, and the size
-    of every part they name."""
-    return {
-        "format": _FORMAT,
-        "job": job,
-        "rules": RULES_DIGEST,  # the redactor's rules the entries were found clean under
-        "entries": {
-            entry.name: {
-                "meta": (entry / "meta.json").read_text(encoding="utf-8"),
-                "state": (entry / "state.json").read_text(encoding="utf-8"),
-            }
-            for entry in entries
-        },
-        "sizes": {sha: path.stat().st_size for path, sha in _files(entries)},
-    }
-
-
-def _manifest(body: bytes, job: str) -> dict[str, Any]:
-    """A manifest of the job's log cache after checking its shape; raises `_RefusedError`."""
-    try:
-        manifest = loads_json(body, _MANIFEST_DEPTH)  # bounded: a deep one is refused, not raised
-    except ValueError as exc:
-        raise _RefusedError(f"it cannot be read ({type(exc).__name__}: {exc})") from exc
-    if not isinstance(manifest, dict) or manifest.get("format") != _FORMAT:
-        raise _RefusedError("its manifest is not of this format")
-    if manifest.get("job") != job:
-        raise _RefusedError("it belongs to another job")
-    entries, sizes = manifest.get("entries"), manifest.get("sizes")
-    if not isinstance(entries, dict) or not isinstance(sizes, dict):
-        raise _RefusedError("it does not list the entries and their parts")
-    if len(entries) > _MAX_ENTRIES or not all(_ENTRY.match(str(name)) for name in entries):
-        raise _RefusedError("it names an entry that is not a cache entry's folder")
-    for texts in entries.values():
-        if not isinstance(texts, dict) or not all(
-            isinstance(texts.get(name), str) for name in ("meta", "state")
-        ):
-            raise _RefusedError("an entry lacks its meta.json or state.json")
-    for sha, size in sizes.items():
-        if not _SHA.match(str(sha)) or not isinstance(size, int) or size < 0:
-            raise _RefusedError("it lists a part that is not a SHA-256 and a size")
-    return manifest
-
-
-def _entry_files(meta_text: str, sizes: dict[str, int]) -> dict[str, str]:
-    """The Parquet files an entry's meta.json names, with their SHA-256 (each listed with a
-    size in the manifest); `_RefusedError` for any other name."""
-    try:
-        files = json.loads(meta_text).get("files")
-    except (ValueError, AttributeError) as exc:
-        raise _RefusedError("an entry's meta.json does not read") from exc
-    if not isinstance(files, dict):
-        raise _RefusedError("an entry's meta.json lists no files")
-    found = {}
-    for name, sha in files.items():
-        if name == "state.json":
-            continue
-        if not _FILE.match(str(name)):
-            raise _RefusedError(f"{str(name)[:80]!r} is not a cache entry's file")
-        if str(sha) not in sizes:
-            raise _RefusedError(f"{name} is not listed with a size")
-        found[str(name)] = str(sha)
-    return found
-
-
-def _assemble(
-    manifest: dict[str, Any],
-    target: Path,
-    disk: Path,
-    fetch: Callable[[str, str, int], bytes],
-    bound: int,
-) -> int:
-    """The entries of a manifest in `target`, each part taken from the entry of `disk` that
-    lists it with the same SHA-256 or read through `fetch(job, sha, size)`; returns how many
-    were read. `_RefusedError` for anything off (the cache checks every hash again)."""
-    sizes: dict[str, int] = manifest["sizes"]
-    if sum(sizes.values()) > bound:
-        raise _RefusedError(f"with its parts it holds more than the {bound:,} bytes allowed")
-    wanted: list[tuple[Path, str]] = []
-    for name, texts in manifest["entries"].items():
-        files = _entry_files(texts["meta"], sizes)
-        folder = target / name
-        folder.mkdir()
-        local = _local_files(disk / name)
-        for file, sha in files.items():
-            if not (local.get(file) == sha and _linked(disk / name / file, folder / file)):
-                wanted.append((folder / file, sha))
-        (folder / "state.json").write_text(texts["state"], encoding="utf-8")
-        (folder / "meta.json").write_text(texts["meta"], encoding="utf-8")
-
-    def fetched(path: Path, sha: str) -> Callable[[], int]:
-        return lambda: path.write_bytes(fetch(manifest["job"], sha, sizes[sha]))
-
-    in_parallel([fetched(path, sha) for path, sha in wanted])  # a few parts at once
-    return len(wanted)
-
-
-def _local_files(entry: Path) -> dict[str, str]:
-    """The files an entry on the disk lists in its meta.json, with their SHA-256 (none when it
-    does not read)."""
-    try:
-        files = _meta(entry).get("files", {})
-    except (OSError, ValueError):
-        return {}
-    return {str(name): str(sha) for name, sha in files.items()} if isinstance(files, dict) else {}
-
-
-def _linked(source: Path, target: Path) -> bool:
-    try:
-        os.link(source, target)
-    except OSError:
-        try:
-            shutil.copy2(source, target)
-        except OSError:
-            return False
-    return True
-
-
-# --- what may leave the worker --------------------------------------------------------------------
-
-
-def _shareable(folder: Path) -> tuple[list[Path], list[Path]]:
-    """The entries of `folder` that pass the redactor unchanged, and those that do not.
-
-    The Parquet files found clean are remembered by their SHA-256 (`.clean`): a grown log's
-    earlier parts are not looked at again, only its new rows."""
-    known = _read_clean(folder)
-    good: list[Path] = []
-    held: list[Path] = []
-    seen: set[str] = set()
-    for entry in _entries(folder):
-        (good if _clean_entry(entry, known, seen) else held).append(entry)
-    _write_clean(folder, known & seen)
-    return good, held
-
-
-def _write_clean(folder: Path, hashes: set[str]) -> None:
-    data = {"rules": RULES_DIGEST, "clean": sorted(hashes)}
-    (folder / _CLEAN).write_text(json.dumps(data))
-
-
-def _read_clean(folder: Path) -> set[str]:
-    """The hashes found clean under the redactor's present rules (none when they were found
-    under other rules, or in the list of the format before: they are checked again)."""
-    try:
-        data = json.loads((folder / _CLEAN).read_text())
-    except (OSError, ValueError):
-        return set()
-    if not isinstance(data, dict) or data.get("rules") != RULES_DIGEST:
-        return set()
-    found = data.get("clean")
-    return {str(item) for item in found} if isinstance(found, list) else set()
-
-
-def _clean_entry(entry: Path, known: set[str], seen: set[str]) -> bool:
-    """Whether every file of `entry` passes the redactor unchanged; `known` holds the hashes of
-    Parquet files found clean before (and gains those found now), `seen` every hash looked up."""
-    hashes = json.loads((entry / "meta.json").read_text(encoding="utf-8")).get("files", {})
-    for path in entry.iterdir():
-        if path.suffix == ".json" and not _clean_json(path):
-            return False
-        if path.suffix != ".parquet":
-            continue
-        digest = str(hashes.get(path.name, ""))
-        seen.add(digest)
-        if digest in known:
-            continue
-        if not _clean_frame(pl.read_parquet(path)):
-            return False
-        if digest:
-            known.add(digest)
-    return True
-
-
-def _clean_json(path: Path) -> bool:
-    data = json.loads(path.read_text(encoding="utf-8"))
-    if path.name == "meta.json":
-        # the cache's own fields: the log's path under "key" (which `redact_data` would take for
-        # a credential by its name), sizes and hashes; each string must pass the redactor
-        return all(redact_text(text) == text for text in _strings(data))
-    return bool(redact_data(data) == data)
-
-
-def _strings(data: Any) -> Iterator[str]:
-    """Every string in JSON-like data, keys included."""
-    if isinstance(data, str):
-        yield data
-    elif isinstance(data, dict):
-        for key, value in data.items():
-            yield str(key)
-            yield from _strings(value)
-    elif isinstance(data, list):
-        for value in data:
-            yield from _strings(value)
-
-
-def _clean_frame(frame: pl.DataFrame) -> bool:
-    """True when no string of `frame` is changed by the redactor (each distinct value once)."""
-    for name, dtype in frame.schema.items():
-        if dtype.is_numeric() or dtype.is_temporal() or dtype in (pl.Boolean, pl.Null):
-            continue
-        if dtype != pl.String:
-            return False  # nested or binary: not looked into, so not shared
-        values = frame.get_column(name).drop_nulls().unique()
-        flagged = values.filter(values.str.contains(PREFILTER))
-        if any(redact_text(value) != value for value in flagged):
-            return False
-    return True

@@ -8,7 +8,7 @@
 - Celery's own lines for each task received and each result (a gate's result is a page of JSON,
   and its `"status": "ERROR"` matched `grep ERROR` on healthy runs) are logged at DEBUG; the
   pipeline says what happened in its own words: `verdict event=... job=... verdict=...` once per
-  diagnosis (`worker.pipeline.steps`), ingest's start and each alert it takes or dead-letters
+  diagnosis (`worker.pipeline.publish`), ingest's start and each alert it takes or dead-letters
   (`worker.pipeline.ingest`).
 - Every record has passed the redactor first (`shared.redact.install_log_redaction`).
 """

@@ -51,6 +51,7 @@ from shared.settings import Settings
 from worker.pipeline import softlimit
 from worker.pipeline.app import app, limits
 from worker.pipeline.failures import (
+    CaptureBusyError,
     EvidenceLostError,
     InfrastructureError,
     classified,
@@ -59,7 +60,7 @@ from worker.pipeline.failures import (
     is_time_limit,
 )
 from worker.pipeline.guard import DeliveryGuard, MemoryCeiling
-from worker.pipeline.steps import GATE_NAMES, CaptureBusyError, Pipeline
+from worker.pipeline.steps import GATE_NAMES, Pipeline
 from worker.pipeline.store import store_from_settings
 
 __all__ = [
@@ -255,14 +256,14 @@ def publish(
     self: Task, entry: dict[str, Any], job: str, *, lead: str, deadline: float
 ) -> dict[str, Any]:
     """Put the verdict on the stream and the channel, once."""
-    return _run(self, lead, deadline, "publish", partial(pipeline().publish, entry, job))
+    return _run(self, lead, deadline, "publish", partial(pipeline().publisher.publish, entry, job))
 
 
 @_task("rlhealth.html")
 def html(
     self: Task, entry: dict[str, Any], evidence_id: str | None, *, deadline: float
 ) -> str | None:
-    """After publish: the verdict's HTML page beside its JSON report (`Pipeline.html`); its key.
+    """After publish: the verdict's HTML page beside its JSON report (`ReportShelf.html`); its key.
 
     The diagnosis is answered already, so no lease is renewed and nothing answers it again: a
     task killed twice fails (the delivery guard), the memory budget applies as to any task,
@@ -272,7 +273,7 @@ def html(
         with softlimit.interruptible(), classified():
             DeliveryGuard(p.redis, p.names).started(delivery, retries, "html")
             with _budget(delivery, "html").watching():
-                return p.html(entry, evidence_id)
+                return p.shelf.html(entry, evidence_id)
     except InfrastructureError as exc:
         if time.time() >= deadline:
             raise
@@ -350,7 +351,7 @@ def _answer(
     if _recoverable(stage, exc, first=first) and redispatch(lead, why):
         return None
     # a callback whose process died (reading a huge frozen evidence?) answers from the event
-    entry = pipeline().fail(lead, job, why, read_frozen=read_frozen)
+    entry = pipeline().publisher.fail(lead, job, why, read_frozen=read_frozen)
     return None if entry is None else entry.model_dump(mode="json")
 
 
@@ -431,6 +432,6 @@ def dispatch(
 
 def _event_json(event_id: str) -> str:
     try:
-        return pipeline().load_event(event_id).model_dump_json(exclude_none=True)
+        return pipeline().events.load(event_id).model_dump_json(exclude_none=True)
     except EvidenceLostError:
         return ""

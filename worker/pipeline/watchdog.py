@@ -113,7 +113,7 @@ class Watchdog:
                 f"no worker made progress on it: its lease of {lease_s:g} s ran out "
                 f"{times} times (sent again {limit} times)"
             )
-            entry = self.pipeline.fail(lead, job, reason)
+            entry = self.pipeline.publisher.fail(lead, job, reason)
             watchdog_acted("answered_error")
             if entry is not None and self.draw is not None:
                 self.draw(entry.model_dump(mode="json"), record.get("evidence") or lead)
