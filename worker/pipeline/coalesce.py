@@ -59,10 +59,26 @@ __all__ = [
     "Outcome",
     "coalescing_key",
     "job_dir_of",
+    "kept_entry",
     "question",
 ]
 
 log = logging.getLogger(__name__)
+
+
+def kept_entry(raw: Any, keys: KeyRing, what: str) -> VerdictEntry | None:
+    """The verdict entry kept in Redis as `raw` (None: none kept), once it verifies; one that
+    does not (written by another hand) is None, with a warning naming `what`."""
+    if raw is None:
+        return None
+    try:
+        entry = VerdictEntry.model_validate_json(raw)
+        entry.verify(keys)
+    except ValueError as exc:  # not an entry (ValidationError), or UnverifiedError
+        log.warning("%s is refused: %s", what, exc)
+        return None
+    return entry
+
 
 Outcome = Literal["started", "attached", "reannounced", "duplicate"]
 QUESTION_MARK: Final = "#q-"  # between the job directory and a question's digest in a key
@@ -375,12 +391,6 @@ class Coalescer:
         """The verdict entry a lead published (as signed), None while it has not; one that
         does not verify (written by another hand) is None, with a warning."""
         raw = self.redis.get(self.names.published(lead))
-        if raw is None or raw in (b"1", "1"):  # "1": the mark of an older version
+        if raw in (b"1", "1"):  # "1": the mark of an older version
             return None
-        try:
-            entry = VerdictEntry.model_validate_json(raw)
-            entry.verify(self.keys)
-        except ValueError as exc:  # not an entry (ValidationError), or UnverifiedError
-            log.warning("the published entry of %s is refused: %s", lead, exc)
-            return None
-        return entry
+        return kept_entry(raw, self.keys, f"the published entry of {lead}")

@@ -23,7 +23,7 @@ from shared.redact import redact_data, redact_text
 from shared.signing import KeyRing, UnverifiedError
 from shared.streams import StreamNames
 from worker.evidence.case import Evidence
-from worker.pipeline.coalesce import Coalescer, job_dir_of
+from worker.pipeline.coalesce import Coalescer, job_dir_of, kept_entry
 from worker.pipeline.evidence_store import EvidenceStore
 from worker.pipeline.failed import failure_evidence, failure_report
 from worker.pipeline.failures import (
@@ -70,15 +70,7 @@ class Publisher:
         """The verdict entry decided for `lead` (signed), before or after it was published;
         one that does not verify (written by another hand) is None, with a warning."""
         raw = self.redis.get(self.names.entry(lead))
-        if raw is None:
-            return None
-        try:
-            entry = VerdictEntry.model_validate_json(raw)
-            entry.verify(self.keys)
-        except ValueError as exc:  # not an entry (ValidationError), or UnverifiedError
-            log.warning("the decision kept for %s is refused: %s", lead, exc)
-            return None
-        return entry
+        return kept_entry(raw, self.keys, f"the decision kept for {lead}")
 
     def known(self, lead: str) -> VerdictEntry | None:
         """The entry published or decided for `lead` already, if any."""
